@@ -1,0 +1,1 @@
+"""Framework-neutral parts of hvdlite: process control, errors, the request API."""

@@ -1,0 +1,179 @@
+"""Process-level API: init/shutdown and who-am-I queries, shared by every front end."""
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any, Sequence
+
+from hvdlite.common.exceptions import NotInitializedError
+
+_core_module: Any = None
+
+
+def _load_core() -> Any:
+    """Import the compiled engine, making sure the MPI library it links is found."""
+    global _core_module
+    if _core_module is None:
+        from hvdlite.common import mpi_lib
+        mpi_lib.preload()
+        from hvdlite import _core  # the pybind11 extension built from hvdlite/csrc
+        _core_module = _core
+    return _core_module
+
+
+def core() -> Any:
+    """The engine module, checked to be initialized."""
+    c = _load_core()
+    if not c.is_initialized():
+        raise NotInitializedError(
+            "hvdlite has not been initialized; call hvd.init() first "
+            "(or it was shut down with hvd.shutdown())")
+    return c
+
+
+def core_or_none() -> Any:
+    c = _core_module
+    if c is None or not c.is_initialized():
+        return None
+    return c
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Start hvdlite in this process.
+
+    ``comm`` may be an mpi4py communicator (hvdlite works on a duplicate of it) or a
+    list of ranks of ``MPI_COMM_WORLD`` that form hvdlite's world; by default the whole
+    of ``MPI_COMM_WORLD``. Calling ``init`` again while initialized does nothing;
+    after ``shutdown()`` it starts the engine afresh.
+    """
+    if process_sets is not None:
+        raise NotImplementedError("hvdlite does not implement process sets yet")
+    c = _load_core()
+    if c.is_initialized():
+        return
+    comm_handle = 0
+    ranks: list[int] = []
+    if comm is not None:
+        if isinstance(comm, (list, tuple)):
+            ranks = [int(r) for r in comm]
+        else:
+            from mpi4py import MPI  # only needed when the user hands us a communicator
+            comm_handle = int(MPI._handleof(comm))
+    _tune_mpi_environment()
+    from hvdlite.common import ops
+    ops.reset_auto_names()
+    c.init(comm_handle, ranks)
+    if comm_handle == 0 and ranks and not c.is_initialized():
+        return  # this process is not a member of the requested ranks
+
+
+def _tune_mpi_environment() -> None:
+    """Ask Open MPI not to busy-poll: ranks usually share cores with compute here.
+
+    Only fills in values the user has not set; read by MPI_Init, so it has an effect
+    only when hvdlite is the one initializing MPI."""
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+
+
+def shutdown() -> None:
+    """Stop the background thread; outstanding operations fail with an error."""
+    c = _core_module
+    if c is not None and c.is_initialized():
+        c.shutdown()
+
+
+def is_initialized() -> bool:
+    c = _core_module
+    return bool(c is not None and c.is_initialized())
+
+
+def rank() -> int:
+    """This process's rank in hvdlite's world."""
+    return core().rank()
+
+
+def size() -> int:
+    """Number of processes in hvdlite's world."""
+    return core().size()
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host (use it to pick a GPU)."""
+    return core().local_rank()
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return core().local_size()
+
+
+def cross_rank() -> int:
+    """Index of this host among the hosts (rank among processes with the same local rank)."""
+    return core().cross_rank()
+
+
+def cross_size() -> int:
+    """Number of hosts (processes with this local rank across hosts)."""
+    return core().cross_size()
+
+
+def mpi_threads_supported() -> bool:
+    """True if MPI runs with MPI_THREAD_MULTIPLE, so user code may call MPI too."""
+    return bool(core().mpi_threads_supported())
+
+
+def mpi_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    """hvdlite always carries its MPI backend."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """True once hvdlite's NCCL backend exists (not yet: GPU tensors go through host memory)."""
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome/Perfetto trace to ``file_path`` (rank 0 writes it)."""
+    core().start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stop the timeline and close its file as valid JSON."""
+    core().stop_timeline()
+
+
+def _finalize_at_exit() -> None:
+    c = _core_module
+    if c is not None:
+        c.finalize()
+
+
+atexit.register(_finalize_at_exit)

@@ -1,0 +1,226 @@
+"""The low-level request API that every front end (NumPy, PyTorch, TensorFlow) uses.
+
+A front end describes its tensor as raw memory -- a data pointer, a dtype name and a
+shape -- and submits it with :func:`submit`. The C++ engine negotiates the collective
+with the other ranks on its background thread and fills the output. The returned
+:class:`Handle` keeps the front end's objects alive until the operation finishes.
+
+Outputs whose size is only known after negotiation (allgather, alltoall,
+reducescatter) are allocated by the engine; :meth:`Handle.output` hands them over
+as a :class:`numpy.ndarray` of ``uint8`` without a copy, together with their shape and
+dtype, so each framework can view the bytes as its own tensor.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from hvdlite.common.exceptions import HvdliteError
+from hvdlite.common import basics as _basics
+
+# Reduction ops: Horovod's constants and values.
+Average = 0
+Sum = 1
+Adasum = 2  # accepted by name only; not implemented (rejected with a clear error)
+Min = 3
+Max = 4
+Product = 5
+
+_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product", Adasum: "Adasum"}
+
+# Kinds of request, as the engine numbers them.
+ALLREDUCE = 0
+ALLGATHER = 1
+BROADCAST = 2
+ALLTOALL = 3
+REDUCESCATTER = 4
+BARRIER = 5
+JOIN = 6
+
+KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast",
+              ALLTOALL: "alltoall", REDUCESCATTER: "reducescatter", BARRIER: "barrier",
+              JOIN: "join"}
+
+# Element types the engine reduces, by name; the numbers are the engine's codes.
+DTYPES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4,
+          "bfloat16": 5, "float32": 6, "float64": 7}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+ITEMSIZE = {"uint8": 1, "int8": 1, "int32": 4, "int64": 8, "float16": 2,
+            "bfloat16": 2, "float32": 4, "float64": 8}
+
+CPU_DEVICE = -1
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """Host memory as the engine sees it. ``ptr`` must stay valid and the memory
+    C-contiguous until the request completes (keep the owner in ``keepalive``)."""
+    ptr: int
+    dtype: str
+    shape: tuple[int, ...]
+    device: int = CPU_DEVICE
+
+    @property
+    def nbytes(self) -> int:
+        n = ITEMSIZE[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+# Deterministic names for unnamed requests: ranks that issue the same sequence of
+# unnamed calls of one kind get the same names.
+_name_lock = threading.Lock()
+_name_counters: dict[str, Any] = {}
+
+
+def auto_name(kind: str) -> str:
+    """Return the next generated name for an unnamed request of this kind."""
+    with _name_lock:
+        counter = _name_counters.setdefault(kind, itertools.count())
+        return f"{kind}.noname.{next(counter)}"
+
+
+def reset_auto_names() -> None:
+    """Restart generated names (called by ``init``), so every rank starts equal."""
+    with _name_lock:
+        _name_counters.clear()
+
+
+class Handle:
+    """An operation in flight. ``wait()`` blocks (GIL released) until it is done and
+    raises :class:`HvdliteError` if it failed."""
+
+    __slots__ = ("_id", "_keepalive", "_done", "_error", "kind", "name", "_output", "_aux",
+                 "result_fn", "__weakref__")
+
+    def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any) -> None:
+        self._id = handle_id
+        self.kind = kind
+        self.name = name
+        self._keepalive = keepalive
+        self._done = False
+        self._error: str | None = None
+        self._output: tuple[np.ndarray, tuple[int, ...], str] | None = None
+        self._aux: list[int] | None = None
+        # Set by a front end: turns the finished handle into what synchronize() returns.
+        self.result_fn: Any = None
+
+    def result(self) -> Any:
+        """Wait, then return the front end's result (``result_fn(self)``), or None."""
+        self.wait()
+        return self.result_fn(self) if self.result_fn is not None else None
+
+    def poll(self) -> bool:
+        """True once the operation has finished (successfully or not)."""
+        if self._done:
+            return True
+        return bool(_basics._load_core().poll(self._id))
+
+    def wait(self) -> None:
+        if not self._done:
+            core = _basics._load_core()  # handles outlive a shutdown and report its reason
+            ok, message = core.wait(self._id)
+            if ok and self.kind in (ALLGATHER, ALLTOALL, REDUCESCATTER):
+                buf, shape, dtype_code, aux = core.take_output(self._id)
+                self._output = (np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8),
+                                tuple(shape), DTYPE_NAMES[dtype_code])
+                self._aux = list(aux)
+            elif ok and self.kind == JOIN:
+                _, _, _, aux = core.take_output(self._id)
+                self._aux = list(aux)
+            core.release(self._id)
+            self._done = True
+            self._error = None if ok else message
+            self._keepalive = None
+        if self._error is not None:
+            raise HvdliteError(self._error)
+
+    def output(self) -> tuple[np.ndarray, tuple[int, ...], str]:
+        """For allgather/alltoall/reducescatter: ``(uint8 bytes, shape, dtype name)``.
+        The bytes are engine-owned memory handed over without a copy."""
+        self.wait()
+        assert self._output is not None, "this kind of request has no engine-allocated output"
+        return self._output
+
+    def aux(self) -> list[int]:
+        """Extra integers of the result: alltoall's received splits, join's last rank."""
+        self.wait()
+        return list(self._aux or [])
+
+    def __del__(self) -> None:
+        # Dropped before completion: the engine may still write into the memory, so
+        # keep it alive until the operation finishes (checked on later submissions).
+        if not self._done and self._keepalive is not None:
+            with _orphan_lock:
+                _orphans.append((self._id, self._keepalive))
+
+
+_orphan_lock = threading.Lock()
+_orphans: list[tuple[int, Any]] = []
+
+
+def _reap_orphans(core: Any) -> None:
+    with _orphan_lock:
+        if not _orphans:
+            return
+        keep = []
+        for hid, ka in _orphans:
+            if core.poll(hid):
+                core.release(hid)
+            else:
+                keep.append((hid, ka))
+        _orphans[:] = keep
+
+
+def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
+           name: str | None = None, op: int = Sum, prescale_factor: float = 1.0,
+           postscale_factor: float = 1.0, root_rank: int = -1,
+           splits: Sequence[int] | None = None, group_id: int = -1, group_size: int = 0,
+           keepalive: Any = None) -> Handle:
+    """Hand one request to the engine and return at once.
+
+    kind: ALLREDUCE (output required; may equal ``tensor`` for in-place), BROADCAST
+    (in place on ``tensor``; ``output`` ignored), ALLGATHER / ALLTOALL / REDUCESCATTER
+    (engine allocates the output), BARRIER / JOIN (``tensor`` is ignored; pass
+    ``EMPTY``). ``op`` is Sum/Average/Min/Max/Product; Average is applied by the engine
+    (sum, then divide by the number of contributing ranks), so do not fold it into
+    ``postscale_factor`` yourself. ``splits``: alltoall's rows per destination rank.
+    ``group_id``/``group_size``: members of one grouped allreduce share a group id
+    from :func:`new_group_id` and are negotiated and fused as a unit.
+    """
+    core = _basics.core()
+    _reap_orphans(core)
+    if name is None:
+        name = auto_name(KIND_NAMES[kind])
+    if tensor.dtype not in DTYPES:
+        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unsupported dtype {tensor.dtype!r}; "
+                           f"supported: {', '.join(DTYPES)}")
+    if op == Adasum:
+        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': the Adasum op is not supported by hvdlite")
+    if op not in _OP_NAMES:
+        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unknown reduce op {op!r}")
+    out_ptr = output.ptr if output is not None else 0
+    hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
+                       [int(d) for d in tensor.shape], tensor.device, int(op),
+                       float(prescale_factor), float(postscale_factor), int(root_rank),
+                       [int(s) for s in splits] if splits is not None else [],
+                       int(group_id), int(group_size))
+    return Handle(hid, kind, name, keepalive)
+
+
+_group_lock = threading.Lock()
+_group_counter = itertools.count()
+
+
+def new_group_id() -> int:
+    """A fresh id for one grouped allreduce (the same sequence on every rank)."""
+    with _group_lock:
+        return next(_group_counter)
+
+
+EMPTY = RawTensor(0, "uint8", (0,))

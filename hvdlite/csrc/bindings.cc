@@ -1,0 +1,171 @@
+// The thin Python surface of the engine (module hvdlite._core): init and shutdown,
+// process info, enqueue / poll / wait / take_output / release, and the timeline.
+// Tensors arrive as raw pointers with dtype and shape; no framework header is used.
+#include <mpi.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "handle_table.h"
+#include "parameters.h"
+#include "reduce_ops.h"
+
+namespace py = pybind11;
+using namespace hvdlite;
+
+namespace {
+
+HandleTable g_handles;             // outlives engines, so old handles still report
+std::unique_ptr<Engine> g_engine;
+bool g_mpi_owned = false;          // we called MPI_Init, so we call MPI_Finalize
+int g_thread_level = 0;
+
+Engine& Running() {
+  if (!g_engine || !g_engine->Running())
+    throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  return *g_engine;
+}
+
+void EnsureMpi() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) throw std::runtime_error("hvdlite: MPI has already been finalized in this process");
+  if (!initialized) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      throw std::runtime_error("hvdlite: MPI_Init_thread failed");
+    g_mpi_owned = true;
+  }
+  MPI_Query_thread(&g_thread_level);
+  if (g_thread_level < MPI_THREAD_SERIALIZED)
+    throw std::runtime_error("hvdlite needs MPI initialized with at least MPI_THREAD_SERIALIZED "
+                             "(mpi4py: set mpi4py.rc.thread_level = 'multiple' before importing MPI)");
+}
+
+void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
+  if (g_engine && g_engine->Running()) return;
+  {
+    py::gil_scoped_release nogil;
+    g_engine.reset();  // a previous engine stopped by a remote shutdown
+  }
+  EnsureMpi();
+  MPI_Comm base = MPI_COMM_WORLD;
+  MPI_Comm created = MPI_COMM_NULL;
+  if (comm_handle != 0) {
+    base = reinterpret_cast<MPI_Comm>(comm_handle);
+  } else if (!ranks.empty()) {
+    MPI_Group world, sub;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, static_cast<int>(ranks.size()), ranks.data(), &sub);
+    MPI_Comm_create(MPI_COMM_WORLD, sub, &created);
+    MPI_Group_free(&world);
+    MPI_Group_free(&sub);
+    if (created == MPI_COMM_NULL) return;  // this process is not among `ranks`
+    base = created;
+  }
+  Parameters params = Parameters::FromEnvironment();
+  {
+    py::gil_scoped_release nogil;  // MPI_Comm_dup waits for the other ranks
+    g_engine = std::make_unique<Engine>(base, params, &g_handles);
+  }
+  if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
+}
+
+void Shutdown() {
+  py::gil_scoped_release nogil;
+  if (g_engine) g_engine->Stop();
+  g_engine.reset();
+}
+
+void Finalize() {
+  Shutdown();
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) FreeReduceOps();
+  if (g_mpi_owned && initialized && !finalized) MPI_Finalize();
+  g_mpi_owned = false;
+}
+
+int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t out_ptr, int dtype,
+                const std::vector<int64_t>& shape, int device, int reduce_op, double prescale, double postscale,
+                int root, const std::vector<int64_t>& splits, int group_id, int group_size) {
+  Engine& e = Running();
+  if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
+  if (type < 0 || type > static_cast<int>(RequestType::kJoin))
+    throw std::invalid_argument("hvdlite: unknown request type " + std::to_string(type));
+  for (int64_t d : shape)
+    if (d < 0) throw std::invalid_argument("hvdlite: negative dimension in shape of '" + name + "'");
+  Request r;
+  r.type = static_cast<RequestType>(type);
+  r.name = name;
+  r.dtype = static_cast<DataType>(dtype);
+  r.shape = shape;
+  r.device = device;
+  r.reduce_op = static_cast<ReduceOp>(reduce_op);
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.root = root;
+  r.splits = splits;
+  r.group_id = group_id;
+  r.group_size = group_size;
+  return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr));
+}
+
+py::tuple Wait(int64_t h) {
+  std::string error;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = g_handles.Wait(h, &error);
+  }
+  return py::make_tuple(ok, error);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "hvdlite's C++ engine (internal; use hvdlite, hvdlite.torch or hvdlite.tensorflow)";
+
+  py::class_<OutputBuffer>(m, "OutputBuffer", py::buffer_protocol())
+      .def_buffer([](OutputBuffer& b) -> py::buffer_info {
+        return py::buffer_info(b.data.get(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.bytes)}, {static_cast<py::ssize_t>(1)});
+      })
+      .def("__len__", [](const OutputBuffer& b) { return b.bytes; });
+
+  m.def("init", &Init, py::arg("comm_handle") = 0, py::arg("ranks") = std::vector<int>{});
+  m.def("shutdown", &Shutdown);
+  m.def("finalize", &Finalize);
+  m.def("is_initialized", [] { return g_engine && g_engine->Running(); });
+  m.def("rank", [] { return Running().rank(); });
+  m.def("size", [] { return Running().size(); });
+  m.def("local_rank", [] { return Running().local_rank(); });
+  m.def("local_size", [] { return Running().local_size(); });
+  m.def("cross_rank", [] { return Running().cross_rank(); });
+  m.def("cross_size", [] { return Running().cross_size(); });
+  m.def("mpi_threads_supported", [] { return g_thread_level >= MPI_THREAD_MULTIPLE; });
+  m.def("enqueue", &Enqueue);
+  m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
+  m.def("wait", &Wait);
+  m.def("take_output", [](int64_t h) {
+    std::unique_ptr<OutputBuffer> out = g_handles.TakeOutput(h);
+    std::vector<int64_t> shape = out->shape;
+    std::vector<int64_t> aux = out->aux;
+    int dtype = static_cast<int>(out->dtype);
+    return py::make_tuple(py::cast(std::move(out)), shape, dtype, aux);
+  });
+  m.def("release", [](int64_t h) { g_handles.Release(h); });
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    std::string error;
+    if (!Running().StartTimeline(path, mark_cycles, &error)) throw std::runtime_error(error);
+  });
+  m.def("stop_timeline", [] { Running().StopTimeline(); });
+}

@@ -1,0 +1,43 @@
+// Types shared by every part of the engine: element types, reduce ops, request kinds,
+// and the raw description of a tensor as the framework adapters hand it over.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hvdlite {
+
+enum class DataType : int32_t {
+  kUInt8 = 0, kInt8 = 1, kInt32 = 2, kInt64 = 3,
+  kFloat16 = 4, kBFloat16 = 5, kFloat32 = 6, kFloat64 = 7,
+};
+constexpr int kNumDataTypes = 8;
+
+enum class ReduceOp : int32_t {
+  kAverage = 0, kSum = 1, kAdasum = 2, kMin = 3, kMax = 4, kProduct = 5,
+};
+
+enum class RequestType : int32_t {
+  kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3,
+  kReducescatter = 4, kBarrier = 5, kJoin = 6,
+};
+
+int64_t DataTypeSize(DataType dt);
+const char* DataTypeName(DataType dt);
+const char* ReduceOpName(ReduceOp op);
+const char* RequestTypeName(RequestType t);
+bool ValidDataType(int32_t code);
+std::string ShapeString(const std::vector<int64_t>& shape);
+int64_t NumElements(const std::vector<int64_t>& shape);
+
+using Clock = std::chrono::steady_clock;
+inline int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             Clock::now().time_since_epoch()).count();
+}
+
+constexpr int kCpuDevice = -1;
+
+}  // namespace hvdlite

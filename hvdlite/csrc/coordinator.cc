@@ -1,0 +1,401 @@
+#include "coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "logging.h"
+#include "timeline.h"
+
+namespace hvdlite {
+namespace {
+
+// "rank 0 sent [4, 3]; ranks 1, 2 sent [5, 3]" -- ranks grouped by what they sent.
+std::string PerRank(const std::vector<std::pair<int, std::string>>& values) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (const auto& [rank, v] : values) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
+    if (it == groups.end()) groups.push_back({v, {rank}});
+    else it->second.push_back(rank);
+  }
+  std::ostringstream os;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (i) os << "; ";
+    os << (groups[i].second.size() > 1 ? "ranks " : "rank ");
+    for (size_t j = 0; j < groups[i].second.size(); ++j) os << (j ? ", " : "") << groups[i].second[j];
+    os << " sent " << groups[i].first;
+  }
+  return os.str();
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+std::string Num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+Coordinator::Coordinator(int size, const Parameters& params, ResponseCache* cache, Timeline* timeline)
+    : size_(size), params_(params), cache_(cache), timeline_(timeline), joined_(size, 0) {}
+
+void Coordinator::AddRequest(const Request& r, int64_t now_us, bool from_cache) {
+  if (r.type == RequestType::kJoin) {
+    if (!joined_[r.rank]) {
+      joined_[r.rank] = 1;
+      ++joined_count_;
+      last_joined_ = r.rank;
+    }
+    if (joined_count_ == size_) join_complete_ = true;
+    // Tensors waiting only for ranks that have now joined can go ahead.
+    for (auto& [name, p] : table_) MarkReadyIfComplete(name);
+    return;
+  }
+  auto [it, inserted] = table_.try_emplace(r.name);
+  Pending& p = it->second;
+  if (inserted) {
+    p.requests.resize(size_);
+    p.have.assign(size_, 0);
+    p.arrival_us.assign(size_, 0);
+    p.first_us = now_us;
+    p.last_warn_us = now_us;
+  }
+  if (p.have[r.rank]) return;  // a rank cannot have the same name twice in flight
+  p.requests[r.rank] = r;
+  p.have[r.rank] = 1;
+  p.arrival_us[r.rank] = now_us;
+  p.all_from_cache = p.all_from_cache && from_cache;
+  ++p.count;
+  MarkReadyIfComplete(r.name);
+}
+
+void Coordinator::AddCacheHit(int rank, int32_t cache_id, int64_t now_us) {
+  Request r = cache_->Get(cache_id);
+  r.rank = rank;
+  AddRequest(r, now_us, /*from_cache=*/true);
+}
+
+bool Coordinator::Complete(const Pending& p) const {
+  if (p.count == 0) return false;
+  for (int r = 0; r < size_; ++r)
+    if (!p.have[r] && !joined_[r]) return false;
+  return true;
+}
+
+void Coordinator::MarkReadyIfComplete(const std::string& name) {
+  const Pending& p = table_.at(name);
+  if (!Complete(p)) return;
+  if (std::find(ready_.begin(), ready_.end(), name) == ready_.end()) ready_.push_back(name);
+}
+
+std::string Coordinator::Validate(const std::string& name, const Pending& p) const {
+  std::vector<int> present;
+  for (int r = 0; r < size_; ++r)
+    if (p.have[r]) present.push_back(r);
+  const Request& first = p.requests[present.front()];
+  const std::string op = RequestTypeName(first.type);
+  auto differ = [&](auto get) {
+    for (int r : present)
+      if (get(p.requests[r]) != get(p.requests[present.front()])) return true;
+    return false;
+  };
+  auto describe = [&](const char* what, auto to_string) {
+    std::vector<std::pair<int, std::string>> v;
+    for (int r : present) v.push_back({r, to_string(p.requests[r])});
+    return op + " '" + name + "': ranks disagree on " + what + ": " + PerRank(v);
+  };
+  if (differ([](const Request& r) { return r.type; }))
+    return "tensor '" + name + "': ranks disagree on the operation: " +
+           [&] {
+             std::vector<std::pair<int, std::string>> v;
+             for (int r : present) v.push_back({r, RequestTypeName(p.requests[r].type)});
+             return PerRank(v);
+           }();
+  if (differ([](const Request& r) { return r.dtype; }))
+    return describe("the data type", [](const Request& r) { return std::string(DataTypeName(r.dtype)); });
+  if (differ([](const Request& r) { return r.device; }))
+    return describe("the device", [](const Request& r) { return std::to_string(r.device); });
+
+  std::vector<int> joined;
+  for (int r = 0; r < size_; ++r)
+    if (joined_[r]) joined.push_back(r);
+  if (!joined.empty() && first.type != RequestType::kAllreduce)
+    return op + " '" + name + "' cannot run while ranks " + RankList(joined) +
+           " have joined; only allreduce proceeds with zeros from joined ranks";
+
+  auto shape_str = [](const Request& r) { return ShapeString(r.shape); };
+  auto tail_str = [](const Request& r) {
+    return r.shape.empty() ? std::string("a scalar") : ShapeString(std::vector<int64_t>(r.shape.begin() + 1, r.shape.end())) + " after the first dimension";
+  };
+  switch (first.type) {
+    case RequestType::kAllreduce:
+    case RequestType::kReducescatter:
+      if (differ([](const Request& r) { return r.shape; })) return describe("the shape", shape_str);
+      if (differ([](const Request& r) { return r.reduce_op; }))
+        return describe("the reduce op", [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); });
+      if (differ([](const Request& r) { return r.prescale; }))
+        return describe("prescale_factor", [](const Request& r) { return Num(r.prescale); });
+      if (differ([](const Request& r) { return r.postscale; }))
+        return describe("postscale_factor", [](const Request& r) { return Num(r.postscale); });
+      if (first.reduce_op == ReduceOp::kAdasum)
+        return op + " '" + name + "': the Adasum op is not supported by hvdlite";
+      if (first.type == RequestType::kAllreduce && differ([](const Request& r) { return r.group_size; }))
+        return describe("the size of the group", [](const Request& r) { return std::to_string(r.group_size); });
+      if (first.type == RequestType::kReducescatter) {
+        if (first.reduce_op != ReduceOp::kSum && first.reduce_op != ReduceOp::kAverage)
+          return op + " '" + name + "': reducescatter supports Sum and Average, not " + ReduceOpName(first.reduce_op);
+        if (first.shape.empty()) return op + " '" + name + "': reducescatter needs at least one dimension";
+      }
+      break;
+    case RequestType::kBroadcast:
+      if (differ([](const Request& r) { return r.root; }))
+        return describe("the root rank", [](const Request& r) { return std::to_string(r.root); });
+      if (first.root < 0 || first.root >= size_)
+        return op + " '" + name + "': root rank " + std::to_string(first.root) + " is outside the world of " +
+               std::to_string(size_) + " ranks (valid: 0.." + std::to_string(size_ - 1) + ")";
+      if (differ([](const Request& r) { return r.shape; })) return describe("the shape", shape_str);
+      break;
+    case RequestType::kAllgather:
+    case RequestType::kAlltoall: {
+      for (int r : present)
+        if (p.requests[r].shape.empty())
+          return op + " '" + name + "': rank " + std::to_string(r) + " sent a scalar; " + op +
+                 " needs at least one dimension";
+      if (differ([](const Request& r) { return r.shape.size(); }))
+        return describe("the number of dimensions", shape_str);
+      if (differ([](const Request& r) { return std::vector<int64_t>(r.shape.begin() + 1, r.shape.end()); }))
+        return describe("the shape", tail_str);
+      if (first.type == RequestType::kAlltoall) {
+        for (int r : present) {
+          const Request& q = p.requests[r];
+          if (q.splits.empty()) {
+            if (q.shape[0] % size_ != 0)
+              return op + " '" + name + "': rank " + std::to_string(r) + " has first dimension " +
+                     std::to_string(q.shape[0]) + ", which does not divide evenly among " + std::to_string(size_) +
+                     " ranks; pass splits";
+            continue;
+          }
+          int64_t sum = 0;
+          bool negative = false;
+          for (int64_t s : q.splits) {
+            sum += s;
+            negative = negative || s < 0;
+          }
+          if (static_cast<int>(q.splits.size()) != size_ || negative || sum != q.shape[0])
+            return op + " '" + name + "': rank " + std::to_string(r) + " sent splits " + ShapeString(q.splits) +
+                   ", which must be " + std::to_string(size_) + " non-negative counts summing to its first dimension " +
+                   std::to_string(q.shape[0]);
+        }
+      }
+      break;
+    }
+    case RequestType::kBarrier:
+    case RequestType::kJoin:
+      break;
+  }
+  return "";
+}
+
+Response Coordinator::MakeResponse(const std::string& name, const Pending& p, const std::string& error) const {
+  int any = 0;
+  while (!p.have[any]) ++any;
+  const Request& q = p.requests[any];
+  Response resp;
+  resp.type = q.type;
+  resp.error = error;
+  resp.names = {name};
+  resp.dtype = q.dtype;
+  resp.reduce_op = q.reduce_op;
+  resp.prescale = q.prescale;
+  resp.postscale = q.postscale;
+  resp.root = q.root;
+  resp.device = q.device;
+  resp.cache_ids = {-1};
+  if (!error.empty()) return resp;
+  switch (q.type) {
+    case RequestType::kAllreduce:
+    case RequestType::kBroadcast:
+    case RequestType::kReducescatter:
+      resp.sizes = {NumElements(q.shape)};
+      break;
+    case RequestType::kAllgather:
+      for (int r = 0; r < size_; ++r) resp.sizes.push_back(p.requests[r].shape[0]);
+      break;
+    case RequestType::kAlltoall:
+      for (int r = 0; r < size_; ++r) {
+        const Request& s = p.requests[r];
+        for (int j = 0; j < size_; ++j)
+          resp.sizes.push_back(s.splits.empty() ? s.shape[0] / size_ : s.splits[j]);
+      }
+      break;
+    default:
+      break;
+  }
+  return resp;
+}
+
+void Coordinator::RecordNegotiation(const std::string& name, const Pending& p, int64_t now_us) {
+  if (!timeline_ || !timeline_->Active()) return;
+  std::ostringstream args;
+  args << "{\"ready_ranks_us\": {";
+  bool first = true;
+  for (int r = 0; r < size_; ++r) {
+    if (!p.have[r]) continue;
+    args << (first ? "" : ", ") << "\"" << r << "\": " << (p.arrival_us[r] - p.first_us);
+    first = false;
+  }
+  args << "}";
+  int last = -1;
+  for (int r = 0; r < size_; ++r)
+    if (p.have[r] && (last < 0 || p.arrival_us[r] > p.arrival_us[last])) last = r;
+  args << ", \"last_rank\": " << last << "}";
+  int any = 0;
+  while (!p.have[any]) ++any;
+  std::string phase = std::string("NEGOTIATE_") + RequestTypeName(p.requests[any].type);
+  for (auto& c : phase) c = static_cast<char>(std::toupper(c));
+  timeline_->Phase(name, phase.c_str(), p.first_us, now_us, args.str());
+}
+
+ResponseList Coordinator::TakeReady() {
+  ResponseList out;
+  const int64_t now = NowMicros();
+  std::vector<int32_t> joined;
+  for (int r = 0; r < size_; ++r)
+    if (joined_[r]) joined.push_back(r);
+
+  // Ready tensors in order; grouped allreduce members only once their group is whole.
+  std::vector<std::pair<std::string, Pending>> batch;
+  for (const std::string& name : ready_) {
+    auto it = table_.find(name);
+    if (it == table_.end()) continue;
+    Pending p = std::move(it->second);
+    table_.erase(it);
+    RecordNegotiation(name, p, now);
+    int any = 0;
+    while (!p.have[any]) ++any;
+    const Request& q = p.requests[any];
+    if (q.type == RequestType::kAllreduce && q.group_id >= 0 && q.group_size > 1) {
+      auto& members = groups_[q.group_id];
+      members.emplace_back(name, std::move(p));
+      if (static_cast<int>(members.size()) >= q.group_size) {
+        for (auto& m : members) batch.push_back(std::move(m));
+        groups_.erase(q.group_id);
+      }
+      continue;
+    }
+    batch.emplace_back(name, std::move(p));
+  }
+  ready_.clear();
+
+  // Open fused allreduce per signature; closed when the threshold would be exceeded.
+  struct Open {
+    int index;  // position in out.responses
+    int64_t bytes;
+    bool cached;
+  };
+  std::vector<std::pair<std::string, Open>> open;  // key -> open fused response
+  std::vector<std::vector<int32_t>> cached_lists;
+  std::vector<int> cached_slot;  // out.responses index -> cached_lists index or -1
+
+  for (auto& [name, p] : batch) {
+    std::string error = Validate(name, p);
+    Response resp = MakeResponse(name, p, error);
+    int any = 0;
+    while (!p.have[any]) ++any;
+    if (error.empty() && joined.empty() && ResponseCache::Cacheable(p.requests[any])) {
+      resp.cache_ids[0] = cache_->Lookup(p.requests[any]);
+      if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
+    }
+    if (!error.empty() || resp.type != RequestType::kAllreduce) {
+      out.responses.push_back(std::move(resp));
+      cached_slot.push_back(-1);
+      continue;
+    }
+    resp.joined_ranks = joined;
+    const int64_t bytes = resp.sizes[0] * DataTypeSize(resp.dtype);
+    std::ostringstream key;
+    key << static_cast<int>(resp.dtype) << ':' << static_cast<int>(resp.reduce_op) << ':' << resp.prescale << ':'
+        << resp.postscale << ':' << resp.device;
+    auto slot = std::find_if(open.begin(), open.end(), [&](const auto& o) { return o.first == key.str(); });
+    const bool cached = p.all_from_cache && joined.empty() && resp.cache_ids[0] >= 0;
+    if (slot != open.end() && slot->second.bytes + bytes <= params_.fusion_threshold_bytes &&
+        slot->second.cached == cached) {
+      Response& f = out.responses[slot->second.index];
+      f.names.push_back(name);
+      f.sizes.push_back(resp.sizes[0]);
+      f.cache_ids.push_back(resp.cache_ids[0]);
+      slot->second.bytes += bytes;
+      continue;
+    }
+    if (slot != open.end()) open.erase(slot);
+    open.push_back({key.str(), Open{static_cast<int>(out.responses.size()), bytes, cached}});
+    out.responses.push_back(std::move(resp));
+    cached_slot.push_back(cached ? 0 : -1);
+  }
+
+  // Execution order; responses agreed entirely through the cache travel as ids.
+  std::vector<Response> full;
+  for (size_t i = 0; i < out.responses.size(); ++i) {
+    Response& r = out.responses[i];
+    const bool as_ids = cached_slot[i] >= 0 && r.error.empty() && r.joined_ranks.empty() &&
+                        std::all_of(r.cache_ids.begin(), r.cache_ids.end(), [](int32_t id) { return id >= 0; });
+    if (as_ids) {
+      out.cached.push_back(r.cache_ids);
+      out.order.push_back(-static_cast<int32_t>(out.cached.size()));
+    } else {
+      full.push_back(std::move(r));
+      out.order.push_back(static_cast<int32_t>(full.size()) - 1);
+    }
+  }
+  out.responses = std::move(full);
+
+  if (join_complete_) {
+    Response j;
+    j.type = RequestType::kJoin;
+    j.last_joined = last_joined_;
+    out.responses.push_back(j);
+    out.order.push_back(static_cast<int32_t>(out.responses.size()) - 1);
+    joined_.assign(size_, 0);
+    joined_count_ = 0;
+    join_complete_ = false;
+  }
+  return out;
+}
+
+std::string Coordinator::CheckStalls(int64_t now_us) {
+  if (params_.stall_check_seconds <= 0) return "";
+  const int64_t check_us = static_cast<int64_t>(params_.stall_check_seconds * 1e6);
+  const int64_t shutdown_us = static_cast<int64_t>(params_.stall_shutdown_seconds * 1e6);
+  std::string reason;
+  for (auto& [name, p] : table_) {
+    const int64_t waited = now_us - p.first_us;
+    if (waited < check_us) continue;
+    std::vector<int> have, missing;
+    for (int r = 0; r < size_; ++r) {
+      if (p.have[r]) have.push_back(r);
+      else if (!joined_[r]) missing.push_back(r);
+    }
+    int any = have.front();
+    std::ostringstream os;
+    os << RequestTypeName(p.requests[any].type) << " '" << name << "' has waited " << waited / 1000000
+       << " s: submitted by ranks " << RankList(have) << ", missing ranks " << RankList(missing)
+       << ". One or more ranks did not submit this tensor: check that every rank runs the same "
+          "collectives with the same names";
+    if (now_us - p.last_warn_us >= check_us) {  // warn once per check interval
+      HVD_WARN("stall detected: " << os.str());
+      p.last_warn_us = now_us;
+    }
+    if (shutdown_us > 0 && waited >= shutdown_us && reason.empty())
+      reason = "hvdlite shut down after a stall of " + std::to_string(waited / 1000000) + " s: " + os.str();
+  }
+  return reason;
+}
+
+}  // namespace hvdlite

@@ -1,0 +1,66 @@
+// Rank 0's half of the control plane: counts requests per tensor name, decides when a
+// tensor is ready on every rank, validates that the ranks agree, orders and fuses the
+// ready tensors, and watches for stalls. It knows nothing about MPI or memory: the
+// engine feeds it requests and sends what it returns.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "message.h"
+#include "parameters.h"
+#include "response_cache.h"
+
+namespace hvdlite {
+
+class Timeline;
+
+class Coordinator {
+ public:
+  Coordinator(int size, const Parameters& params, ResponseCache* cache, Timeline* timeline);
+
+  void AddRequest(const Request& r, int64_t now_us, bool from_cache = false);
+  void AddCacheHit(int rank, int32_t cache_id, int64_t now_us);
+
+  // Everything that became ready since the last call, in execution order.
+  ResponseList TakeReady();
+
+  // Warns about tensors some ranks submitted and others did not; returns a non-empty
+  // reason when the stall has lasted past the shutdown limit.
+  std::string CheckStalls(int64_t now_us);
+
+ private:
+  struct Pending {
+    std::vector<Request> requests;  // indexed by rank
+    std::vector<char> have;
+    std::vector<int64_t> arrival_us;
+    int count = 0;
+    int64_t first_us = 0;
+    int64_t last_warn_us = 0;
+    bool all_from_cache = true;
+  };
+
+  void MarkReadyIfComplete(const std::string& name);
+  bool Complete(const Pending& p) const;
+  std::string Validate(const std::string& name, const Pending& p) const;
+  Response MakeResponse(const std::string& name, const Pending& p, const std::string& error) const;
+  void RecordNegotiation(const std::string& name, const Pending& p, int64_t now_us);
+
+  int size_;
+  Parameters params_;
+  ResponseCache* cache_;
+  Timeline* timeline_;
+  std::unordered_map<std::string, Pending> table_;
+  std::vector<std::string> ready_;  // names, in the order they became ready
+  // Grouped allreduce: ready members wait here until the whole group is ready.
+  std::map<int32_t, std::vector<std::pair<std::string, Pending>>> groups_;
+  std::vector<char> joined_;
+  int joined_count_ = 0;
+  int last_joined_ = -1;
+  bool join_complete_ = false;
+};
+
+}  // namespace hvdlite

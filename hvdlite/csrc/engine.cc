@@ -1,0 +1,567 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "logging.h"
+#include "mpi_collectives.h"
+#include "reduce_ops.h"
+
+namespace hvdlite {
+namespace {
+
+constexpr int kTagRequest = 101;
+constexpr int kTagResponse = 102;
+constexpr int64_t kSpinMicros = 50;           // poll without sleeping this long after progress
+constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this often anyway
+constexpr int64_t kStallCheckEveryMicros = 1000000;
+
+std::vector<uint8_t> Receive(MPI_Comm comm, int source, int tag, bool* got, int* from) {
+  int flag = 0;
+  MPI_Message msg;
+  MPI_Status status;
+  MPI_Improbe(source, tag, comm, &flag, &msg, &status);
+  *got = flag != 0;
+  if (!flag) return {};
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  std::vector<uint8_t> buf(static_cast<size_t>(count));
+  MPI_Mrecv(buf.data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+  *from = status.MPI_SOURCE;
+  return buf;
+}
+
+}  // namespace
+
+Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
+    : params_(params), handles_(handles), cache_(params.cache_capacity) {
+  MPI_Comm_dup(comm, &ctrl_comm_);
+  MPI_Comm_dup(comm, &data_comm_);
+  MPI_Comm_set_errhandler(data_comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(ctrl_comm_, &rank_);
+  MPI_Comm_size(ctrl_comm_, &size_);
+  MPI_Comm_split_type(ctrl_comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
+  MPI_Comm_rank(local_comm_, &local_rank_);
+  MPI_Comm_size(local_comm_, &local_size_);
+  MPI_Comm_split(ctrl_comm_, local_rank_, rank_, &cross_comm_);
+  MPI_Comm_rank(cross_comm_, &cross_rank_);
+  MPI_Comm_size(cross_comm_, &cross_size_);
+  SetLogContext(rank_, params_.log_level);
+  InitReduceOps();
+  collectives_ = std::make_unique<MpiCollectives>(data_comm_);
+  if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, params_, &cache_, &timeline_);
+  if (rank_ == 0 && !params_.timeline_path.empty()) {
+    std::string err;
+    if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() {
+  Stop();
+  timeline_.Stop();
+  for (MPI_Comm* c : {&ctrl_comm_, &data_comm_, &local_comm_, &cross_comm_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+void Engine::Stop() {
+  stop_requested_ = true;
+  queue_.Wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::string* error) {
+  if (rank_ != 0) return true;  // rank 0 writes the timeline
+  return timeline_.Start(path, mark_cycles, error);
+}
+
+void Engine::StopTimeline() { timeline_.Stop(); }
+
+int64_t Engine::Enqueue(Request request, const void* input, void* output) {
+  const int64_t h = handles_->Create();
+  request.rank = rank_;
+  const std::string what = std::string(RequestTypeName(request.type)) + " '" + request.name + "'";
+  if (!running_) {
+    handles_->Complete(h, false, what + ": hvdlite has been shut down" +
+                                     (shutdown_reason_.empty() ? "" : " (" + shutdown_reason_ + ")"));
+    return h;
+  }
+  if (request.device != kCpuDevice) {
+    handles_->Complete(h, false, what + ": the engine takes host memory only; GPU tensors must be staged through the host");
+    return h;
+  }
+  TensorEntry e;
+  e.request = request;
+  e.input = input;
+  e.output = output;
+  e.handle = h;
+  e.enqueue_us = NowMicros();
+  if (!queue_.Push(std::move(e))) {
+    handles_->Complete(h, false, what + ": a " + RequestTypeName(request.type) + " with this name is already in flight on rank " +
+                                     std::to_string(rank_) + "; wait for it to finish or use a different name");
+  }
+  return h;
+}
+
+void Engine::Send(int dest, int tag, std::shared_ptr<std::vector<uint8_t>> bytes) {
+  PendingSend s;
+  s.bytes = std::move(bytes);
+  MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, dest, tag, ctrl_comm_, &s.request);
+  sends_.push_back(std::move(s));
+}
+
+void Engine::ReapSends(bool wait_all) {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    int done = 0;
+    if (wait_all) {
+      MPI_Wait(&it->request, MPI_STATUS_IGNORE);
+      done = 1;
+    } else {
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+    }
+    it = done ? sends_.erase(it) : std::next(it);
+  }
+}
+
+void Engine::BeginShutdown(const std::string& reason) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  shutdown_reason_ = reason;
+  ResponseList s;
+  s.shutdown = true;
+  s.shutdown_reason = reason;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(Serialize(s));
+  for (int r = 1; r < size_; ++r) Send(r, kTagResponse, bytes);
+}
+
+bool Engine::CoordinatorStep() {
+  bool progress = false;
+  const int64_t now = NowMicros();
+  for (Request& r : queue_.TakeNew()) {
+    progress = true;
+    if (shutting_down_) continue;
+    const bool hit = cache_.Lookup(r) >= 0;
+    coordinator_->AddRequest(r, now, hit);
+  }
+  while (true) {
+    bool got = false;
+    int from = -1;
+    std::vector<uint8_t> buf = Receive(ctrl_comm_, MPI_ANY_SOURCE, kTagRequest, &got, &from);
+    if (!got) break;
+    progress = true;
+    RequestList list = DeserializeRequestList(buf.data(), buf.size());
+    if (list.shutdown_ack) {
+      ++acks_;
+      continue;
+    }
+    if (shutting_down_) continue;
+    const int64_t t = NowMicros();
+    for (int32_t id : list.cache_hits) coordinator_->AddCacheHit(from, id, t);
+    for (Request& r : list.requests) coordinator_->AddRequest(r, t);
+    if (list.shutdown) BeginShutdown("rank " + std::to_string(from) + " called shutdown()");
+  }
+  if (stop_requested_ && !shutting_down_) BeginShutdown("rank 0 called shutdown()");
+  if (!shutting_down_) {
+    ResponseList ready = coordinator_->TakeReady();
+    if (!ready.order.empty()) {
+      progress = true;
+      if (size_ > 1) {
+        auto bytes = std::make_shared<std::vector<uint8_t>>(Serialize(ready));
+        for (int r = 1; r < size_; ++r) Send(r, kTagResponse, bytes);
+      }
+      Execute(ready);
+    }
+    const int64_t t = NowMicros();
+    if (t - last_stall_check_us_ >= kStallCheckEveryMicros) {
+      last_stall_check_us_ = t;
+      std::string reason = coordinator_->CheckStalls(t);
+      if (!reason.empty()) {
+        HVD_ERROR(reason);
+        BeginShutdown(reason);
+      }
+    }
+  }
+  return progress;
+}
+
+bool Engine::WorkerStep() {
+  bool progress = false;
+  std::vector<Request> fresh = queue_.TakeNew();
+  const bool ask_shutdown = stop_requested_ && !shutting_down_;
+  if (!fresh.empty() || ask_shutdown) {
+    progress = true;
+    RequestList list;
+    for (Request& r : fresh) {
+      const int32_t id = cache_.Lookup(r);
+      if (id >= 0) list.cache_hits.push_back(id);
+      else list.requests.push_back(std::move(r));
+    }
+    if (ask_shutdown) {
+      list.shutdown = true;
+      shutting_down_ = true;
+    }
+    Send(0, kTagRequest, std::make_shared<std::vector<uint8_t>>(Serialize(list)));
+  }
+  while (true) {
+    bool got = false;
+    int from = -1;
+    std::vector<uint8_t> buf = Receive(ctrl_comm_, 0, kTagResponse, &got, &from);
+    if (!got) break;
+    progress = true;
+    ResponseList list = DeserializeResponseList(buf.data(), buf.size());
+    if (list.shutdown) {
+      shutdown_reason_ = list.shutdown_reason;
+      RequestList ack;
+      ack.shutdown_ack = true;
+      Send(0, kTagRequest, std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
+      running_ = false;
+      return true;
+    }
+    Execute(list);
+  }
+  return progress;
+}
+
+void Engine::Loop() {
+  int64_t last_progress = NowMicros();
+  int64_t sleep_us = 0;
+  const int64_t cap_us = std::max<int64_t>(1, static_cast<int64_t>(params_.cycle_time_ms * 1000));
+  try {
+    while (running_) {
+      const bool progress = rank_ == 0 ? CoordinatorStep() : WorkerStep();
+      if (rank_ == 0 && shutting_down_ && acks_ >= size_ - 1) break;
+      ReapSends(false);
+      const int64_t now = NowMicros();
+      if (progress) {
+        if (timeline_.Active()) {
+          timeline_.CycleMark(now);
+          timeline_.Flush();
+        }
+        last_progress = now;
+        sleep_us = 0;
+        continue;
+      }
+      if (!queue_.HasOutstanding() && !shutting_down_) {
+        queue_.WaitForWork(kIdleWaitMicros);  // nothing of ours in flight: sleep until work arrives
+        last_progress = NowMicros();
+        continue;
+      }
+      if (now - last_progress < kSpinMicros) {
+        std::this_thread::yield();
+        continue;
+      }
+      sleep_us = std::min(cap_us, std::max<int64_t>(10, sleep_us * 2));
+      queue_.WaitForWork(sleep_us);
+    }
+  } catch (const std::exception& ex) {
+    shutdown_reason_ = std::string("hvdlite background thread failed: ") + ex.what();
+    HVD_ERROR(shutdown_reason_);
+  }
+  running_ = false;
+  ReapSends(true);
+  if (shutdown_reason_.empty()) shutdown_reason_ = "hvdlite was shut down";
+  for (TensorEntry& e : queue_.TakeAll())
+    handles_->Complete(e.handle, false,
+                       std::string(RequestTypeName(e.request.type)) + " '" + e.request.name +
+                           "' did not finish: " + shutdown_reason_);
+  timeline_.Flush();
+}
+
+Response Engine::FromCache(const std::vector<int32_t>& ids) const {
+  Response r;
+  const Request& first = cache_.Get(ids.front());
+  r.type = first.type;
+  r.dtype = first.dtype;
+  r.reduce_op = first.reduce_op;
+  r.prescale = first.prescale;
+  r.postscale = first.postscale;
+  r.root = first.root;
+  r.device = first.device;
+  for (int32_t id : ids) {
+    const Request& q = cache_.Get(id);
+    r.names.push_back(q.name);
+    r.sizes.push_back(NumElements(q.shape));
+    r.cache_ids.push_back(id);
+  }
+  return r;
+}
+
+void Engine::Execute(const ResponseList& list) {
+  for (int32_t idx : list.order) {
+    if (idx >= 0) Perform(list.responses[idx]);
+    else Perform(FromCache(list.cached[-idx - 1]));
+  }
+}
+
+void Engine::Trace(const TensorEntry& e, const char* phase, int64_t start, int64_t end) {
+  timeline_.Phase(e.request.name, phase, start, end);
+}
+
+void Engine::Perform(const Response& r) {
+  const size_t n = r.type == RequestType::kJoin ? 1 : r.names.size();
+  std::vector<TensorEntry> entries(n);
+  std::vector<char> have(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    have[i] = queue_.Pop(r.type == RequestType::kJoin ? std::string("\x01join") : r.names[i], &entries[i]);
+
+  // Remember the agreed signatures under the ids the coordinator assigned.
+  if (r.error.empty() && r.joined_ranks.empty()) {
+    for (size_t i = 0; i < r.cache_ids.size() && i < n; ++i) {
+      if (r.cache_ids[i] < 0 || !have[i]) continue;
+      if (cache_.Has(r.cache_ids[i]) && cache_.Get(r.cache_ids[i]).name == r.names[i] &&
+          cache_.Lookup(entries[i].request) == r.cache_ids[i])
+        continue;
+      Request sig = entries[i].request;
+      sig.rank = 0;
+      cache_.Put(r.cache_ids[i], sig);
+    }
+  }
+
+  if (!r.error.empty()) {
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) handles_->Complete(entries[i].handle, false, r.error);
+    return;
+  }
+  if (timeline_.Active()) {
+    const int64_t now = NowMicros();
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) Trace(entries[i], "QUEUE", entries[i].enqueue_us, now);
+  }
+  try {
+    switch (r.type) {
+      case RequestType::kAllreduce:
+        DoAllreduce(r, entries, have);
+        return;  // completes its own handles
+      case RequestType::kAllgather:
+        if (have[0]) DoAllgather(r, entries[0]);
+        return;
+      case RequestType::kAlltoall:
+        if (have[0]) DoAlltoall(r, entries[0]);
+        return;
+      case RequestType::kReducescatter:
+        if (have[0]) DoReducescatter(r, entries[0]);
+        return;
+      case RequestType::kBroadcast: {
+        if (!have[0]) return;
+        const int64_t t0 = NowMicros();
+        void* buf = entries[0].output ? entries[0].output : const_cast<void*>(entries[0].input);
+        const int64_t bytes = r.sizes[0] * DataTypeSize(r.dtype);
+        if (bytes > 0) collectives_->Broadcast(buf, bytes, r.root);
+        if (timeline_.Active()) Trace(entries[0], "MPI_BCAST", t0, NowMicros());
+        handles_->Complete(entries[0].handle, true, "");
+        return;
+      }
+      case RequestType::kBarrier:
+        // Negotiation already proved that every rank reached the barrier.
+        if (have[0]) handles_->Complete(entries[0].handle, true, "");
+        return;
+      case RequestType::kJoin: {
+        if (!have[0]) return;
+        auto out = std::make_unique<OutputBuffer>();
+        out->aux = {r.last_joined};
+        handles_->Complete(entries[0].handle, true, "", std::move(out));
+        return;
+      }
+    }
+  } catch (const std::exception& ex) {
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) handles_->Complete(entries[i].handle, false,
+                                      std::string(RequestTypeName(r.type)) + " '" + r.names[i] + "' failed: " + ex.what());
+  }
+}
+
+// A fused allreduce on host memory. Tensors too big to share a piece are reduced
+// straight from their own memory (no copy) in cache-sized chunks; small ones are
+// packed into a cache-sized piece of the fusion buffer, reduced there, and copied out
+// while the piece is still in cache. Ranks that joined contribute zeros.
+void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, const std::vector<char>& have) {
+  const size_t n = r.names.size();
+  const DataType dt = r.dtype;
+  const int64_t es = DataTypeSize(dt);
+  const int contributors = size_ - static_cast<int>(r.joined_ranks.size());
+  const double pre = r.prescale;
+  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+  const int64_t chunk_bytes = std::max<int64_t>(es, params_.host_chunk_bytes);
+  const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes / es);
+  const bool trace = timeline_.Active();
+
+  // Plan: a list of steps, each either one tensor alone or a piece of several.
+  struct Step {
+    std::vector<size_t> members;
+  };
+  std::vector<Step> plan;
+  Step piece;
+  int64_t piece_elems = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t cnt = r.sizes[i];
+    if (cnt == 0) continue;
+    if (n == 1 || cnt * es > chunk_bytes / 2) {
+      plan.push_back(Step{{i}});
+      continue;
+    }
+    if (piece_elems + cnt > chunk_elems) {
+      plan.push_back(std::move(piece));
+      piece = Step{};
+      piece_elems = 0;
+    }
+    piece.members.push_back(i);
+    piece_elems += cnt;
+  }
+  if (!piece.members.empty()) plan.push_back(std::move(piece));
+
+  for (const Step& step : plan) {
+    if (step.members.size() == 1) {
+      const size_t i = step.members[0];
+      const int64_t cnt = r.sizes[i];
+      const int64_t t0 = NowMicros();
+      for (int64_t off = 0; off < cnt; off += chunk_elems) {
+        const int64_t c = std::min(chunk_elems, cnt - off);
+        if (!have[i]) {
+          uint8_t* z = scratch_.Get(c * es);
+          std::memset(z, 0, static_cast<size_t>(c * es));
+          collectives_->Allreduce(z, z, c, dt, op);
+          continue;
+        }
+        const uint8_t* src = static_cast<const uint8_t*>(entries[i].input) + off * es;
+        uint8_t* dst = static_cast<uint8_t*>(entries[i].output) + off * es;
+        if (pre != 1.0) {
+          ScaleCopy(dst, src, c, dt, pre);
+          src = dst;
+        }
+        collectives_->Allreduce(src, dst, c, dt, op);
+        ScaleBuffer(dst, c, dt, post);
+      }
+      if (trace && have[i]) Trace(entries[i], "MPI_ALLREDUCE", t0, NowMicros());
+      continue;
+    }
+    // Pack, reduce, unpack one piece.
+    int64_t total = 0;
+    for (size_t i : step.members) total += r.sizes[i];
+    uint8_t* buf = fusion_.Get(chunk_bytes);
+    int64_t off = 0;
+    std::vector<int64_t> copy_in_end(step.members.size());
+    const int64_t t_in = NowMicros();
+    for (size_t k = 0; k < step.members.size(); ++k) {
+      const size_t i = step.members[k];
+      const int64_t c = r.sizes[i];
+      if (!have[i]) std::memset(buf + off * es, 0, static_cast<size_t>(c * es));
+      else if (pre != 1.0) ScaleCopy(buf + off * es, entries[i].input, c, dt, pre);
+      else std::memcpy(buf + off * es, entries[i].input, static_cast<size_t>(c * es));
+      off += c;
+      if (trace) copy_in_end[k] = NowMicros();
+    }
+    const int64_t t_mpi = NowMicros();
+    collectives_->Allreduce(buf, buf, total, dt, op);
+    const int64_t t_out = NowMicros();
+    off = 0;
+    for (size_t k = 0; k < step.members.size(); ++k) {
+      const size_t i = step.members[k];
+      const int64_t c = r.sizes[i];
+      const int64_t s = trace ? NowMicros() : 0;
+      if (have[i]) {
+        if (post != 1.0) ScaleCopy(entries[i].output, buf + off * es, c, dt, post);
+        else std::memcpy(entries[i].output, buf + off * es, static_cast<size_t>(c * es));
+        if (trace) {
+          Trace(entries[i], "MEMCPY_IN_FUSION_BUFFER", k ? copy_in_end[k - 1] : t_in, copy_in_end[k]);
+          Trace(entries[i], "MPI_ALLREDUCE", t_mpi, t_out);
+          Trace(entries[i], "MEMCPY_OUT_FUSION_BUFFER", s, NowMicros());
+        }
+      }
+      off += c;
+    }
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (have[i]) handles_->Complete(entries[i].handle, true, "");
+}
+
+void Engine::DoAllgather(const Response& r, TensorEntry& e) {
+  const int64_t t0 = NowMicros();
+  const std::vector<int64_t>& shape = e.request.shape;
+  int64_t row = DataTypeSize(r.dtype);
+  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+  std::vector<int64_t> recv(size_);
+  int64_t total_rows = 0, total_bytes = 0;
+  for (int q = 0; q < size_; ++q) {
+    recv[q] = r.sizes[q] * row;
+    total_rows += r.sizes[q];
+    total_bytes += recv[q];
+  }
+  auto out = std::make_unique<OutputBuffer>();
+  out->data.reset(new uint8_t[std::max<int64_t>(1, total_bytes)]);
+  out->bytes = total_bytes;
+  out->dtype = r.dtype;
+  out->shape = shape;
+  out->shape[0] = total_rows;
+  if (total_bytes > 0) collectives_->Allgatherv(e.input, recv[rank_], out->data.get(), recv);
+  if (timeline_.Active()) Trace(e, "MPI_ALLGATHER", t0, NowMicros());
+  handles_->Complete(e.handle, true, "", std::move(out));
+}
+
+void Engine::DoAlltoall(const Response& r, TensorEntry& e) {
+  const int64_t t0 = NowMicros();
+  const std::vector<int64_t>& shape = e.request.shape;
+  int64_t row = DataTypeSize(r.dtype);
+  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+  std::vector<int64_t> send(size_), recv(size_);
+  auto out = std::make_unique<OutputBuffer>();
+  int64_t rows = 0, total_send = 0, total_recv = 0;
+  for (int q = 0; q < size_; ++q) {
+    send[q] = r.sizes[rank_ * size_ + q] * row;
+    recv[q] = r.sizes[q * size_ + rank_] * row;
+    rows += r.sizes[q * size_ + rank_];
+    out->aux.push_back(r.sizes[q * size_ + rank_]);
+    total_send += send[q];
+    total_recv += recv[q];
+  }
+  out->data.reset(new uint8_t[std::max<int64_t>(1, total_recv)]);
+  out->bytes = total_recv;
+  out->dtype = r.dtype;
+  out->shape = shape;
+  out->shape[0] = rows;
+  // Every rank runs the collective unless nobody moves any data.
+  int64_t moved = 0;
+  for (int64_t v : r.sizes) moved += v;
+  if (moved > 0 && row > 0) collectives_->Alltoallv(e.input, send, out->data.get(), recv);
+  if (timeline_.Active()) Trace(e, "MPI_ALLTOALL", t0, NowMicros());
+  handles_->Complete(e.handle, true, "", std::move(out));
+}
+
+void Engine::DoReducescatter(const Response& r, TensorEntry& e) {
+  const int64_t t0 = NowMicros();
+  const std::vector<int64_t>& shape = e.request.shape;
+  const DataType dt = r.dtype;
+  const int64_t es = DataTypeSize(dt);
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < shape.size(); ++d) row_elems *= shape[d];
+  const int64_t dim0 = shape[0];
+  std::vector<int64_t> counts(size_);
+  for (int q = 0; q < size_; ++q) counts[q] = (dim0 / size_ + (q < dim0 % size_ ? 1 : 0)) * row_elems;
+  auto out = std::make_unique<OutputBuffer>();
+  const int64_t my = counts[rank_];
+  out->data.reset(new uint8_t[std::max<int64_t>(1, my * es)]);
+  out->bytes = my * es;
+  out->dtype = dt;
+  out->shape = shape;
+  out->shape[0] = my / std::max<int64_t>(1, row_elems);
+  if (row_elems == 0) out->shape[0] = dim0 / size_ + (rank_ < dim0 % size_ ? 1 : 0);
+  const int64_t total = dim0 * row_elems;
+  if (total > 0) {
+    const void* src = e.input;
+    if (r.prescale != 1.0) {
+      uint8_t* tmp = scratch_.Get(total * es);
+      ScaleCopy(tmp, e.input, total, dt, r.prescale);
+      src = tmp;
+    }
+    const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+    collectives_->ReduceScatter(src, out->data.get(), counts, dt, op);
+    const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+    ScaleBuffer(out->data.get(), my, dt, post);
+  }
+  if (timeline_.Active()) Trace(e, "MPI_REDUCESCATTER", t0, NowMicros());
+  handles_->Complete(e.handle, true, "", std::move(out));
+}
+
+}  // namespace hvdlite

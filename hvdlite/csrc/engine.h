@@ -1,0 +1,99 @@
+// The engine: one per process, owning the background thread, the control plane
+// (rank 0 coordinates, every rank talks to it point-to-point on a private
+// communicator), and the data plane (collectives through a backend).
+//
+// Lifetime: constructed by init (collective over the communicator), Stop() by
+// shutdown (collective: the first rank to stop stops every rank), destroyed after.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives.h"
+#include "coordinator.h"
+#include "fusion_buffer.h"
+#include "handle_table.h"
+#include "message.h"
+#include "parameters.h"
+#include "response_cache.h"
+#include "tensor_queue.h"
+#include "timeline.h"
+
+namespace hvdlite {
+
+class Engine {
+ public:
+  // Duplicates `comm` (collective over it) and starts the background thread.
+  Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  int cross_rank() const { return cross_rank_; }
+  int cross_size() const { return cross_size_; }
+  bool Running() const { return running_; }
+
+  // Queues one request; returns its handle at once (already failed on bad input).
+  int64_t Enqueue(Request request, const void* input, void* output);
+  void Stop();
+  bool StartTimeline(const std::string& path, bool mark_cycles, std::string* error);
+  void StopTimeline();
+
+ private:
+  void Loop();
+  bool CoordinatorStep();
+  bool WorkerStep();
+  void Send(int dest, int tag, std::shared_ptr<std::vector<uint8_t>> bytes);
+  void ReapSends(bool wait_all);
+  void BeginShutdown(const std::string& reason);
+  void Execute(const ResponseList& list);
+  Response FromCache(const std::vector<int32_t>& ids) const;
+  void Perform(const Response& response);
+  void DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, const std::vector<char>& have);
+  void DoAllgather(const Response& r, TensorEntry& e);
+  void DoAlltoall(const Response& r, TensorEntry& e);
+  void DoReducescatter(const Response& r, TensorEntry& e);
+  void Trace(const TensorEntry& e, const char* phase, int64_t start, int64_t end);
+
+  Parameters params_;
+  HandleTable* handles_;
+  MPI_Comm ctrl_comm_ = MPI_COMM_NULL;   // control plane, point-to-point
+  MPI_Comm data_comm_ = MPI_COMM_NULL;   // data plane, collectives
+  MPI_Comm local_comm_ = MPI_COMM_NULL;
+  MPI_Comm cross_comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
+
+  std::unique_ptr<Collectives> collectives_;
+  TensorQueue queue_;
+  ResponseCache cache_;
+  Timeline timeline_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  FusionBuffer fusion_;
+  FusionBuffer scratch_;
+
+  struct PendingSend {
+    MPI_Request request;
+    std::shared_ptr<std::vector<uint8_t>> bytes;
+  };
+  std::list<PendingSend> sends_;
+
+  std::thread thread_;
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> running_{true};
+  bool shutting_down_ = false;   // coordinator: shutdown announced; worker: asked for it
+  int acks_ = 0;
+  std::string shutdown_reason_;
+  int64_t last_stall_check_us_ = 0;
+};
+
+}  // namespace hvdlite

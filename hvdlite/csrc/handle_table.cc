@@ -1,0 +1,68 @@
+#include "handle_table.h"
+
+namespace hvdlite {
+
+int64_t HandleTable::Create() {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t h = next_++;
+  states_.emplace(h, State{});
+  return h;
+}
+
+void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = states_.find(h);
+    if (it == states_.end() || it->second.done) return;
+    it->second.done = true;
+    it->second.ok = ok;
+    it->second.error = error;
+    it->second.out = std::move(out);
+  }
+  cv_.notify_all();
+}
+
+bool HandleTable::Poll(int64_t h) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = states_.find(h);
+  return it == states_.end() || it->second.done;
+}
+
+bool HandleTable::Wait(int64_t h, std::string* error) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto it = states_.find(h);
+  if (it == states_.end()) {
+    *error = "unknown or already released hvdlite handle " + std::to_string(h);
+    return false;
+  }
+  cv_.wait(lk, [&] { return it->second.done; });
+  *error = it->second.error;
+  return it->second.ok;
+}
+
+std::unique_ptr<OutputBuffer> HandleTable::TakeOutput(int64_t h) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = states_.find(h);
+  if (it == states_.end() || !it->second.out) return std::make_unique<OutputBuffer>();
+  return std::move(it->second.out);
+}
+
+void HandleTable::Release(int64_t h) {
+  std::lock_guard<std::mutex> lk(mu_);
+  states_.erase(h);
+}
+
+void HandleTable::FailAll(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [h, s] : states_) {
+      if (s.done) continue;
+      s.done = true;
+      s.ok = false;
+      s.error = error;
+    }
+  }
+  cv_.notify_all();
+}
+
+}  // namespace hvdlite

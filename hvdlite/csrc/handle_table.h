@@ -1,0 +1,52 @@
+// Handles the front ends hold for operations in flight: completion status, error
+// message, and outputs the engine allocated. Waiters block on a condition variable.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+
+namespace hvdlite {
+
+// Memory the engine allocated for a result whose size was only known after
+// negotiation; handed to Python without a copy.
+struct OutputBuffer {
+  std::unique_ptr<uint8_t[]> data;
+  int64_t bytes = 0;
+  std::vector<int64_t> shape;
+  DataType dtype = DataType::kUInt8;
+  std::vector<int64_t> aux;  // alltoall: received splits; join: last joined rank
+};
+
+class HandleTable {
+ public:
+  int64_t Create();
+  void Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out = nullptr);
+  bool Poll(int64_t h);
+  // Blocks until done; returns ok and fills `error`.
+  bool Wait(int64_t h, std::string* error);
+  std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
+  void Release(int64_t h);
+  // Fail every unfinished handle (engine shutting down).
+  void FailAll(const std::string& error);
+
+ private:
+  struct State {
+    bool done = false;
+    bool ok = true;
+    std::string error;
+    std::unique_ptr<OutputBuffer> out;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t next_ = 1;
+  std::unordered_map<int64_t, State> states_;
+};
+
+}  // namespace hvdlite

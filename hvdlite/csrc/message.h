@@ -1,0 +1,74 @@
+// What ranks tell the coordinator (Request) and what it answers (Response), and
+// their byte encoding for the control channel.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace hvdlite {
+
+// One rank's wish to run one collective on one named tensor.
+struct Request {
+  int32_t rank = 0;
+  RequestType type = RequestType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::string name;
+  std::vector<int64_t> shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = -1;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+  int32_t group_id = -1;        // grouped allreduce: members share an id
+  int32_t group_size = 0;
+  int32_t device = kCpuDevice;
+};
+
+// Everything a rank says in one message to the coordinator.
+struct RequestList {
+  std::vector<Request> requests;
+  std::vector<int32_t> cache_hits;  // ids of cached requests now ready on this rank
+  bool shutdown = false;            // this rank asks the job to shut down
+  bool shutdown_ack = false;        // this rank saw the shutdown and will send no more
+};
+
+// The coordinator's instruction, identical on every rank: run this collective on
+// these tensors (several names = one fused collective), or fail them with `error`.
+struct Response {
+  RequestType type = RequestType::kAllreduce;
+  std::string error;                  // non-empty: fail every listed tensor with it
+  std::vector<std::string> names;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = -1;
+  int32_t device = kCpuDevice;
+  // allreduce: element count per name; allgather: first dimension per rank;
+  // alltoall: the splits matrix, row r = rows rank r sends to each rank.
+  std::vector<int64_t> sizes;
+  std::vector<int32_t> cache_ids;     // per name: id assigned in the response cache, or -1
+  std::vector<int32_t> joined_ranks;  // ranks that joined and contribute zeros
+  int32_t last_joined = -1;           // join: the last rank that joined
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+  // Fused allreduces/broadcasts agreed through the cache, sent as cache ids only;
+  // each inner list is one collective.
+  std::vector<std::vector<int32_t>> cached;
+  // Order of execution: entry >= 0 is responses[i], entry < 0 is cached[-i-1].
+  std::vector<int32_t> order;
+  bool shutdown = false;
+  std::string shutdown_reason;
+};
+
+std::vector<uint8_t> Serialize(const RequestList& list);
+RequestList DeserializeRequestList(const uint8_t* data, size_t size);
+std::vector<uint8_t> Serialize(const ResponseList& list);
+ResponseList DeserializeResponseList(const uint8_t* data, size_t size);
+
+}  // namespace hvdlite

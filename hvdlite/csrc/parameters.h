@@ -1,0 +1,28 @@
+// Tunables read from the environment at init: HVDLITE_X, or Horovod's HOROVOD_X.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace hvdlite {
+
+struct Parameters {
+  int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;  // Horovod's default
+  double cycle_time_ms = 1.0;        // longest sleep between checks while work is outstanding
+  int64_t cache_capacity = 1024;     // 0 disables the response cache
+  std::string timeline_path;
+  bool timeline_mark_cycles = false;
+  double stall_check_seconds = 60.0;  // 0 disables the stall inspector
+  double stall_shutdown_seconds = 0.0;  // 0: never shut down for a stall
+  // Size of the pieces a fused set (or a large tensor) is reduced in on host memory,
+  // chosen to stay in the last-level cache (see docs/architecture.md).
+  int64_t host_chunk_bytes = 8LL * 1024 * 1024;
+  int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
+
+  static Parameters FromEnvironment();
+};
+
+// Value of HVDLITE_<suffix>, else HOROVOD_<suffix>, else nullptr.
+const char* GetEnv(const char* suffix);
+
+}  // namespace hvdlite

@@ -1,0 +1,27 @@
+// Element-wise helpers the data plane needs on host memory: MPI datatypes and reduce
+// ops for every element type (float16/bfloat16 through user-defined MPI ops), and
+// scaling by a factor (prescale, postscale, Average).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace hvdlite {
+
+// Creates the MPI handles for float16/bfloat16 (call once after MPI_Init) and frees
+// them (before MPI_Finalize).
+void InitReduceOps();
+void FreeReduceOps();
+
+MPI_Datatype MpiType(DataType dt);
+MPI_Op MpiOp(ReduceOp op, DataType dt);  // Average maps to Sum; scaling is separate
+
+// buf[i] *= factor, in the element type (integers truncate toward zero).
+void ScaleBuffer(void* buf, int64_t count, DataType dt, double factor);
+// dst[i] = src[i] * factor.
+void ScaleCopy(void* dst, const void* src, int64_t count, DataType dt, double factor);
+
+}  // namespace hvdlite

@@ -1,0 +1,37 @@
+#include "response_cache.h"
+
+namespace hvdlite {
+
+bool ResponseCache::Cacheable(const Request& r) {
+  return r.group_id < 0 && (r.type == RequestType::kAllreduce || r.type == RequestType::kBroadcast ||
+                            r.type == RequestType::kReducescatter);
+}
+
+int32_t ResponseCache::Lookup(const Request& r) const {
+  if (!Enabled() || !Cacheable(r)) return -1;
+  auto it = by_name_.find(r.name);
+  if (it == by_name_.end()) return -1;
+  const Request& c = entries_.at(it->second);
+  if (c.type == r.type && c.dtype == r.dtype && c.shape == r.shape && c.reduce_op == r.reduce_op &&
+      c.prescale == r.prescale && c.postscale == r.postscale && c.root == r.root && c.device == r.device)
+    return it->second;
+  return -1;
+}
+
+int32_t ResponseCache::AssignId(const std::string& name) {
+  if (!Enabled()) return -1;
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) return it->second;
+  if (static_cast<int64_t>(next_id_) >= capacity_) return -1;
+  return next_id_++;
+}
+
+void ResponseCache::Put(int32_t id, const Request& sig) {
+  auto old = entries_.find(id);
+  if (old != entries_.end() && old->second.name != sig.name) by_name_.erase(old->second.name);
+  entries_[id] = sig;
+  by_name_[sig.name] = id;
+  if (id >= next_id_) next_id_ = id + 1;
+}
+
+}  // namespace hvdlite

