@@ -28,36 +28,48 @@ __all__ = [
 ]
 
 
-def _dtype_name(arr: np.ndarray, what: str) -> str:
-    name = arr.dtype.name
-    if name not in _ops.DTYPES:
+# numpy's dtype.name is a slow Python property; look names up by dtype instead.
+_NAME_OF = {np.dtype(n): n for n in _ops.DTYPES if n != "bfloat16"}
+try:
+    import ml_dtypes as _ml_dtypes
+    _NAME_OF[np.dtype(_ml_dtypes.bfloat16)] = "bfloat16"
+except ImportError:  # bfloat16 arrays can only come from ml_dtypes anyway
+    pass
+
+
+def _dtype_name(arr: np.ndarray, what: Any) -> str:
+    name = _NAME_OF.get(arr.dtype)
+    if name is None:
         raise HvdliteError(f"{what}: unsupported dtype {arr.dtype}; hvdlite supports "
                            f"{', '.join(_ops.DTYPES)}")
     return name
 
 
-def _as_array(tensor: Any, what: str) -> np.ndarray:
+def _as_array(tensor: Any, what: Any) -> np.ndarray:
     """A C-contiguous NumPy view of `tensor` (copied only if it is not contiguous)."""
     try:
         arr = np.asarray(tensor)
     except Exception as exc:  # pragma: no cover - message is what matters
         raise HvdliteError(f"{what}: cannot view {type(tensor).__name__} as an array: {exc}") from exc
     _dtype_name(arr, what)
-    return np.ascontiguousarray(arr)
+    # order="C" copies only when needed and, unlike ascontiguousarray, keeps 0-d shapes.
+    return np.asarray(arr, order="C")
 
 
-def _writable(tensor: Any, what: str) -> np.ndarray:
-    if not isinstance(tensor, np.ndarray):
+def _writable(tensor: Any, what: Any) -> np.ndarray:
+    if type(tensor) is not np.ndarray and not isinstance(tensor, np.ndarray):
         raise HvdliteError(f"{what}: the in-place form needs a NumPy array, got {type(tensor).__name__}")
     _dtype_name(tensor, what)
-    if not tensor.flags.c_contiguous or not tensor.flags.writeable:
+    flags = tensor.flags
+    if not flags.c_contiguous or not flags.writeable:
         raise HvdliteError(f"{what}: the in-place form needs a writable C-contiguous array "
                            "(use the out-of-place form, or np.ascontiguousarray first)")
     return tensor
 
 
 def _raw(arr: np.ndarray) -> _ops.RawTensor:
-    return _ops.RawTensor(arr.ctypes.data, arr.dtype.name, tuple(arr.shape))
+    # __array_interface__ is several times cheaper than arr.ctypes.data.
+    return _ops.RawTensor(arr.__array_interface__["data"][0], _NAME_OF[arr.dtype], arr.shape)
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -80,8 +92,17 @@ def _resolve_op(average: bool | None, op: int | None) -> int:
     return op
 
 
-def _label(kind: str, name: str | None) -> str:
-    return f"{kind} '{name}'" if name else kind
+class _label:
+    """What a message calls the operation; formatted only when an error is raised."""
+    __slots__ = ("kind", "name")
+
+    def __init__(self, kind: str, name: str | None) -> None:
+        self.kind, self.name = kind, name
+
+    def __str__(self) -> str:
+        return f"{self.kind} '{self.name}'" if self.name else self.kind
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
 
 
 # ---- allreduce ----------------------------------------------------------------------
@@ -111,7 +132,8 @@ def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str 
                      postscale_factor: float = 1.0) -> Handle:
     """In-place form of :func:`allreduce_async`: the result overwrites `tensor`."""
     arr = _writable(tensor, _label("allreduce", name))
-    h = _ops.submit(_ops.ALLREDUCE, _raw(arr), _raw(arr), name=name, op=_resolve_op(average, op),
+    raw = _raw(arr)
+    h = _ops.submit(_ops.ALLREDUCE, raw, raw, name=name, op=_resolve_op(average, op),
                     prescale_factor=prescale_factor, postscale_factor=postscale_factor, keepalive=arr)
     h.result_fn = lambda _h, arr=arr: arr
     return h

@@ -25,9 +25,10 @@ def core() -> Any:
     """The engine module, checked to be initialized."""
     c = _load_core()
     if not c.is_initialized():
-        raise NotInitializedError(
-            "hvdlite has not been initialized; call hvd.init() first "
-            "(or it was shut down with hvd.shutdown())")
+        reason = c.shutdown_reason()
+        if reason:
+            raise NotInitializedError(f"hvdlite is shut down: {reason}; call hvd.init() to start again")
+        raise NotInitializedError("hvdlite has not been initialized; call hvd.init() first")
     return c
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -55,14 +54,19 @@ ITEMSIZE = {"uint8": 1, "int8": 1, "int32": 4, "int64": 8, "float16": 2,
 CPU_DEVICE = -1
 
 
-@dataclass(frozen=True)
 class RawTensor:
     """Host memory as the engine sees it. ``ptr`` must stay valid and the memory
-    C-contiguous until the request completes (keep the owner in ``keepalive``)."""
-    ptr: int
-    dtype: str
-    shape: tuple[int, ...]
-    device: int = CPU_DEVICE
+    C-contiguous until the request completes (keep the owner in ``keepalive``).
+
+    A plain slotted class rather than a dataclass: it is built on every collective call.
+    """
+    __slots__ = ("ptr", "dtype", "shape", "device")
+
+    def __init__(self, ptr: int, dtype: str, shape: tuple[int, ...], device: int = CPU_DEVICE) -> None:
+        self.ptr = ptr
+        self.dtype = dtype
+        self.shape = shape
+        self.device = device
 
     @property
     def nbytes(self) -> int:
@@ -70,6 +74,9 @@ class RawTensor:
         for d in self.shape:
             n *= d
         return n
+
+    def __repr__(self) -> str:
+        return f"RawTensor(ptr={self.ptr:#x}, dtype={self.dtype!r}, shape={self.shape!r})"
 
 
 # Deterministic names for unnamed requests: ranks that issue the same sequence of
@@ -206,10 +213,10 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
         raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unknown reduce op {op!r}")
     out_ptr = output.ptr if output is not None else 0
     hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
-                       [int(d) for d in tensor.shape], tensor.device, int(op),
-                       float(prescale_factor), float(postscale_factor), int(root_rank),
-                       [int(s) for s in splits] if splits is not None else [],
-                       int(group_id), int(group_size))
+                       tensor.shape, tensor.device, op,
+                       float(prescale_factor), float(postscale_factor), root_rank,
+                       splits if splits is not None else (),
+                       group_id, group_size)
     return Handle(hid, kind, name, keepalive)
 
 

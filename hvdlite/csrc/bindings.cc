@@ -145,6 +145,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("shutdown", &Shutdown);
   m.def("finalize", &Finalize);
   m.def("is_initialized", [] { return g_engine && g_engine->Running(); });
+  m.def("shutdown_reason", [] { return g_engine ? g_engine->ShutdownReason() : std::string(); });
   m.def("rank", [] { return Running().rank(); });
   m.def("size", [] { return Running().size(); });
   m.def("local_rank", [] { return Running().local_rank(); });

@@ -259,9 +259,9 @@ void Engine::Loop() {
     shutdown_reason_ = std::string("hvdlite background thread failed: ") + ex.what();
     HVD_ERROR(shutdown_reason_);
   }
+  if (shutdown_reason_.empty()) shutdown_reason_ = "hvdlite was shut down";
   running_ = false;
   ReapSends(true);
-  if (shutdown_reason_.empty()) shutdown_reason_ = "hvdlite was shut down";
   for (TensorEntry& e : queue_.TakeAll())
     handles_->Complete(e.handle, false,
                        std::string(RequestTypeName(e.request.type)) + " '" + e.request.name +

@@ -42,6 +42,8 @@ class Engine {
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
   bool Running() const { return running_; }
+  // Why the engine stopped (set once the background thread has ended).
+  std::string ShutdownReason() const { return running_ ? std::string() : shutdown_reason_; }
 
   // Queues one request; returns its handle at once (already failed on bad input).
   int64_t Enqueue(Request request, const void* input, void* output);

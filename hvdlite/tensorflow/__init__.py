@@ -1,0 +1,58 @@
+"""hvdlite for TensorFlow 2: ``import hvdlite.tensorflow as hvd`` in place of
+``import horovod.tensorflow as hvd``.
+
+Works with the TensorFlow installed (tested with ``tensorflow-cpu==2.21.0``) without
+compiling anything against it: collectives reach hvdlite's engine from Python, eagerly
+or through ``tf.py_function`` inside graphs (see :mod:`hvdlite.tensorflow.mpi_ops` for the
+limits this implies, notably: no XLA ``jit_compile`` around hvdlite collectives).
+
+Typical custom training loop::
+
+    import hvdlite.tensorflow as hvd
+    hvd.init()
+    ...
+    @tf.function
+    def step(x, y, first):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    ...
+    hvd.broadcast_variables(model.variables, root_rank=0)  # after the first step,
+    hvd.broadcast_variables(opt.variables, root_rank=0)    # or before it once built
+"""
+from __future__ import annotations
+
+from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
+                                   local_size, cross_rank, cross_size, mpi_threads_supported,
+                                   mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
+                                   ddl_built, ccl_built, cuda_built, rocm_built,
+                                   start_timeline, stop_timeline)
+from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
+from hvdlite.tensorflow.compression import Compression, Compressor
+from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
+                                        ProcessSet, global_process_set,
+                                        allreduce, grouped_allreduce, allgather, grouped_allgather,
+                                        broadcast, broadcast_, alltoall, reducescatter,
+                                        grouped_reducescatter, barrier, join,
+                                        size_op, rank_op, local_size_op, local_rank_op)
+from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_object,
+                                          broadcast_object_fn, allgather_object)
+from hvdlite.tensorflow.gradients import DistributedGradientTape, allreduce_gradients
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "start_timeline", "stop_timeline",
+    "HvdliteError", "HorovodInternalError", "NotInitializedError",
+    "Compression", "Compressor",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
+    "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "DistributedGradientTape", "allreduce_gradients",
+]

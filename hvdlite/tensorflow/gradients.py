@@ -1,0 +1,190 @@
+"""Averaging gradients over ranks: ``DistributedGradientTape`` and the shared helper the
+Keras ``DistributedOptimizer`` uses too."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+from hvdlite.common import basics as _basics
+from hvdlite.common import ops as _ops
+from hvdlite.tensorflow import mpi_ops as _mpi
+from hvdlite.tensorflow.compression import Compression, Compressor
+from hvdlite.tensorflow.mpi_ops import Average, Sum, global_process_set
+
+
+def _group_index(n_dense: int, dense_vars: Sequence[Any] | None, groups: Any) -> list[int]:
+    """Local group index (-1: no group) for each dense gradient."""
+    if groups is None or (isinstance(groups, int) and groups <= 0):
+        return [-1] * n_dense
+    if isinstance(groups, int):
+        k = min(groups, n_dense)
+        # contiguous chunks of nearly equal length, as Horovod splits the list
+        base, extra = divmod(n_dense, k)
+        out: list[int] = []
+        for g in range(k):
+            out.extend([g] * (base + (1 if g < extra else 0)))
+        return out
+    if dense_vars is None:
+        raise ValueError("groups given as lists of variables need the variables of the gradients")
+    membership: dict[int, int] = {}
+    for g, members in enumerate(groups):
+        for v in members:
+            membership[id(v)] = g
+    next_group = len(groups)
+    out = []
+    for v in dense_vars:
+        g = membership.get(id(v))
+        if g is None:  # a variable in no list forms a group of its own
+            g = next_group
+            next_group += 1
+        out.append(g)
+    return out
+
+
+@_no_autograph
+def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = None, *,
+                        op: int = Average, compression: type[Compressor] = Compression.none,
+                        sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                        groups: Any = None, name: str = "gradient") -> list[Any]:
+    """Combine a list of gradients over ranks in one batch (one ``py_function`` inside a
+    graph), so that the engine fuses them. ``None`` stays ``None``. Dense gradients are
+    allreduced with ``op``; ``tf.IndexedSlices`` are allgathered (values and indices),
+    or densified first with ``sparse_as_dense=True``. ``gradient_predivide_factor`` f
+    (only with ``op=Average``) divides by f before the sum and by size/f after it.
+    ``groups``: an int (number of contiguous groups) or lists of variables whose
+    gradients form one grouped allreduce each. With one rank nothing is communicated.
+    Not differentiable (no second-order gradients through the communication)."""
+    if op not in (Average, Sum, _ops.Min, _ops.Max, _ops.Product):
+        raise ValueError(f"unsupported op {op!r} for gradients")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op == Average")
+    grads = list(grads)
+    if _basics.size() == 1:
+        return [tf.convert_to_tensor(g) if (sparse_as_dense and isinstance(g, tf.IndexedSlices)) else g
+                for g in grads]
+    prescale = 1.0 / gradient_predivide_factor
+    postscale = gradient_predivide_factor
+    eager = tf.executing_eagerly()
+
+    specs: list[_mpi._Spec] = []
+    inputs: list[tf.Tensor] = []
+    plan: list[tuple[str, int, Any]] = []  # ("none"|"dense"|"sparse", first spec index, ctx)
+    dense_positions = []
+    prepared: list[Any] = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices) and sparse_as_dense:
+            g = tf.convert_to_tensor(g)
+        prepared.append(g)
+        if g is not None and not isinstance(g, tf.IndexedSlices):
+            dense_positions.append(len(prepared) - 1)
+    dense_vars = None
+    if variables is not None and groups is not None and not isinstance(groups, int):
+        dense_vars = [list(variables)[i] for i in dense_positions]
+    group_of = dict(zip(dense_positions, _group_index(len(dense_positions), dense_vars, groups)))
+
+    def engine_name(label: str) -> str:
+        # Stable names: the same for every step, so the engine's response cache hits.
+        return label if eager else _mpi._op_name(label.split(".")[0], label)
+
+    for i, g in enumerate(prepared):
+        if g is None:
+            plan.append(("none", -1, None))
+        elif isinstance(g, tf.IndexedSlices):
+            plan.append(("sparse", len(specs), g))
+            specs.append(_mpi._Spec(_ops.ALLGATHER, engine_name(f"allgather.{name}.{i}.values")))
+            inputs.append(g.values)
+            specs.append(_mpi._Spec(_ops.ALLGATHER, engine_name(f"allgather.{name}.{i}.indices")))
+            inputs.append(g.indices)
+        else:
+            c, ctx = compression.compress(_mpi._tensor_of(g))
+            plan.append(("dense", len(specs), ctx))
+            specs.append(_mpi._Spec(_ops.ALLREDUCE, engine_name(f"allreduce.{name}.{i}"), op,
+                                    prescale, postscale, group=group_of[i]))
+            inputs.append(c)
+    if not specs:
+        return prepared
+    outs = _mpi._run(specs, inputs)
+    result: list[Any] = []
+    sparse_scale = prescale * postscale / (_basics.size() if op == Average else 1)
+    for kind, k, ctx in plan:
+        if kind == "none":
+            result.append(None)
+        elif kind == "dense":
+            result.append(compression.decompress(outs[k], ctx))
+        else:
+            values, indices = outs[k], outs[k + 1]
+            if sparse_scale != 1.0:
+                values = values * tf.cast(sparse_scale, values.dtype)
+            result.append(tf.IndexedSlices(values, indices, dense_shape=ctx.dense_shape))
+    return result
+
+
+class _DistributedGradientTapeMixin:
+    """Methods added to the class of the wrapped tape."""
+
+    @_no_autograph
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = super().gradient(target, sources, output_gradients=output_gradients,
+                                 unconnected_gradients=unconnected_gradients)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        flat_sources = tf.nest.flatten(sources, expand_composites=False)
+        o = self._hvd_options
+        reduced = allreduce_gradients(
+            flat_grads, flat_sources if len(flat_sources) == len(flat_grads) else None,
+            op=o["op"], compression=o["compression"], sparse_as_dense=o["sparse_as_dense"],
+            gradient_predivide_factor=o["gradient_predivide_factor"], groups=o["groups"],
+            name="DistributedGradientTape")
+        return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
+
+
+_tape_classes: dict[type, type] = {}
+
+
+@_no_autograph
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "",
+                            compression: type[Compressor] = Compression.none,
+                            sparse_as_dense: bool = False, op: int = Average,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups: Any = None, process_set: Any = global_process_set,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
+    """Wrap a ``tf.GradientTape`` so that ``gradient()`` returns gradients averaged (``op``)
+    over all ranks.
+
+    Use it after recording: ``tape = hvd.DistributedGradientTape(tape)``; the returned
+    object is a ``tf.GradientTape`` sharing the wrapped tape's state. All gradients of
+    one ``gradient()`` call are submitted together (one op inside ``tf.function``), so the
+    engine fuses them. ``tf.IndexedSlices`` gradients (embeddings) are allgathered, or
+    densified and allreduced with ``sparse_as_dense=True``. ``compression``
+    (``Compression.none/fp16/bf16``) casts on the wire. ``gradient_predivide_factor`` f:
+    divide by f before the sum and by size/f after (needs ``op=Average``).
+    ``groups`` (or the older ``num_groups``): an int splits the gradients into that many
+    grouped allreduces; lists of variables group those variables' gradients.
+    ``device_*`` and ``scale_local_gradients`` are accepted for compatibility.
+    """
+    _mpi._check_process_set(process_set)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op == Average")
+    if groups is None and num_groups:
+        groups = num_groups
+    if isinstance(groups, int) and groups < 0:
+        raise ValueError("groups must be a non-negative integer or a list of lists of variables")
+    base = type(gradtape)
+    if isinstance(gradtape, _DistributedGradientTapeMixin):
+        base = next(c for c in base.__mro__[1:] if not issubclass(c, _DistributedGradientTapeMixin))
+    cls = _tape_classes.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedGradientTapeMixin, base), {})
+        cls.__module__ = __name__
+        _tape_classes[base] = cls
+    tape = object.__new__(cls)
+    # Share the wrapped tape's state: recording, watched variables and the tape itself.
+    tape.__dict__ = gradtape.__dict__
+    options = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                   gradient_predivide_factor=gradient_predivide_factor, groups=groups)
+    object.__setattr__(tape, "_hvd_options", options)
+    return tape

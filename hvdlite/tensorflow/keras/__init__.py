@@ -1,0 +1,107 @@
+"""hvdlite for Keras 3 on TensorFlow: ``import hvdlite.tensorflow.keras as hvd`` in place of
+``import horovod.tensorflow.keras as hvd``.
+
+Typical use with ``model.fit``::
+
+    import hvdlite.tensorflow.keras as hvd
+    hvd.init()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+    model.compile(optimizer=opt, loss=...)
+    model.fit(x_shard, y_shard, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=3),
+    ], verbose=1 if hvd.rank() == 0 else 0)
+
+The callbacks are also importable from this module directly (an hvdlite addition).
+The collective functions here take and return NumPy-compatible values, as Horovod's
+Keras module does; use :mod:`hvdlite.tensorflow` for collectives on tensors.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import keras
+import numpy as np
+
+from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
+                                   local_size, cross_rank, cross_size, mpi_threads_supported,
+                                   mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
+                                   ddl_built, ccl_built, cuda_built, rocm_built,
+                                   start_timeline, stop_timeline)
+from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
+from hvdlite.tensorflow import mpi_ops as _mpi
+from hvdlite.tensorflow.compression import Compression, Compressor
+from hvdlite.tensorflow.functions import broadcast_object, allgather_object, broadcast_variables
+from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
+                                        global_process_set)
+from hvdlite.tensorflow.keras import callbacks
+from hvdlite.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
+                                                MetricAverageCallback,
+                                                LearningRateScheduleCallback,
+                                                LearningRateWarmupCallback)
+from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer, wrap_in_place as _wrap_in_place
+
+
+def allreduce(value: Any, name: str | None = None, average: bool | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              op: int | None = None, compression: type[Compressor] = Compression.none) -> np.ndarray:
+    """Allreduce a tensor-like value over all ranks and return the result as NumPy
+    (``op`` defaults to ``Average``). Runs eagerly."""
+    return np.asarray(_mpi.allreduce(value, average=average, compression=compression, op=op,
+                                     prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor, name=name))
+
+
+def allgather(value: Any, name: str | None = None) -> np.ndarray:
+    """Concatenate a tensor-like value from every rank along dimension 0 (NumPy result)."""
+    return np.asarray(_mpi.allgather(value, name=name))
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> np.ndarray:
+    """Return ``root_rank``'s value on every rank (NumPy result)."""
+    return np.asarray(_mpi.broadcast(value, root_rank, name=name))
+
+
+def reducescatter(value: Any, name: str | None = None, op: int = Average) -> np.ndarray:
+    """Reduce over ranks and return this rank's block of rows (NumPy result)."""
+    return np.asarray(_mpi.reducescatter(value, op=op, name=name))
+
+
+def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None,
+               custom_objects: dict[str, Any] | None = None,
+               compression: type[Compressor] = Compression.none, **optimizer_options: Any
+               ) -> keras.Model:
+    """Load a saved Keras model (``.keras`` file) and make its restored optimizer a
+    distributed one, keeping the optimizer's saved state (slots, iterations).
+
+    ``custom_optimizers``: optimizer classes the file refers to that Keras does not know;
+    ``custom_objects``: as for ``keras.models.load_model``. Further keyword arguments
+    (``sparse_as_dense``, ``op``, ``gradient_predivide_factor``, ``backward_passes_per_step``,
+    ...) configure the wrapper as in :func:`DistributedOptimizer`. Models saved with a
+    ``DistributedOptimizer`` load with plain Keras too (the saved optimizer is the
+    wrapped one's class).
+    """
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or []:
+        objects.setdefault(cls.__name__, cls)
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        _wrap_in_place(optimizer, compression=compression, **optimizer_options)
+    return model
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "start_timeline", "stop_timeline",
+    "HvdliteError", "HorovodInternalError", "NotInitializedError",
+    "Compression", "Compressor", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "global_process_set", "allreduce", "allgather", "broadcast", "reducescatter",
+    "broadcast_object", "allgather_object", "broadcast_variables",
+    "DistributedOptimizer", "load_model", "callbacks",
+    "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+    "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+]

@@ -1,0 +1,201 @@
+"""``DistributedOptimizer`` for Keras 3 optimizers (TensorFlow backend)."""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hvdlite.tensorflow import mpi_ops as _mpi
+from hvdlite.tensorflow.compression import Compression, Compressor
+from hvdlite.tensorflow.gradients import allreduce_gradients
+from hvdlite.tensorflow.mpi_ops import Average, global_process_set
+
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
+class _DistributedOptimizerMixin:
+    """Placed in front of the wrapped optimizer's class: gradients handed to ``apply`` /
+    ``apply_gradients`` are first combined over all ranks (one batch per step)."""
+
+    @_no_autograph
+    def apply(self, grads, trainable_variables=None):
+        opts = self._hvd_options
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+            var_list = trainable_variables
+        else:
+            var_list = list(getattr(self, "_trainable_variables", []) or [])
+        if opts["backward_passes_per_step"] > 1:
+            return self._hvd_apply_accumulated(grads, trainable_variables, var_list)
+        reduced = self._hvd_reduce(grads, var_list)
+        return super().apply(reduced, trainable_variables)
+
+    def _hvd_reduce(self, grads, var_list):
+        opts = self._hvd_options
+        return allreduce_gradients(
+            grads, var_list if len(var_list) == len(grads) else None, op=opts["op"],
+            compression=opts["compression"], sparse_as_dense=opts["sparse_as_dense"],
+            gradient_predivide_factor=opts["gradient_predivide_factor"], groups=opts["groups"],
+            name=f"DistributedOptimizer.{self.name}")
+
+    def build(self, variables):
+        super().build(variables)
+        opts = self.__dict__.get("_hvd_options")
+        if opts and opts["backward_passes_per_step"] > 1 and "_hvd_accumulators" not in self.__dict__:
+            self._hvd_make_accumulators(variables)
+
+    def _hvd_make_accumulators(self, variables):
+        accs = [self.add_variable_from_reference(v, name="hvd_local_gradient_sum")
+                for v in variables]
+        counter = self.add_variable(shape=(), initializer="zeros", dtype="int64",
+                                    name="hvd_backward_passes")
+        object.__setattr__(self, "_hvd_accumulators", accs)
+        object.__setattr__(self, "_hvd_counter", counter)
+
+    def _hvd_apply_accumulated(self, grads, trainable_variables, var_list):
+        opts = self._hvd_options
+        n = opts["backward_passes_per_step"]
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError("the optimizer is not built; pass the variables")
+            with keras.backend.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        if "_hvd_accumulators" not in self.__dict__:
+            self._hvd_make_accumulators(list(self._trainable_variables))
+        accs = [self._hvd_accumulators[self._get_variable_index(v)] for v in var_list]
+        dense = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        for acc, g in zip(accs, dense):
+            if g is not None:
+                acc.assign_add(tf.cast(g, acc.dtype))
+        self._hvd_counter.assign_add(1)
+        base_apply = super(_DistributedOptimizerMixin, self).apply
+
+        def update():
+            scale = 1.0 / n if opts["average_aggregated_gradients"] else 1.0
+            summed = [None if g is None else
+                      (tf.convert_to_tensor(acc) * scale if scale != 1.0 else tf.convert_to_tensor(acc))
+                      for acc, g in zip(accs, dense)]
+            reduced = self._hvd_reduce(summed, var_list)
+            base_apply(reduced, trainable_variables)
+            for acc in accs:
+                acc.assign(tf.zeros_like(acc))
+            return tf.constant(True)
+
+        is_update = tf.equal(self._hvd_counter % n, 0)
+        if tf.executing_eagerly():
+            if bool(is_update):
+                update()
+        else:
+            tf.cond(is_update, update, lambda: tf.constant(False))
+
+
+_classes: dict[type, type] = {}
+
+
+def _distributed_class(base: type) -> type:
+    """The class ``base`` with gradient averaging in front. It keeps ``base``'s name and
+    module, so a model saved with it loads as the plain optimizer anywhere."""
+    if issubclass(base, _DistributedOptimizerMixin):
+        return base
+    cls = _classes.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedOptimizerMixin, base),
+                   {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                    "__doc__": base.__doc__})
+        try:  # keep a registered custom optimizer's registered name
+            from keras.src.saving import object_registration as _reg
+            registered = _reg.get_registered_name(base)
+            if registered != base.__name__:
+                _reg._GLOBAL_CUSTOM_NAMES[cls] = registered
+        except Exception:
+            pass
+        _classes[base] = cls
+    return cls
+
+
+def _options(compression, sparse_as_dense, gradient_predivide_factor, op,
+             backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
+             process_set) -> dict[str, Any]:
+    _mpi._check_process_set(process_set)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op == Average")
+    if groups is None and num_groups:
+        groups = num_groups
+    if isinstance(groups, int) and groups < 0:
+        raise ValueError("groups must be a non-negative integer or a list of lists of variables")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError("backward_passes_per_step must be >= 1")
+    return dict(compression=compression, sparse_as_dense=bool(sparse_as_dense),
+                gradient_predivide_factor=float(gradient_predivide_factor), op=op,
+                backward_passes_per_step=int(backward_passes_per_step),
+                average_aggregated_gradients=bool(average_aggregated_gradients), groups=groups)
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: type[Compressor] = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: int = Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: Any = global_process_set,
+                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+    """Return a copy of the Keras 3 ``optimizer`` that combines gradients over all ranks
+    before applying them; use it in ``model.compile`` (``model.fit``) or call
+    ``apply_gradients`` yourself.
+
+    The result is an instance of a subclass of ``type(optimizer)`` with the same config
+    (and the same state if ``optimizer`` was already built). A whole step's gradients are
+    submitted together so the engine fuses them. Each rank computes its loss on its own
+    batch; with ``op=Average`` (default) the update equals single-process training on the
+    union of the batches. ``tf.IndexedSlices`` gradients are allgathered (or allreduced
+    dense with ``sparse_as_dense=True``). ``backward_passes_per_step`` k > 1 sums k
+    local gradients (averages them with ``average_aggregated_gradients=True``) and
+    communicates and applies once every k calls; ``optimizer.iterations`` then counts
+    applied updates. ``compression``, ``gradient_predivide_factor``, ``groups`` /
+    ``num_groups`` mean what they mean for :func:`hvdlite.tensorflow.DistributedGradientTape`.
+    Compile without XLA (Keras does that by itself on CPU; on GPU pass
+    ``jit_compile=False``). ``name`` renames the optimizer; ``device_*`` and
+    ``scale_local_gradients`` are accepted for compatibility.
+    """
+    opts = _options(compression, sparse_as_dense, gradient_predivide_factor, op,
+                    backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
+                    process_set)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer needs a Keras 3 optimizer, got {type(optimizer)!r}")
+    base = type(optimizer)
+    if isinstance(optimizer, _DistributedOptimizerMixin):
+        base = next(c for c in base.__mro__[1:]
+                    if not issubclass(c, _DistributedOptimizerMixin))
+    cls = _distributed_class(base)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    new = cls.from_config(config)
+    object.__setattr__(new, "_hvd_options", opts)
+    if optimizer.built:
+        trainable = list(optimizer._trainable_variables)
+        new.build(trainable)
+        old_vars = list(optimizer.variables)
+        for target, source in zip(new.variables, old_vars):
+            target.assign(source)
+    return new
+
+
+def wrap_in_place(optimizer: keras.optimizers.Optimizer, **options: Any) -> keras.optimizers.Optimizer:
+    """Turn ``optimizer`` itself into a distributed optimizer, keeping its variables
+    (used by :func:`hvdlite.tensorflow.keras.load_model`)."""
+    defaults = dict(compression=Compression.none, sparse_as_dense=False,
+                    gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                    average_aggregated_gradients=False, num_groups=0, groups=None,
+                    process_set=global_process_set)
+    defaults.update(options)
+    opts = _options(**defaults)
+    base = type(optimizer)
+    optimizer.__class__ = _distributed_class(base)
+    object.__setattr__(optimizer, "_hvd_options", opts)
+    if optimizer.built and opts["backward_passes_per_step"] > 1 and "_hvd_accumulators" not in optimizer.__dict__:
+        optimizer._hvd_make_accumulators(list(optimizer._trainable_variables))
+    return optimizer

@@ -1,0 +1,720 @@
+"""Collectives on TensorFlow tensors, eagerly and inside ``tf.function``.
+
+hvdlite compiles nothing against TensorFlow. A collective reaches the engine from
+Python: eagerly the tensor's host memory is handed to the engine directly (no copy);
+inside a graph (``tf.function``, Keras ``model.fit``) the same Python code runs inside a
+``tf.py_function`` op. Several collectives can share one such op -- they are all
+submitted before any is waited for -- so the engine sees them in flight together and
+fuses them. ``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` submit a
+whole step's gradients that way.
+
+Limits that follow from this design:
+
+* XLA cannot compile ``py_function``: do not use ``jit_compile=True`` on a function (or a
+  Keras ``model.compile``) that contains hvdlite collectives. Keras picks
+  ``jit_compile=False`` by itself on CPU-only machines; on GPU machines pass
+  ``jit_compile=False`` to ``model.compile``.
+* A graph containing hvdlite collectives can not be exported with ``tf.saved_model``
+  for serving on a machine without hvdlite (a ``py_function`` is not serializable);
+  save the Keras model or its weights instead.
+* Collectives inside one ``tf.function`` run in program order (they are stateful ops),
+  which is what keeps every rank's sequence of collectives identical.
+* Tensors travel through host memory.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+from hvdlite.common import basics as _basics
+from hvdlite.common import ops as _ops
+from hvdlite.common.exceptions import HvdliteError
+from hvdlite.tensorflow.compression import Compression, Compressor
+
+try:  # TensorFlow ships ml_dtypes; it provides NumPy's bfloat16.
+    import ml_dtypes as _ml_dtypes
+    _BF16 = np.dtype(_ml_dtypes.bfloat16)
+except Exception:  # pragma: no cover - TensorFlow always brings it
+    _BF16 = None
+
+Average = _ops.Average
+Sum = _ops.Sum
+Adasum = _ops.Adasum
+Min = _ops.Min
+Max = _ops.Max
+Product = _ops.Product
+
+
+class ProcessSet:
+    """Placeholder for Horovod's process sets: hvdlite supports only the global one."""
+
+    def __repr__(self) -> str:
+        return "global_process_set"
+
+
+global_process_set = ProcessSet()
+
+
+def _check_process_set(process_set: Any) -> None:
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError("hvdlite supports only the global process set")
+
+
+# ----------------------------------------------------------------------------
+# NumPy level: submit a batch of requests, then wait for all of them.
+# ----------------------------------------------------------------------------
+
+_REDUCIBLE = frozenset(_ops.DTYPES)
+_ALIGN = 64
+
+
+def _aligned_empty(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary
+    (so TensorFlow can take it over without a copy)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % _ALIGN
+    return raw[off:off + nbytes].view(dtype).reshape(tuple(shape))
+
+
+def _np_dtype_of_engine(name: str) -> np.dtype:
+    if name == "bfloat16":
+        if _BF16 is None:  # pragma: no cover
+            raise HvdliteError("bfloat16 needs the ml_dtypes package")
+        return _BF16
+    return np.dtype(name)
+
+
+@dataclass
+class _Spec:
+    """One request of a batch. ``group`` is an index local to the batch: members with the
+    same index >= 0 form one grouped allreduce."""
+    kind: int
+    name: str
+    op: int = Sum
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1
+    group: int = -1
+
+
+def _raw(arr: np.ndarray, dtype_name: str) -> _ops.RawTensor:
+    return _ops.RawTensor(int(arr.ctypes.data), dtype_name, tuple(int(d) for d in arr.shape))
+
+
+def _rows_as_bytes(arr: np.ndarray) -> np.ndarray:
+    """View an array of a type the engine does not know as uint8 rows (dim 0 kept)."""
+    if arr.ndim == 0:
+        return arr.reshape(1).view(np.uint8)
+    return arr.reshape(arr.shape[0], -1).view(np.uint8)
+
+
+def _execute(specs: Sequence[_Spec], arrays: Sequence[np.ndarray],
+             splits: Sequence[np.ndarray | None] | None = None) -> list[Any]:
+    """Submit every request, then wait for all; return one result per request:
+    an ndarray, ``(ndarray, received_splits)`` for alltoall, the last rank for join,
+    ``None`` for barrier. Raises the first failure after every request has finished."""
+    core_check = _basics.core()  # raises NotInitializedError early
+    del core_check
+    group_members: dict[int, int] = {}
+    for s in specs:
+        if s.group >= 0:
+            group_members[s.group] = group_members.get(s.group, 0) + 1
+    group_ids = {g: _ops.new_group_id() for g in sorted(group_members)}
+
+    pending: list[tuple[_ops.Handle | None, Callable[[_ops.Handle | None], Any]]] = []
+    first_error: BaseException | None = None
+    try:
+        for i, spec in enumerate(specs):
+            arr = arrays[i]
+            if arr is not None and not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr)  # a 0-d array is always contiguous
+            pending.append(_submit_one(spec, arr, None if splits is None else splits[i],
+                                       group_ids, group_members))
+    except BaseException as exc:  # wait for what was already submitted, then raise
+        first_error = exc
+    results: list[Any] = []
+    for handle, finish in pending:
+        try:
+            if handle is not None:
+                handle.wait()
+            results.append(finish(handle) if first_error is None else None)
+        except BaseException as exc:
+            if first_error is None:
+                first_error = exc
+    if first_error is not None:
+        raise first_error
+    return results
+
+
+def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
+                group_ids: dict[int, int], group_members: dict[int, int]):
+    kind = spec.kind
+    label = _ops.KIND_NAMES[kind]
+    if kind in (_ops.BARRIER, _ops.JOIN):
+        h = _ops.submit(kind, _ops.EMPTY, name=spec.name)
+        if kind == _ops.JOIN:
+            return h, lambda handle: (handle.aux() or [-1])[0]
+        return h, lambda handle: None
+
+    assert arr is not None
+    dname = arr.dtype.name
+    if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
+        if dname not in _REDUCIBLE:
+            raise HvdliteError(f"{label} '{spec.name}': dtype {dname} cannot be reduced; "
+                               f"supported: {', '.join(_ops.DTYPES)}")
+        if kind == _ops.ALLREDUCE:
+            out = _aligned_empty(arr.shape, arr.dtype)
+            gid = group_ids.get(spec.group, -1)
+            h = _ops.submit(kind, _raw(arr, dname), _raw(out, dname), name=spec.name, op=spec.op,
+                            prescale_factor=spec.prescale, postscale_factor=spec.postscale,
+                            group_id=gid, group_size=group_members.get(spec.group, 0) if gid >= 0 else 0,
+                            keepalive=(arr, out))
+            return h, lambda handle: out
+        if arr.ndim == 0:
+            raise HvdliteError(f"reducescatter '{spec.name}': needs a tensor of rank >= 1")
+        h = _ops.submit(kind, _raw(arr, dname), name=spec.name, op=spec.op,
+                        prescale_factor=spec.prescale, postscale_factor=spec.postscale,
+                        keepalive=arr)
+        return h, lambda handle: _engine_output(handle, arr.dtype, arr.shape[1:], as_bytes=False)
+
+    if kind == _ops.BROADCAST:
+        buf = _aligned_empty(arr.shape, arr.dtype)
+        buf[...] = arr
+        view = buf if dname in _REDUCIBLE else buf.reshape(-1).view(np.uint8)
+        vname = view.dtype.name
+        h = _ops.submit(kind, _raw(view, vname), name=spec.name, root_rank=spec.root, keepalive=buf)
+        return h, lambda handle: buf
+
+    if kind in (_ops.ALLGATHER, _ops.ALLTOALL):
+        if arr.ndim == 0:
+            raise HvdliteError(f"{label} '{spec.name}': needs a tensor of rank >= 1")
+        as_bytes = dname not in _REDUCIBLE
+        view = _rows_as_bytes(arr) if as_bytes else arr
+        vname = view.dtype.name
+        split_list = None
+        if kind == _ops.ALLTOALL and splits is not None and np.size(splits) > 0:
+            split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
+        h = _ops.submit(kind, _raw(view, vname), name=spec.name, splits=split_list, keepalive=arr)
+        if kind == _ops.ALLGATHER:
+            return h, lambda handle: _engine_output(handle, arr.dtype, arr.shape[1:], as_bytes)
+        return h, lambda handle: (_engine_output(handle, arr.dtype, arr.shape[1:], as_bytes),
+                                  np.asarray(handle.aux(), dtype=np.int32))
+    raise HvdliteError(f"unknown request kind {kind}")
+
+
+def _engine_output(handle: _ops.Handle, dtype: np.dtype, row_shape: tuple[int, ...],
+                   as_bytes: bool) -> np.ndarray:
+    buf, shape, dname = handle.output()
+    rows = int(shape[0]) if len(shape) else 0
+    if as_bytes:
+        return buf.view(dtype).reshape((rows,) + tuple(row_shape))
+    return buf.view(_np_dtype_of_engine(dname)).reshape(tuple(shape))
+
+
+# ----------------------------------------------------------------------------
+# TensorFlow level: tensors in, tensors out, eagerly or through one py_function.
+# ----------------------------------------------------------------------------
+
+def _to_numpy(t: Any) -> np.ndarray:
+    """Host memory of an eager tensor as an ndarray, without a copy."""
+    if isinstance(t, np.ndarray):
+        return t
+    return np.asarray(t)
+
+
+_DLPACK_KINDS = frozenset("biuf")
+
+
+def _np_to_tf(a: np.ndarray) -> tf.Tensor:
+    """Wrap a result array as an eager tensor, without a copy when possible."""
+    # TensorFlow kernels require 64-byte aligned data; anything else is copied.
+    if a.flags.writeable and a.flags.c_contiguous and a.ctypes.data % _ALIGN == 0:
+        try:
+            if _BF16 is not None and a.dtype == _BF16:
+                return tf.bitcast(tf.experimental.dlpack.from_dlpack(a.view(np.uint16).__dlpack__()),
+                                  tf.bfloat16)
+            if a.dtype.kind in _DLPACK_KINDS:
+                return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+        except Exception:
+            pass
+    return tf.convert_to_tensor(np.array(a, copy=True) if not a.flags.writeable else a)
+
+
+def _executing_eagerly() -> bool:
+    return tf.executing_eagerly()
+
+
+_name_lock = threading.Lock()
+
+
+def _op_name(kind_label: str, name: str | None, ignore_name_scope: bool = False) -> str:
+    """The engine's name for a request. Eagerly: the user's name or a generated one (the
+    same on every rank that issues the same sequence of calls). In a graph: made unique
+    within the graph from the name scope, so it is fixed for every run of the traced
+    function (which lets the engine's response cache recognise it)."""
+    if _executing_eagerly():
+        return name if name is not None else _ops.auto_name(kind_label)
+    graph = tf.compat.v1.get_default_graph()
+    base = name if name is not None else f"hvdlite_{kind_label}"
+    with _name_lock:
+        if ignore_name_scope and name is not None:
+            unique = name
+        else:
+            unique = graph.unique_name(base.replace(":", "_"), mark_as_used=True)
+    return f"{graph.name}/{unique}"
+
+
+def _tensor_of(x: Any) -> tf.Tensor:
+    if isinstance(x, tf.Tensor):
+        return x
+    return tf.convert_to_tensor(x)
+
+
+@_no_autograph
+def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
+         splits: Sequence[tf.Tensor | None] | None = None) -> list[Any]:
+    """Execute a batch of requests on TensorFlow tensors. Returns per request: a tensor,
+    ``(tensor, received_splits)`` for alltoall, an int32 scalar tensor for join, None for
+    barrier. Inside a graph the whole batch is one ``tf.py_function`` op."""
+    n = len(specs)
+    if _executing_eagerly():
+        arrays = [None if t is None else _to_numpy(t) for t in tensors]
+        split_arrays = None if splits is None else [None if s is None else _to_numpy(s) for s in splits]
+        results = _execute(specs, arrays, split_arrays)
+        return [_result_to_tf(spec, r) for spec, r in zip(specs, results)]
+
+    # Graph mode: one py_function for the whole batch.
+    inputs: list[tf.Tensor] = []
+    input_index: list[int | None] = []
+    split_index: list[int | None] = []
+    for i in range(n):
+        t = tensors[i]
+        if t is None:
+            input_index.append(None)
+        else:
+            input_index.append(len(inputs))
+            inputs.append(t)
+        s = None if splits is None else splits[i]
+        if s is None:
+            split_index.append(None)
+        else:
+            split_index.append(len(inputs))
+            inputs.append(tf.cast(s, tf.int32))
+    tout: list[tf.DType] = []
+    for i, spec in enumerate(specs):
+        if spec.kind == _ops.BARRIER:
+            tout.append(tf.int32)
+        elif spec.kind == _ops.JOIN:
+            tout.append(tf.int32)
+        elif spec.kind == _ops.ALLTOALL:
+            tout.extend([tensors[i].dtype, tf.int32])
+        else:
+            tout.append(tensors[i].dtype)
+
+    def body(*ts):
+        arrays = [None if k is None else _to_numpy(ts[k]) for k in input_index]
+        split_arrays = [None if k is None else _to_numpy(ts[k]) for k in split_index]
+        results = _execute(specs, arrays, split_arrays)
+        flat: list[tf.Tensor] = []
+        for spec, r in zip(specs, results):
+            if spec.kind == _ops.BARRIER:
+                flat.append(tf.constant(0, tf.int32))
+            elif spec.kind == _ops.JOIN:
+                flat.append(tf.constant(int(r), tf.int32))
+            elif spec.kind == _ops.ALLTOALL:
+                flat.extend([_np_to_tf(r[0]), tf.constant(r[1], tf.int32)])
+            else:
+                flat.append(_np_to_tf(r))
+        return flat
+
+    outs = tf.py_function(body, inputs, tout, name="hvdlite_collectives")
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    results: list[Any] = []
+    k = 0
+    for i, spec in enumerate(specs):
+        t = tensors[i]
+        if spec.kind in (_ops.BARRIER, _ops.JOIN):
+            o = outs[k]
+            o.set_shape([])
+            results.append(o if spec.kind == _ops.JOIN else None)
+            k += 1
+        elif spec.kind == _ops.ALLTOALL:
+            o, rs = outs[k], outs[k + 1]
+            o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+            rs.set_shape([None])
+            results.append((o, rs))
+            k += 2
+        else:
+            o = outs[k]
+            if spec.kind in (_ops.ALLREDUCE, _ops.BROADCAST):
+                o.set_shape(t.shape)
+            else:
+                o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+            results.append(o)
+            k += 1
+    return results
+
+
+def _result_to_tf(spec: _Spec, r: Any) -> Any:
+    if spec.kind == _ops.BARRIER:
+        return None
+    if spec.kind == _ops.JOIN:
+        return tf.constant(int(r), tf.int32)
+    if spec.kind == _ops.ALLTOALL:
+        return _np_to_tf(r[0]), tf.constant(r[1], tf.int32)
+    return _np_to_tf(r)
+
+
+# ----------------------------------------------------------------------------
+# Differentiable collectives.
+# ----------------------------------------------------------------------------
+
+def _resolve_op(average: bool | None, op: int | None) -> int:
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass either op or the deprecated average argument, not both")
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def _allreduce_dense(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int,
+                     prescale: float, postscale: float, grouped: bool) -> list[tf.Tensor]:
+    """Allreduce of dense tensors in one batch, differentiable: the gradient is the same
+    allreduce (op and scale factors) of the incoming gradient."""
+    tensors = [_tensor_of(t) for t in tensors]
+
+    @tf.custom_gradient
+    def fn(*xs):
+        specs = [_Spec(_ops.ALLREDUCE, nm, op, prescale, postscale, group=0 if grouped else -1)
+                 for nm in names]
+        ys = _run(specs, list(xs))
+
+        def grad(*dys):
+            dys = [tf.zeros_like(x) if dy is None else dy for x, dy in zip(xs, dys)]
+            gnames = [_op_name("allreduce", f"{_plain(nm)}_grad") for nm in names]
+            return _allreduce_dense(dys, gnames, op, prescale, postscale, grouped)
+
+        return ys, grad
+
+    out = fn(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _plain(name: str) -> str:
+    """Last component of an engine name, usable as a base for derived names."""
+    return name.rsplit("/", 1)[-1]
+
+
+@_no_autograph
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
+              device_sparse: str = "", compression: type[Compressor] = Compression.none,
+              op: int | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None,
+              process_set: Any = global_process_set, ignore_name_scope: bool = False) -> Any:
+    """Reduce ``tensor`` over all ranks; every rank gets the result.
+
+    ``op`` is ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
+    ``prescale_factor``/``postscale_factor`` multiply the input before and the result
+    after the reduction. A ``tf.IndexedSlices`` is combined with two allgathers (values
+    and indices) instead, its values divided by the number of ranks for ``Average``.
+    ``tensor`` must have the same shape and dtype on every rank. Works eagerly and inside
+    ``tf.function``; differentiable (the gradient is the same allreduce of the gradient).
+    ``device_*`` are accepted for compatibility; tensors travel through host memory.
+    """
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name,
+                                         ignore_name_scope)
+    t = _tensor_of(tensor)
+    compressed, ctx = compression.compress(t)
+    nm = _op_name("allreduce", name, ignore_name_scope)
+    reduced = _allreduce_dense([compressed], [nm], op, prescale_factor, postscale_factor, False)[0]
+    return compression.decompress(reduced, ctx)
+
+
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale: float,
+                              postscale: float, name: str | None,
+                              ignore_name_scope: bool) -> tf.IndexedSlices:
+    if op not in (Average, Sum):
+        raise NotImplementedError("allreduce of tf.IndexedSlices supports only Average and Sum")
+    base = name or "indexed_slices"
+    values = allgather(slices.values, name=f"{base}.values" if name else None,
+                       ignore_name_scope=ignore_name_scope)
+    indices = allgather(slices.indices, name=f"{base}.indices" if name else None,
+                        ignore_name_scope=ignore_name_scope)
+    scale = prescale * postscale / (_basics.size() if op == Average else 1)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+@_no_autograph
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: type[Compressor] = Compression.none, op: int | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: Any = global_process_set, name: str | None = None,
+                      ignore_name_scope: bool = False) -> list[Any]:
+    """Allreduce a list of tensors as one group: the engine negotiates and fuses them
+    together. Same arguments and result per tensor as :func:`allreduce`."""
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    results: list[Any] = [None] * len(tensors)
+    dense_idx = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    base = name or "grouped_allreduce"
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            results[i] = _allreduce_indexed_slices(t, op, prescale_factor, postscale_factor,
+                                                   f"{base}.{i}" if name else None, ignore_name_scope)
+    if dense_idx:
+        comp = [compression.compress(_tensor_of(tensors[i])) for i in dense_idx]
+        if _executing_eagerly():
+            stem = name if name is not None else _ops.auto_name("grouped_allreduce")
+            names = [f"{stem}.{k}" for k in range(len(dense_idx))]
+        else:
+            names = [_op_name("allreduce", f"{base}.{k}", ignore_name_scope)
+                     for k in range(len(dense_idx))]
+        reduced = _allreduce_dense([c for c, _ in comp], names, op, prescale_factor,
+                                   postscale_factor, True)
+        for k, i in enumerate(dense_idx):
+            results[i] = compression.decompress(reduced[k], comp[k][1])
+    return results
+
+
+@_no_autograph
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: Any = global_process_set) -> tf.Tensor:
+    """Concatenate ``tensor`` from every rank along dimension 0 (rank order). The first
+    dimension may differ between ranks, the others must agree. Differentiable: the
+    gradient is the rank's own slice of the gradient averaged over ranks (Horovod's rule).
+    Tensors of types the engine cannot reduce (bool, int16, complex...) are moved as bytes.
+    """
+    _check_process_set(process_set)
+    t = _tensor_of(tensor)
+    nm = _op_name("allgather", name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def fn(x):
+        y = _run([_Spec(_ops.ALLGATHER, nm)], [x])[0]
+
+        def grad(dy):
+            avg = allreduce(dy, op=Average, name=_op_name("allreduce", f"{_plain(nm)}_grad"),
+                            ignore_name_scope=True)
+            d0 = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
+            sizes = allgather(d0, name=_op_name("allgather", f"{_plain(nm)}_grad_sizes"),
+                              ignore_name_scope=True)
+            n = _basics.size()
+            return tf.split(avg, tf.reshape(sizes, [n]), num=n, axis=0)[_basics.rank()]
+
+        return y, grad
+
+    if not t.dtype.is_floating:
+        return _run([_Spec(_ops.ALLGATHER, nm)], [t])[0]
+    return fn(t)
+
+
+@_no_autograph
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      ignore_name_scope: bool = False,
+                      process_set: Any = global_process_set) -> list[tf.Tensor]:
+    """Allgather several tensors in one batch (not differentiable)."""
+    _check_process_set(process_set)
+    ts = [_tensor_of(t) for t in tensors]
+    base = name or "grouped_allgather"
+    names = [_op_name("allgather", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
+                      ignore_name_scope) for i in range(len(ts))]
+    return _run([_Spec(_ops.ALLGATHER, n) for n in names], ts)
+
+
+@_no_autograph
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
+    """Return ``root_rank``'s value of ``tensor`` on every rank (shape and dtype must
+    agree). Differentiable: the root's gradient is the average of all ranks' gradients,
+    the others' is zero (Horovod's rule)."""
+    _check_process_set(process_set)
+    t = _tensor_of(tensor)
+    nm = _op_name("broadcast", name, ignore_name_scope)
+    root = int(root_rank)
+
+    @tf.custom_gradient
+    def fn(x):
+        y = _run([_Spec(_ops.BROADCAST, nm, root=root)], [x])[0]
+
+        def grad(dy):
+            avg = allreduce(dy, op=Average, name=_op_name("allreduce", f"{_plain(nm)}_grad"),
+                            ignore_name_scope=True)
+            return avg if _basics.rank() == root else avg * 0
+
+        return y, grad
+
+    if not t.dtype.is_floating:
+        return _run([_Spec(_ops.BROADCAST, nm, root=root)], [t])[0]
+    return fn(t)
+
+
+@_no_autograph
+def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None,
+               process_set: Any = global_process_set) -> list[tf.Tensor]:
+    """Broadcast variables in place from ``root_rank``: one batch for all of them, then
+    each variable is assigned the root's value. Returns the new values."""
+    _check_process_set(process_set)
+    variables = list(variables)
+    if not variables:
+        return []
+    values = [_tensor_of(v) for v in variables]
+    base = name or "broadcast_"
+    if _executing_eagerly():
+        names = [_op_name("broadcast", None) if name is None else f"{base}.{i}"
+                 for i in range(len(values))]
+    else:
+        names = [_op_name("broadcast", f"{base}.{i}") for i in range(len(values))]
+    new = _run([_Spec(_ops.BROADCAST, n, root=int(root_rank)) for n in names], values)
+    for v, x in zip(variables, new):
+        v.assign(x)
+    return new
+
+
+@_no_autograph
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             ignore_name_scope: bool = False, process_set: Any = global_process_set) -> Any:
+    """Send slice ``i`` of ``tensor`` (along dimension 0) to rank ``i`` and concatenate
+    what every rank sent here. ``splits`` lists the rows for each rank; without it dim 0
+    is divided evenly (it must be divisible by the number of ranks). Returns the tensor,
+    and, when ``splits`` was given, also the received splits (as Horovod does).
+    Differentiable: the gradient is the reverse alltoall."""
+    _check_process_set(process_set)
+    t = _tensor_of(tensor)
+    nm = _op_name("alltoall", name, ignore_name_scope)
+    split_t = None if splits is None else tf.cast(_tensor_of(splits), tf.int32)
+
+    def run(x):
+        return _run([_Spec(_ops.ALLTOALL, nm)], [x], [split_t])[0]
+
+    if t.dtype.is_floating:
+        @tf.custom_gradient
+        def fn(x):
+            y, recv = run(x)
+
+            def grad(dy, *unused):
+                back, _ = alltoall(dy, splits=recv, name=_op_name("alltoall", f"{_plain(nm)}_grad"),
+                                   ignore_name_scope=True)
+                return back
+
+            return (y, recv), grad
+
+        y, recv = fn(t)
+    else:
+        y, recv = run(t)
+    return (y, recv) if splits is not None else y
+
+
+@_no_autograph
+def reducescatter(tensor: Any, device_dense: str = "",
+                  compression: type[Compressor] = Compression.none, op: int = Average,
+                  name: str | None = None, process_set: Any = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduce ``tensor`` over ranks (``Sum`` or ``Average``) and give each rank a block of
+    rows of the result: rank ``r`` gets ``dim0 // size`` rows, plus one if
+    ``r < dim0 % size``. Differentiable: the gradient is the allgather of the gradient
+    (divided by the number of ranks for ``Average``)."""
+    _check_process_set(process_set)
+    if op not in (Sum, Average):
+        raise NotImplementedError("reducescatter supports only Sum and Average")
+    t = _tensor_of(tensor)
+    compressed, ctx = compression.compress(t)
+    nm = _op_name("reducescatter", name, ignore_name_scope)
+
+    def run(x):
+        return _run([_Spec(_ops.REDUCESCATTER, nm, op, prescale_factor, postscale_factor)], [x])[0]
+
+    if compressed.dtype.is_floating:
+        @tf.custom_gradient
+        def fn(x):
+            y = run(x)
+
+            def grad(dy):
+                g = allgather(dy, name=_op_name("allgather", f"{_plain(nm)}_grad"),
+                              ignore_name_scope=True)
+                scale = prescale_factor * postscale_factor / (_basics.size() if op == Average else 1)
+                return g * tf.cast(scale, g.dtype) if scale != 1.0 else g
+
+            return y, grad
+
+        out = fn(compressed)
+    else:
+        out = run(compressed)
+    return compression.decompress(out, ctx)
+
+
+@_no_autograph
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: type[Compressor] = Compression.none, op: int = Average,
+                          name: str | None = None, process_set: Any = global_process_set,
+                          ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[tf.Tensor]:
+    """Reducescatter several tensors in one batch (not differentiable)."""
+    _check_process_set(process_set)
+    if op not in (Sum, Average):
+        raise NotImplementedError("reducescatter supports only Sum and Average")
+    comp = [compression.compress(_tensor_of(t)) for t in tensors]
+    base = name or "grouped_reducescatter"
+    names = [_op_name("reducescatter", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
+                      ignore_name_scope) for i in range(len(comp))]
+    outs = _run([_Spec(_ops.REDUCESCATTER, n, op, prescale_factor, postscale_factor) for n in names],
+                [c for c, _ in comp])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, comp)]
+
+
+@_no_autograph
+def barrier(process_set: Any = global_process_set) -> None:
+    """Block until every rank has reached this barrier (inside ``tf.function`` the
+    barrier is an op that runs in program order)."""
+    _check_process_set(process_set)
+    _run([_Spec(_ops.BARRIER, _op_name("barrier", None))], [None])
+
+
+@_no_autograph
+def join() -> tf.Tensor:
+    """Declare that this rank has no more data. Until every rank has joined, collectives
+    issued by the others proceed with this rank contributing nothing (zeros to
+    allreduce). Returns (int32 scalar tensor) the rank that joined last."""
+    return _run([_Spec(_ops.JOIN, _op_name("join", None))], [None])[0]
+
+
+@_no_autograph
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """The number of ranks as an int32 tensor."""
+    return tf.constant(_basics.size(), tf.int32, name=name)
+
+
+@_no_autograph
+def rank_op(name: str | None = None) -> tf.Tensor:
+    """This rank as an int32 tensor."""
+    return tf.constant(_basics.rank(), tf.int32, name=name)
+
+
+@_no_autograph
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    """The number of ranks on this host as an int32 tensor."""
+    return tf.constant(_basics.local_size(), tf.int32, name=name)
+
+
+@_no_autograph
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """This rank's index on its host as an int32 tensor."""
+    return tf.constant(_basics.local_rank(), tf.int32, name=name)

@@ -1,0 +1,186 @@
+"""Helpers that start every rank from the same state: parameters, optimizer state and
+arbitrary picklable objects."""
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any, Iterable
+
+import torch
+
+from hvdlite.common import ops as _ops
+from hvdlite.common.basics import rank
+from hvdlite.torch.mpi_ops import (_check_process_set, allgather, broadcast_, broadcast_async_,
+                                   synchronize)
+
+try:  # cloudpickle also handles lambdas and locally defined classes
+    import cloudpickle as _pickler  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the environment
+    _pickler = pickle  # type: ignore[assignment]
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _pickler.dump(obj, buf)
+    return buf.getvalue()
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
+    """Overwrite parameters (or any tensors) on every rank with their values on
+    ``root_rank``, in place.
+
+    ``params`` is a ``model.state_dict()``, the result of ``model.named_parameters()``,
+    or any dict or sequence of ``(name, tensor)`` pairs; tensors are matched across ranks
+    by name. Typical use, right after building the model::
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    """
+    _check_process_set(process_set)
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    else:
+        items = list(params)
+        if any(not (isinstance(it, tuple) and len(it) == 2) for it in items):
+            raise ValueError("broadcast_parameters expects a dict or a sequence of "
+                             "(name, tensor) pairs, e.g. model.state_dict() or "
+                             "model.named_parameters()")
+    handles = []
+    for name, p in items:
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: {name!r} is a {type(p).__name__}, not a tensor")
+        handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
+                                        root_rank, name=f"broadcast_parameters.{name}"))
+    for h in handles:
+        synchronize(h)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: Any = None) -> Any:
+    """Return ``root_rank``'s ``obj`` on every rank (pickled on the root, unpickled on
+    the others; the root gets its own object back)."""
+    _check_process_set(process_set)
+    base = name if name is not None else _ops.auto_name("broadcast_object")
+    if rank() == root_rank:
+        payload = _bytes_tensor(_dumps(obj))
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        payload = None
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name=f"{base}.size")
+    if payload is None:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name=f"{base}.data")
+    if rank() == root_rank:
+        return obj
+    return pickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
+    """Return the list of every rank's ``obj``, in rank order (must be picklable)."""
+    _check_process_set(process_set)
+    base = name if name is not None else _ops.auto_name("allgather_object")
+    payload = _bytes_tensor(_dumps(obj))
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{base}.size")
+    data = allgather(payload, name=f"{base}.data").numpy().tobytes()
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(data[offset:offset + n]))
+        offset += n
+    return out
+
+
+class _TensorSlot:
+    """Placeholder for a tensor inside a pickled optimizer state."""
+
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+    def __getstate__(self) -> tuple:
+        return (self.index, self.shape, str(self.dtype).replace("torch.", ""))
+
+    def __setstate__(self, state: tuple) -> None:
+        self.index, self.shape, dt = state
+        self.dtype = getattr(torch, dt)
+
+
+def _strip_tensors(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return {k: _strip_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_strip_tensors(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_strip_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def _fill_tensors(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _fill_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill_tensors(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_fill_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: Any = None, process_set: Any = None) -> None:
+    """Make every rank's optimizer state (per-parameter state such as momentum buffers
+    and Adam's moments, plus hyper-parameters such as the learning rate) equal to
+    ``root_rank``'s.
+
+    Works for any optimizer whose ``state_dict()``/``load_state_dict()`` round-trips,
+    including state that exists on the root only because it has already taken steps
+    (a freshly started rank receives it). Every rank must have built its optimizer over
+    the same parameters in the same order. ``model`` is accepted for Horovod
+    compatibility and not needed.
+    """
+    _check_process_set(process_set)
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    base = _ops.auto_name("broadcast_optimizer_state")
+    if rank() == root_rank:
+        sd = optimizer.state_dict()
+        tensors: list[torch.Tensor] = []
+        skeleton = _strip_tensors(sd, tensors)
+    else:
+        skeleton, tensors = None, []
+    skeleton = broadcast_object(skeleton, root_rank, name=f"{base}.skeleton")
+    if rank() != root_rank:
+        slots: list[_TensorSlot] = []
+
+        def collect(o: Any) -> None:
+            if isinstance(o, _TensorSlot):
+                slots.append(o)
+            elif isinstance(o, dict):
+                for v in o.values():
+                    collect(v)
+            elif isinstance(o, (list, tuple)):
+                for v in o:
+                    collect(v)
+
+        collect(skeleton)
+        slots.sort(key=lambda s: s.index)
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+    handles = [broadcast_async_(t, root_rank, name=f"{base}.t{i}") for i, t in enumerate(tensors)]
+    for h in handles:
+        synchronize(h)
+    if rank() != root_rank:
+        optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object"]

@@ -1,0 +1,765 @@
+"""Collective operations on ``torch.Tensor``, with Horovod's names and semantics.
+
+Every operation has a blocking form (returns the result) and, where Horovod has one, an
+``_async`` form that returns a handle at once; pass the handle to :func:`poll` or
+:func:`synchronize`. Functions ending in ``_`` work in place on their argument.
+
+Operations are matched across ranks by ``name``. Unnamed operations get generated names
+that agree across ranks as long as every rank issues the same unnamed operations in the
+same order.
+
+Tensors: contiguous CPU tensors of uint8, int8, int32, int64, float16, bfloat16, float32
+and float64 are handed to the engine without a copy. Anything else works too:
+
+* non-contiguous tensors are copied to a contiguous buffer (in-place forms copy the
+  result back into the original tensor);
+* ``bool``, ``int16`` and complex tensors, and any other dtype, can be broadcast,
+  allgathered and alltoall'ed (their bytes are moved as they are); reductions accept
+  ``int16`` (computed in int32), ``bool`` with ``Min``/``Max`` (logical and/or) and
+  complex tensors with ``Sum``/``Average``; other combinations raise ``TypeError``;
+* GPU tensors go through host memory: the tensor is copied to the host after the work
+  queued on the current CUDA stream has finished, reduced with MPI, and copied back on
+  the current stream.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from hvdlite.common import ops as _ops
+from hvdlite.common.basics import rank, size
+from hvdlite.common.exceptions import HorovodInternalError, HvdliteError  # noqa: F401
+from hvdlite.torch.compression import Compression, Compressor
+
+# Reduction ops (Horovod's constants).
+Average = _ops.Average
+Sum = _ops.Sum
+Adasum = _ops.Adasum
+Min = _ops.Min
+Max = _ops.Max
+Product = _ops.Product
+
+_NATIVE: dict[torch.dtype, str] = {
+    torch.uint8: "uint8", torch.int8: "int8", torch.int32: "int32", torch.int64: "int64",
+    torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+    torch.float64: "float64",
+}
+_FROM_NAME: dict[str, torch.dtype] = {v: k for k, v in _NATIVE.items()}
+
+
+class ProcessSet:
+    """The global process set (all ranks). hvdlite does not implement other process
+    sets yet; functions accept ``process_set=global_process_set`` for compatibility."""
+
+    process_set_id = 0
+
+    def size(self) -> int:
+        return size()
+
+    def rank(self) -> int:
+        return rank()
+
+    def included(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ProcessSet(global)"
+
+
+global_process_set = ProcessSet()
+
+
+def _check_process_set(process_set: Any) -> None:
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError("hvdlite supports only the global process set")
+
+
+# ---------------------------------------------------------------------------------------
+# Staging: turning a user's tensor into engine memory and results back into tensors.
+
+
+@dataclass
+class _Stage:
+    """A user's tensor as the engine sees it."""
+
+    src: torch.Tensor              # the user's tensor
+    eng: torch.Tensor              # contiguous CPU tensor of a native dtype
+    dtype: str                     # engine dtype name of ``eng``
+    shares: bool                   # ``eng`` aliases ``src``'s memory
+    back: Callable[[torch.Tensor], torch.Tensor]  # engine-format tensor -> user's dtype/shape
+
+    def raw(self) -> _ops.RawTensor:
+        return _ops.RawTensor(self.eng.data_ptr(), self.dtype, tuple(self.eng.shape))
+
+    def to_user_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self.src.device.type != "cpu":
+            return t.to(self.src.device)
+        return t
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy or view of ``t``.
+
+    For CUDA tensors ``.to('cpu')`` is a blocking copy queued on the current stream, so
+    every kernel queued before it that produces ``t`` has finished when it returns."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    return t.contiguous()
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _stage_move(t: torch.Tensor) -> _Stage:
+    """Stage for operations that only move data (broadcast, allgather, alltoall): any
+    dtype works, since bytes are bytes. A 0-d tensor is treated as shape (1,)."""
+    host = _to_host(t)
+    shares = host.data_ptr() == t.data_ptr() and t.device.type == "cpu" and t.is_contiguous()
+    if host.dim() == 0:
+        host = host.reshape(1)
+    if host.dtype in _NATIVE:
+        return _Stage(t, host, _NATIVE[host.dtype], shares, _identity)
+    dtype = host.dtype
+    if dtype == torch.bool:
+        eng = host.view(torch.uint8)
+        return _Stage(t, eng, "uint8", shares, lambda r: r.view(torch.bool))
+    # Reinterpret as bytes: the last dimension grows by the element size; dim 0 stays.
+    eng = host.view(torch.uint8)
+    return _Stage(t, eng, "uint8", shares, lambda r: r.view(dtype))
+
+
+def _stage_reduce(t: torch.Tensor, op: int, what: str) -> _Stage:
+    """Stage for reductions (allreduce, reducescatter)."""
+    host = _to_host(t)
+    shares = host.data_ptr() == t.data_ptr() and t.device.type == "cpu" and t.is_contiguous()
+    dtype = host.dtype
+    if dtype in _NATIVE:
+        return _Stage(t, host, _NATIVE[dtype], shares, _identity)
+    if dtype == torch.bool:
+        if op not in (Min, Max):
+            raise TypeError(f"{what}: a bool tensor can only be reduced with Min (logical and) "
+                            f"or Max (logical or); convert it, e.g. tensor.to(torch.int32)")
+        return _Stage(t, host.view(torch.uint8), "uint8", shares, lambda r: r.view(torch.bool))
+    if dtype in (torch.int16, torch.uint16):
+        return _Stage(t, host.to(torch.int32), "int32", False, lambda r: r.to(dtype))
+    if dtype.is_complex:
+        if op not in (Sum, Average):
+            raise TypeError(f"{what}: complex tensors can only be reduced with Sum or Average")
+        real = torch.view_as_real(host)
+        return _Stage(t, real, _NATIVE[real.dtype], shares, lambda r: torch.view_as_complex(r))
+    raise TypeError(f"{what}: dtype {dtype} cannot be reduced; supported dtypes: "
+                    f"{', '.join(str(d) for d in _NATIVE)} (and int16, bool with Min/Max, "
+                    f"complex with Sum/Average)")
+
+
+def _engine_tensor(buf: np.ndarray, shape: Sequence[int], dtype_name: str) -> torch.Tensor:
+    """Wrap engine-owned output bytes as a tensor without copying them."""
+    if buf.size == 0:
+        return torch.empty(tuple(shape), dtype=_FROM_NAME[dtype_name])
+    with warnings.catch_warnings():
+        # The bytes belong to this result alone, so writing to them is safe even when the
+        # engine hands them over as a read-only buffer.
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(buf)
+    return t.view(_FROM_NAME[dtype_name]).reshape(tuple(shape))
+
+
+# ---------------------------------------------------------------------------------------
+# Handles
+
+
+class Handle:
+    """An operation in flight, returned by the ``_async`` functions.
+
+    Use :func:`poll` to ask whether it finished and :func:`synchronize` to wait for it and
+    get its result (calling ``synchronize`` again returns the same result)."""
+
+    __slots__ = ("_parts", "_finish", "_result", "_done", "_error", "name", "__weakref__")
+
+    def __init__(self, parts: list[_ops.Handle], finish: Callable[[list[_ops.Handle]], Any],
+                 name: str) -> None:
+        self._parts = parts
+        self._finish = finish
+        self._result: Any = None
+        self._done = False
+        self._error: BaseException | None = None
+        self.name = name
+
+    def poll(self) -> bool:
+        return self._done or all(p.poll() for p in self._parts)
+
+    def wait(self) -> Any:
+        if not self._done:
+            error: BaseException | None = None
+            for p in self._parts:
+                try:
+                    p.wait()
+                except HvdliteError as e:  # keep waiting for the rest so nothing dangles
+                    if error is None:
+                        error = e
+            if error is None:
+                try:
+                    with torch.no_grad():
+                        self._result = self._finish(self._parts)
+                except BaseException as e:  # noqa: BLE001 - reported to the caller below
+                    error = e
+            self._done = True
+            self._error = error
+            self._parts = []
+            self._finish = None  # type: ignore[assignment]
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"<hvdlite.torch handle {self.name!r} {'done' if self._done else 'pending'}>"
+
+
+def poll(handle: Handle) -> bool:
+    """True if the asynchronous operation behind ``handle`` has finished, so that
+    :func:`synchronize` will return without blocking."""
+    return handle.poll()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for an asynchronous operation and return its result: the output tensor (a
+    list for grouped operations; ``(output, received_splits)`` for alltoall with splits).
+
+    Raises :class:`HorovodInternalError` (``HvdliteError``) if the operation failed, for
+    example because ranks submitted mismatching shapes under one name."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"synchronize() expects a handle returned by an hvdlite.torch "
+                        f"_async function, got {type(handle).__name__}")
+    return handle.wait()
+
+
+def _resolve_op(op: int | None, average: bool | None) -> int:
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average; pass only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` is deprecated; use `op=hvd.Average` or "
+                      "`op=hvd.Sum` instead.", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op == Adasum:
+        raise NotImplementedError("hvdlite does not implement the Adasum reduction")
+    return int(op)
+
+
+# ---------------------------------------------------------------------------------------
+# Allreduce
+
+
+def _allreduce_submit(stages: list[_Stage], outputs: list[torch.Tensor], names: list[str], op: int,
+                      prescale_factor: float, postscale_factor: float,
+                      group: bool, group_id: int | None = None) -> list[_ops.Handle]:
+    parts = []
+    gid, gsize = (-1, 0)
+    if group:
+        gid = _ops.new_group_id() if group_id is None else group_id
+        gsize = len(stages)
+    for st, out, nm in zip(stages, outputs, names):
+        parts.append(_ops.submit(
+            _ops.ALLREDUCE, st.raw(), _ops.RawTensor(out.data_ptr(), st.dtype, tuple(out.shape)),
+            name=nm, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            group_id=gid, group_size=gsize, keepalive=(st, out)))
+    return parts
+
+
+def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, prescale_factor: float,
+                    postscale_factor: float, inplace: bool, grouped: bool,
+                    group_id: int | None = None) -> Handle:
+    kind = "grouped_allreduce" if grouped else "allreduce"
+    base = name if name is not None else _ops.auto_name(kind)
+    names = [f"{base}.{i}" for i in range(len(tensors))] if grouped else [base]
+    stages = [_stage_reduce(t, op, f"{kind} '{n}'") for t, n in zip(tensors, names)]
+    outputs = []
+    for st in stages:
+        if inplace:
+            outputs.append(st.eng)  # reduce in the staged buffer (the tensor itself if shared)
+        else:
+            outputs.append(torch.empty_like(st.eng))
+    parts = _allreduce_submit(stages, outputs, names, op, prescale_factor, postscale_factor, grouped,
+                              group_id)
+
+    def finish(_: list[_ops.Handle]) -> Any:
+        results = []
+        for st, out in zip(stages, outputs):
+            if inplace:
+                if not st.shares:
+                    st.src.copy_(st.to_user_device(st.back(out)))
+                results.append(st.src)
+            else:
+                results.append(st.to_user_device(st.back(out)))
+        return results if grouped else results[0]
+
+    return Handle(parts, finish, base)
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: int | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
+    """Start reducing ``tensor`` over all ranks into a new tensor; ``tensor`` is not
+    modified. ``op`` is ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
+    ``prescale_factor``/``postscale_factor`` multiply the input before and the result after
+    the reduction. Returns a handle for :func:`synchronize`."""
+    _check_process_set(process_set)
+    return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
+                           postscale_factor, inplace=False, grouped=False)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: int | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
+    """In-place form of :func:`allreduce_async`: the result is written into ``tensor``."""
+    _check_process_set(process_set)
+    return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
+                           postscale_factor, inplace=True, grouped=False)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: Any = None) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks in place and return it (not differentiable)."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class _AllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, pre: float,
+                post: float) -> torch.Tensor:
+        ctx.op, ctx.pre, ctx.post, ctx.name = op, pre, post, name
+        out = synchronize(_allreduce_impl([tensor], name, op, pre, post, False, False))
+        if op in (Min, Max, Product):
+            ctx.save_for_backward(tensor, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        gname = None if ctx.name is None else ctx.name + ".grad"
+        if ctx.op in (Sum, Average):
+            g = allreduce(grad, name=gname, op=ctx.op, prescale_factor=ctx.pre,
+                          postscale_factor=ctx.post)
+        else:
+            x, out = ctx.saved_tensors
+            total = allreduce(grad, name=gname, op=Sum)
+            if ctx.op == Product:
+                g = total * (out / x)
+            else:
+                g = total * ((x * ctx.pre * ctx.post) == out).to(grad.dtype) * ctx.pre * ctx.post
+        return g, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = Compression.none, op: int | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Any = None) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks and return the result as a new tensor.
+
+    Differentiable: the gradient of ``Sum``/``Average`` is the same reduction of the
+    incoming gradients (as in Horovod); for ``Min``/``Max`` the summed gradient flows to
+    the ranks whose value is the extreme one, for ``Product`` it is scaled by
+    ``result / input`` (so it is undefined where the input is zero)."""
+    _check_process_set(process_set)
+    op = _resolve_op(op, average)
+    compressed, cctx = compression.compress(tensor)
+    out = _AllreduceFn.apply(compressed, name, op, float(prescale_factor), float(postscale_factor))
+    return compression.decompress(out, cctx)
+
+
+class _GroupedAllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: int, pre: float, post: float,
+                *tensors: torch.Tensor) -> Any:
+        ctx.op, ctx.pre, ctx.post, ctx.name = op, pre, post, name
+        if op not in (Sum, Average):
+            ctx.save_for_backward(*tensors)
+        return tuple(synchronize(_allreduce_impl(list(tensors), name, op, pre, post, False, True)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        if ctx.op not in (Sum, Average):
+            raise NotImplementedError("grouped_allreduce is differentiable only for Sum and Average")
+        gname = None if ctx.name is None else ctx.name + ".grad"
+        g = grouped_allreduce(list(grads), name=gname, op=ctx.op, prescale_factor=ctx.pre,
+                              postscale_factor=ctx.post)
+        return (None, None, None, None, *g)
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: int | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: Any = None) -> Handle:
+    """Start reducing a list of tensors as one unit (negotiated and fused together).
+    :func:`synchronize` returns the list of results; inputs are not modified."""
+    _check_process_set(process_set)
+    return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
+                           postscale_factor, inplace=False, grouped=True)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: int | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: Any = None) -> Handle:
+    """In-place form of :func:`grouped_allreduce_async`."""
+    _check_process_set(process_set)
+    return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
+                           postscale_factor, inplace=True, grouped=True)
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: int | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Any = None) -> list[torch.Tensor]:
+    """Reduce a list of tensors in place as one unit; returns the list."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: type[Compressor] = Compression.none,
+                      op: int | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: Any = None) -> list[torch.Tensor]:
+    """Reduce a list of tensors as one unit and return new tensors (differentiable for
+    Sum and Average)."""
+    _check_process_set(process_set)
+    op = _resolve_op(op, average)
+    if not tensors:
+        return []
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedAllreduceFn.apply(name, op, float(prescale_factor), float(postscale_factor),
+                                     *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
+                           process_set: Any = None) -> Handle:
+    """Reduce a sparse COO tensor by gathering every rank's indices and values; the result
+    is an uncoalesced sparse tensor (divided by the number of ranks for ``Average``)."""
+    _check_process_set(process_set)
+    if op not in (Sum, Average):
+        raise NotImplementedError("sparse allreduce supports only Sum and Average")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    idx = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices")
+    val = allgather_async(t._values().contiguous(), name=f"{name}.values")
+
+    def finish(_: list[_ops.Handle]) -> torch.Tensor:
+        values = synchronize(val)
+        indices = synchronize(idx)
+        if op == Average:
+            values = values / size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+
+    return Handle([idx, val], finish, name)
+
+
+# ---------------------------------------------------------------------------------------
+# Allgather
+
+
+def _allgather_impl(tensor: torch.Tensor, name: str | None) -> Handle:
+    nm = name if name is not None else _ops.auto_name("allgather")
+    st = _stage_move(tensor)
+    part = _ops.submit(_ops.ALLGATHER, st.raw(), name=nm, keepalive=st)
+
+    def finish(parts: list[_ops.Handle]) -> torch.Tensor:
+        buf, shape, dt = parts[0].output()
+        return st.to_user_device(st.back(_engine_tensor(buf, shape, dt)))
+
+    return Handle([part], finish, nm)
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: Any = None) -> Handle:
+    """Start concatenating ``tensor`` from all ranks along dimension 0 (ranks may
+    differ in the size of dimension 0 only). A 0-d tensor counts as shape ``(1,)``."""
+    _check_process_set(process_set)
+    return _allgather_impl(tensor, name)
+
+
+class _AllgatherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+        ctx.dim0 = tensor.shape[0] if tensor.dim() > 0 else 1
+        ctx.name = name
+        return synchronize(_allgather_impl(tensor, name))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        gname = None if ctx.name is None else ctx.name + ".grad"
+        reduced = allreduce(grad, name=gname, op=Average)
+        dims = allgather(torch.tensor([ctx.dim0], dtype=torch.int64),
+                         name=None if gname is None else gname + ".dims")
+        offset = int(dims[: rank()].sum().item())
+        return reduced.narrow(0, offset, ctx.dim0), None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
+    """Concatenate ``tensor`` from all ranks along dimension 0 and return the result.
+
+    Differentiable as in Horovod: the gradient is the average over ranks of the
+    incoming gradients, sliced to this rank's rows."""
+    _check_process_set(process_set)
+    return _AllgatherFn.apply(tensor, name)
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: Any = None) -> Handle:
+    """Start allgathering each tensor of a list; :func:`synchronize` returns a list."""
+    _check_process_set(process_set)
+    base = name if name is not None else _ops.auto_name("grouped_allgather")
+    subs = [_allgather_impl(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: Any = None) -> list[torch.Tensor]:
+    """Allgather each tensor of a list (not differentiable)."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# ---------------------------------------------------------------------------------------
+# Broadcast
+
+
+def _broadcast_impl(tensor: torch.Tensor, root_rank: int, name: str | None, inplace: bool) -> Handle:
+    nm = name if name is not None else _ops.auto_name("broadcast")
+    st = _stage_move(tensor)
+    buf = st.eng if (inplace or not st.shares) else st.eng.clone()
+    raw = _ops.RawTensor(buf.data_ptr(), st.dtype, tuple(buf.shape))
+    part = _ops.submit(_ops.BROADCAST, raw, name=nm, root_rank=int(root_rank), keepalive=(st, buf))
+
+    def finish(_: list[_ops.Handle]) -> torch.Tensor:
+        result = st.back(buf).reshape(tensor.shape)
+        if inplace:
+            if not (st.shares and buf is st.eng):
+                st.src.copy_(st.to_user_device(result))
+            return st.src
+        return st.to_user_device(result)
+
+    return Handle([part], finish, nm)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: Any = None) -> Handle:
+    """Start sending ``tensor`` from ``root_rank`` to all ranks; the result is a new
+    tensor and ``tensor`` is not modified."""
+    _check_process_set(process_set)
+    return _broadcast_impl(tensor, root_rank, name, inplace=False)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: Any = None) -> Handle:
+    """In-place form of :func:`broadcast_async`: ``tensor`` receives root's value."""
+    _check_process_set(process_set)
+    return _broadcast_impl(tensor, root_rank, name, inplace=True)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: Any = None) -> torch.Tensor:
+    """Overwrite ``tensor`` with its value on ``root_rank`` and return it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _BroadcastFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None) -> torch.Tensor:
+        ctx.root_rank, ctx.name = root_rank, name
+        return synchronize(_broadcast_impl(tensor, root_rank, name, inplace=False))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        gname = None if ctx.name is None else ctx.name + ".grad"
+        reduced = allreduce(grad, name=gname, op=Average)
+        if rank() != ctx.root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: Any = None) -> torch.Tensor:
+    """Return ``root_rank``'s value of ``tensor`` on every rank (a new tensor).
+
+    Differentiable as in Horovod: the root receives the average over ranks of the
+    incoming gradients, the other ranks a zero gradient."""
+    _check_process_set(process_set)
+    return _BroadcastFn.apply(tensor, int(root_rank), name)
+
+
+# ---------------------------------------------------------------------------------------
+# Alltoall
+
+
+def _splits_list(splits: Any) -> list[int] | None:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        return [int(s) for s in splits.reshape(-1).tolist()]
+    return [int(s) for s in splits]
+
+
+def _alltoall_impl(tensor: torch.Tensor, splits: Any, name: str | None) -> Handle:
+    nm = name if name is not None else _ops.auto_name("alltoall")
+    st = _stage_move(tensor)
+    sp = _splits_list(splits)
+    part = _ops.submit(_ops.ALLTOALL, st.raw(), name=nm, splits=sp, keepalive=st)
+
+    def finish(parts: list[_ops.Handle]) -> tuple[torch.Tensor, torch.Tensor]:
+        buf, shape, dt = parts[0].output()
+        out = st.to_user_device(st.back(_engine_tensor(buf, shape, dt)))
+        received = torch.tensor(parts[0].aux(), dtype=torch.int32)
+        return out, received
+
+    return Handle([part], finish, nm)
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: Any = None) -> Handle:
+    """Start an alltoall: rows ``[sum(splits[:r]), sum(splits[:r+1]))`` of ``tensor``
+    go to rank ``r`` (without ``splits``, dimension 0 is divided evenly and must be
+    divisible by the number of ranks). :func:`synchronize` returns
+    ``(output, received_splits)``."""
+    _check_process_set(process_set)
+    return _alltoall_impl(tensor, splits, name)
+
+
+class _AlltoallFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None) -> Any:
+        out, received = synchronize(_alltoall_impl(tensor, splits, name))
+        ctx.received = received
+        ctx.name = name
+        if splits is None:
+            return out
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> Any:
+        gname = None if ctx.name is None else ctx.name + ".grad"
+        g, _ = synchronize(_alltoall_impl(grad.contiguous(), ctx.received, gname))
+        return g, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: Any = None) -> Any:
+    """Scatter slices of ``tensor`` to all ranks and gather the slices they send here.
+
+    Returns the gathered tensor, or ``(tensor, received_splits)`` when ``splits`` is given
+    (as in Horovod). Differentiable: the gradient is sent back along the reverse route."""
+    _check_process_set(process_set)
+    return _AlltoallFn.apply(tensor, splits, name)
+
+
+# ---------------------------------------------------------------------------------------
+# Reducescatter
+
+
+def _reducescatter_impl(tensor: torch.Tensor, name: str | None, op: int, pre: float,
+                        post: float) -> Handle:
+    nm = name if name is not None else _ops.auto_name("reducescatter")
+    if op not in (Sum, Average):
+        raise ValueError(f"reducescatter '{nm}': only Sum and Average are supported")
+    st = _stage_reduce(tensor, op, f"reducescatter '{nm}'")
+    part = _ops.submit(_ops.REDUCESCATTER, st.raw(), name=nm, op=op, prescale_factor=pre,
+                       postscale_factor=post, keepalive=st)
+
+    def finish(parts: list[_ops.Handle]) -> torch.Tensor:
+        buf, shape, dt = parts[0].output()
+        return st.to_user_device(st.back(_engine_tensor(buf, shape, dt)))
+
+    return Handle([part], finish, nm)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
+                        compression: type[Compressor] = Compression.none, op: int = Average,
+                        process_set: Any = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Start reducing ``tensor`` over all ranks and scattering the result along dimension
+    0: rank ``r`` gets ``dim0 // size`` rows, plus one if ``r < dim0 % size``.
+    (``compression`` is applied by :func:`reducescatter`, not here.)"""
+    _check_process_set(process_set)
+    return _reducescatter_impl(tensor, name, op, float(prescale_factor), float(postscale_factor))
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, pre: float,
+                post: float) -> torch.Tensor:
+        ctx.op, ctx.pre, ctx.post, ctx.name = op, pre, post, name
+        return synchronize(_reducescatter_impl(tensor, name, op, pre, post))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        gname = None if ctx.name is None else ctx.name + ".grad"
+        g = allgather(grad.contiguous(), name=gname)
+        scale = ctx.pre * ctx.post / (size() if ctx.op == Average else 1)
+        if scale != 1.0:
+            g = g * scale
+        return g, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: int = Average,
+                  process_set: Any = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks (``Average`` or ``Sum``) and return this rank's
+    share of rows (see :func:`reducescatter_async`).
+
+    Differentiable: the gradient of every input row is the gradient of the output row it
+    contributed to (gathered from its owner), scaled by ``1/size`` for ``Average``."""
+    _check_process_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = _ReducescatterFn.apply(compressed, name, int(op), float(prescale_factor),
+                                 float(postscale_factor))
+    return compression.decompress(out, cctx)
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: int = Average, process_set: Any = None,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter of each tensor of a list; :func:`synchronize` returns a list."""
+    _check_process_set(process_set)
+    base = name if name is not None else _ops.auto_name("grouped_reducescatter")
+    subs = [_reducescatter_impl(t, f"{base}.{i}", op, prescale_factor, postscale_factor)
+            for i, t in enumerate(tensors)]
+    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          op: int = Average, process_set: Any = None,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatter each tensor of a list (not differentiable)."""
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                   prescale_factor, postscale_factor))
+
+
+# ---------------------------------------------------------------------------------------
+# Barrier and join
+
+
+def barrier(process_set: Any = None) -> None:
+    """Block until every rank has called ``barrier()``."""
+    _check_process_set(process_set)
+    _ops.submit(_ops.BARRIER, _ops.EMPTY, name=_ops.auto_name("barrier")).wait()
+
+
+def join(device: int = -1) -> int:
+    """Declare that this rank has no more data. Until every rank has joined, the other
+    ranks' allreduces go on, with zeros standing in for this rank. Blocks until all ranks
+    joined and returns the rank that joined last. (``device`` is accepted for Horovod
+    compatibility.)"""
+    h = _ops.submit(_ops.JOIN, _ops.EMPTY, name=_ops.auto_name("join"))
+    h.wait()
+    aux = h.aux()
+    return int(aux[0]) if aux else -1

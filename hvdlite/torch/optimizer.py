@@ -1,0 +1,430 @@
+"""``DistributedOptimizer``: averages gradients across ranks while backward still runs.
+
+Each trainable parameter gets a hook (``Tensor.register_post_accumulate_grad_hook``)
+that fires as soon as its gradient is final for this backward pass and hands that
+gradient to the engine as an asynchronous in-place allreduce. Gradients of the last
+layers are therefore on the wire while autograd is still computing the first layers'.
+``step()`` waits for whatever is still outstanding, then runs the wrapped optimizer.
+"""
+from __future__ import annotations
+
+import itertools
+import warnings
+import weakref
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from hvdlite.common import ops as _ops
+from hvdlite.common.basics import size
+from hvdlite.torch.compression import Compression, Compressor
+from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl, _check_process_set,
+                                   allreduce_async, allreduce_async_, sparse_allreduce_async,
+                                   synchronize)
+
+_optimizer_ids = itertools.count()
+
+
+class _Pending:
+    """One submitted allreduce of the optimizer: a parameter or a group of them."""
+
+    __slots__ = ("params", "handle", "ctxs", "sent", "kind")
+
+    def __init__(self, params: tuple[torch.Tensor, ...], handle: Handle, ctxs: list[Any],
+                 sent: list[torch.Tensor], kind: str) -> None:
+        self.params, self.handle, self.ctxs, self.sent, self.kind = params, handle, ctxs, sent, kind
+
+
+class _DistributedOptimizer:
+    """Placed in front of the user's optimizer class by :func:`DistributedOptimizer`;
+    everything not defined here is the wrapped optimizer's own behaviour."""
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _hvd_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                   compression: type[Compressor], backward_passes_per_step: int, op: int,
+                   gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool) -> None:
+        self._hvd_uid = next(_optimizer_ids)
+        self._hvd_compression = compression
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        if op == Average:
+            # The engine divides by the number of ranks for Average; splitting the divisor
+            # into a pre- and a post-factor keeps float16 sums from overflowing.
+            self._hvd_prescale = 1.0 / self.gradient_predivide_factor
+            self._hvd_postscale = self.gradient_predivide_factor
+        else:
+            self._hvd_prescale = self._hvd_postscale = 1.0
+
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        self._hvd_names: dict[torch.Tensor, str] = {}
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if any(not (isinstance(x, tuple) and len(x) == 2) for x in named):
+                raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                                 "tuples, usually model.named_parameters()")
+            seen, dups = set(), set()
+            for n, _ in named:
+                (dups if n in seen else seen).add(n)
+            if dups:
+                raise ValueError(f"Parameter names in named_parameters must be unique; "
+                                 f"duplicates: {', '.join(sorted(dups))}")
+            by_id = {id(p): n for n, p in named}
+            unnamed = [p for p in all_params if id(p) not in by_id]
+            if unnamed:
+                raise ValueError(f"named_parameters was given, but {len(unnamed)} parameter(s) of "
+                                 f"the optimizer are not in it (shapes: "
+                                 f"{', '.join(str(tuple(p.shape)) for p in unnamed[:5])})")
+            for p in all_params:
+                self._hvd_names[p] = by_id[id(p)]
+        else:
+            for gi, g in enumerate(self.param_groups):
+                for j, p in enumerate(g["params"]):
+                    self._hvd_names[p] = f"allreduce.noname.{gi}.{j}"
+
+        self._hvd_delay: dict[torch.Tensor, int] = {p: self.backward_passes_per_step
+                                                    for p in all_params}
+        self._hvd_pending: dict[Any, _Pending] = {}      # unit -> submitted allreduce
+        self._hvd_submitted: set[torch.Tensor] = set()   # params whose allreduce is in flight
+        self._hvd_fired: set[torch.Tensor] = set()       # params whose hook fired this step
+        self._hvd_hooks: dict[torch.Tensor, Any] = {}
+        self._hvd_synchronized = False
+        self._hvd_should_sync = True
+        self._hvd_active = size() > 1
+
+        # Groups: units of parameters reduced together as one grouped allreduce.
+        self._hvd_unit_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
+        self._hvd_group_ids: dict[tuple[torch.Tensor, ...], int] = {}
+        self._hvd_group_ready: dict[tuple[torch.Tensor, ...], set[torch.Tensor]] = {}
+        self._hvd_groups_spec = groups
+        if groups is not None:
+            self._hvd_make_groups(groups, [p for p in all_params if p.requires_grad])
+
+        if self._hvd_active:
+            for p in all_params:
+                self._hvd_hook(p)
+
+    def _hvd_make_groups(self, groups: Any, params: list[torch.Tensor]) -> None:
+        units: list[tuple[torch.Tensor, ...]] = []
+        if isinstance(groups, int) and not isinstance(groups, bool):
+            if groups <= 0:
+                raise ValueError("groups must be a positive integer or a list of lists of parameters")
+            n = min(groups, len(params)) or 1
+            k, extra = divmod(len(params), n)
+            start = 0
+            for i in range(n):
+                stop = start + k + (1 if i < extra else 0)
+                if stop > start:
+                    units.append(tuple(params[start:stop]))
+                start = stop
+        elif isinstance(groups, (list, tuple)):
+            grouped: set[int] = set()
+            wanted = {id(p) for p in params}
+            for grp in groups:
+                unit = []
+                for p in grp:
+                    if not isinstance(p, torch.Tensor):
+                        raise ValueError("groups must be lists of torch.Tensor (parameters)")
+                    if id(p) in grouped:
+                        raise ValueError("a parameter can appear in only one group")
+                    grouped.add(id(p))
+                    if id(p) in wanted:
+                        unit.append(p)
+                if unit:
+                    units.append(tuple(unit))
+            units.extend((p,) for p in params if id(p) not in grouped)
+        else:
+            raise ValueError("groups must be a positive integer or a list of lists of parameters")
+        for unit in units:
+            for p in unit:
+                self._hvd_unit_of[p] = unit
+            if len(unit) > 1:
+                # One fixed id per group, allocated in the same order on every rank.
+                self._hvd_group_ids[unit] = _ops.new_group_id()
+
+    def _hvd_hook(self, p: torch.Tensor) -> None:
+        if p in self._hvd_hooks or not p.requires_grad:
+            return
+        ref = weakref.ref(self)
+
+        def hook(param: torch.Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._hvd_grad_ready(param)
+
+        self._hvd_hooks[p] = p.register_post_accumulate_grad_hook(hook)
+
+    # -- during backward --------------------------------------------------------------------
+
+    def _hvd_grad_ready(self, p: torch.Tensor) -> None:
+        if p not in self._hvd_delay:
+            return
+        if p in self._hvd_submitted:
+            raise RuntimeError(
+                f"hvdlite: the gradient of '{self._hvd_names.get(p)}' was computed more than "
+                f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                f"optimizer.step(); increase backward_passes_per_step to accumulate more "
+                f"backward passes locally")
+        self._hvd_fired.add(p)
+        self._hvd_delay[p] -= 1
+        if self._hvd_delay[p] > 0:
+            return
+        unit = self._hvd_unit_of.get(p, (p,))
+        if len(unit) == 1:
+            self._hvd_submit(unit)
+            return
+        ready = self._hvd_group_ready.setdefault(unit, set())
+        ready.add(p)
+        if len(ready) == len(unit):
+            self._hvd_submit(unit)
+
+    def _hvd_submit(self, unit: tuple[torch.Tensor, ...]) -> None:
+        grads = []
+        for p in unit:
+            if p.grad is None:
+                # Another rank has a gradient for p in this step: contribute zeros.
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        name = self._hvd_names[unit[0]]
+        pre, post = self._hvd_prescale, self._hvd_postscale
+        if len(unit) == 1 and grads[0].is_sparse:
+            if self.sparse_as_dense:
+                sent, ctx = self._hvd_compression.compress(grads[0].to_dense())
+                handle = allreduce_async_(sent, name=name, op=self.op, prescale_factor=pre,
+                                          postscale_factor=post)
+                pending = _Pending(unit, handle, [ctx], [sent], "dense_from_sparse")
+            else:
+                handle = sparse_allreduce_async(grads[0], name=name, op=self.op)
+                pending = _Pending(unit, handle, [None], [], "sparse")
+        else:
+            if any(g.is_sparse for g in grads):
+                if not self.sparse_as_dense:
+                    raise ValueError("sparse gradients cannot be reduced in a group; pass "
+                                     "sparse_as_dense=True or leave that parameter ungrouped")
+                grads = [g.to_dense() if g.is_sparse else g for g in grads]
+            pairs = [self._hvd_compression.compress(g) for g in grads]
+            sent = [s for s, _ in pairs]
+            if len(unit) == 1:
+                handle = allreduce_async_(sent[0], name=name, op=self.op, prescale_factor=pre,
+                                          postscale_factor=post)
+            else:
+                handle = _allreduce_impl(sent, name, self.op, pre, post, inplace=True,
+                                         grouped=True, group_id=self._hvd_group_ids[unit])
+            pending = _Pending(unit, handle, [c for _, c in pairs], sent, "dense")
+        self._hvd_pending[unit] = pending
+        self._hvd_submitted.update(unit)
+
+    # -- step ------------------------------------------------------------------------------
+
+    def _hvd_managed(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]
+                if p.requires_grad and p in self._hvd_delay]
+
+    def synchronize(self) -> None:
+        """Wait until every gradient of this step is averaged across ranks.
+
+        Gradients whose hooks have not fired (parameters unused in this step, or gradients
+        accumulated fewer than ``backward_passes_per_step`` times) are reduced now; a
+        parameter for which no rank has a gradient keeps ``grad is None``, exactly as in
+        single-process training. Use it before gradient clipping, then call ``step()``
+        inside :meth:`skip_synchronize`."""
+        if not self._hvd_active:
+            self._hvd_synchronized = True
+            return
+        managed = self._hvd_managed()
+        units: list[tuple[torch.Tensor, ...]] = []
+        seen: set[torch.Tensor] = set()
+        for p in managed:
+            if p in seen:
+                continue
+            unit = self._hvd_unit_of.get(p, (p,))
+            seen.update(unit)
+            units.append(unit)
+        missing = [u for u in units if not any(q in self._hvd_submitted for q in u)]
+        # Every rank tells the others which gradients it has, so a parameter is reduced
+        # if some rank has a gradient for it, and left alone if none has.
+        flags = torch.tensor([1 if (p in self._hvd_fired or p.grad is not None) else 0
+                              for p in managed], dtype=torch.uint8)
+        flag_handle = allreduce_async(
+            flags, name=f"hvdlite.optimizer.{self._hvd_uid}.has_grad.{len(managed)}",
+            op=_ops.Max)
+        if missing:
+            index = {p: i for i, p in enumerate(managed)}
+            present = synchronize(flag_handle)
+            for unit in missing:
+                if any(p in index and present[index[p]] for p in unit):
+                    self._hvd_submit(unit)
+        try:
+            for pending in self._hvd_pending.values():
+                self._hvd_finish(pending)
+            synchronize(flag_handle)
+        finally:
+            self._hvd_reset()
+        self._hvd_synchronized = True
+        for p in managed:
+            self._hvd_hook(p)
+
+    def _hvd_finish(self, pending: _Pending) -> None:
+        result = synchronize(pending.handle)
+        with torch.no_grad():
+            if pending.kind == "sparse":
+                pending.params[0].grad = result.coalesce()
+                return
+            results = result if isinstance(result, list) else [result]
+            for p, out, ctx in zip(pending.params, results, pending.ctxs):
+                value = self._hvd_compression.decompress(out, ctx)
+                if pending.kind == "dense_from_sparse" or p.grad.is_sparse:
+                    p.grad = value.to_sparse()
+                elif value is not p.grad:
+                    p.grad.copy_(value)
+
+    def _hvd_reset(self) -> None:
+        self._hvd_pending.clear()
+        self._hvd_submitted.clear()
+        self._hvd_fired.clear()
+        self._hvd_group_ready.clear()
+        for p in self._hvd_delay:
+            self._hvd_delay[p] = self.backward_passes_per_step
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within this context ``step()`` does not synchronize; use it after an explicit
+        :meth:`synchronize` (e.g. to clip the averaged gradients in between)."""
+        self._hvd_should_sync = False
+        try:
+            yield
+        finally:
+            self._hvd_should_sync = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Wait for the outstanding gradient allreduces, then take the wrapped optimizer's
+        step."""
+        if self._hvd_should_sync:
+            if self._hvd_synchronized:
+                warnings.warn("optimizer.step() was called after optimizer.synchronize() "
+                              "outside optimizer.skip_synchronize(); the gradients are reduced "
+                              "a second time, which is slow. Wrap step() in "
+                              "`with optimizer.skip_synchronize():`.", stacklevel=2)
+            self.synchronize()
+        self._hvd_synchronized = False
+        return super().step(closure)  # type: ignore[misc]
+
+    step.hooked = True  # type: ignore[attr-defined]  # torch wraps the wrapped class's step already
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients. Raises ``RuntimeError`` while gradient allreduces started by
+        ``loss.backward()`` are still in flight (call ``step()`` or ``synchronize()``
+        first), since clearing them then would race with the reduction."""
+        if getattr(self, "_hvd_pending", None):
+            raise RuntimeError(
+                "hvdlite: optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(), while the gradient allreduces "
+                "are still in flight; call optimizer.step() (or optimizer.synchronize()) first")
+        if getattr(self, "_hvd_delay", None) is not None:
+            self._hvd_fired.clear()
+            self._hvd_group_ready.clear()
+            for p in self._hvd_delay:
+                self._hvd_delay[p] = self.backward_passes_per_step
+        return super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group; its parameters are averaged like the others (every rank
+        must add the same groups in the same order)."""
+        super().add_param_group(param_group)  # type: ignore[misc]
+        if getattr(self, "_hvd_names", None) is None:
+            return  # called while the wrapped optimizer is being built
+        gi = len(self.param_groups) - 1
+        for j, p in enumerate(self.param_groups[gi]["params"]):
+            if p not in self._hvd_names:
+                self._hvd_names[p] = f"allreduce.noname.{gi}.{j}"
+            self._hvd_delay.setdefault(p, self.backward_passes_per_step)
+            if self._hvd_active:
+                self._hvd_hook(p)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load optimizer state; outstanding allreduces are waited for and dropped."""
+        if getattr(self, "_hvd_pending", None):
+            for pending in self._hvd_pending.values():
+                try:
+                    synchronize(pending.handle)
+                except Exception:  # noqa: BLE001 - the results are being discarded
+                    pass
+        if getattr(self, "_hvd_delay", None) is not None:
+            self._hvd_reset()
+            self._hvd_synchronized = False
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes are accumulated before each allreduce."""
+        self.backward_passes_per_step = int(passes)
+        for p in self._hvd_delay:
+            self._hvd_delay[p] = self.backward_passes_per_step
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = Compression.none,
+                         backward_passes_per_step: int = 1, op: int = Average,
+                         gradient_predivide_factor: float = 1.0, groups: Any = None,
+                         sparse_as_dense: bool = False, *, num_groups: int = 0,
+                         process_set: Any = None) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that gradients are averaged across all ranks before each step.
+
+    The returned object is an instance of the optimizer's own class (``isinstance``
+    checks and learning-rate schedulers keep working) sharing its parameter groups and
+    state; use it instead of the original.
+
+    Arguments:
+        optimizer: any ``torch.optim.Optimizer``.
+        named_parameters: ``model.named_parameters()``; names make the allreduces
+            identifiable in the timeline and in error messages. Every parameter of the
+            optimizer must be named.
+        compression: ``Compression.none``, ``Compression.fp16`` or ``Compression.bf16``
+            (hvdlite addition) for the gradients on the wire.
+        backward_passes_per_step: number of ``backward()`` calls whose gradients are
+            accumulated locally (summed, as PyTorch does) before they are reduced; divide
+            the loss by this number to get the gradient of the combined batch.
+        op: ``Average`` (default) or ``Sum``.
+        gradient_predivide_factor: with ``Average``, divide gradients by this factor before
+            the sum and by ``size / factor`` after it.
+        groups: an int (split the parameters into that many groups) or a list of lists of
+            parameters; each group is reduced as one grouped allreduce when all its
+            gradients are ready.
+        sparse_as_dense: reduce sparse gradients (e.g. of ``nn.Embedding(sparse=True)``)
+            as dense tensors instead of gathering their indices and values.
+        num_groups: deprecated spelling of an integer ``groups``.
+
+    Call ``zero_grad()`` only after ``step()`` (or ``synchronize()``); calling it while
+    gradient allreduces are still in flight raises ``RuntimeError``.
+    """
+    _check_process_set(process_set)
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer")
+    if op == Adasum:
+        raise NotImplementedError("hvdlite does not implement the Adasum reduction")
+    if op not in (Average, _ops.Sum):
+        raise ValueError("DistributedOptimizer supports op=Average or op=Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
+    if num_groups:
+        warnings.warn("num_groups is deprecated; use groups=<int>", DeprecationWarning,
+                      stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base),
+               {"__module__": __name__, "__qualname__": base.__qualname__})
+    dist = cls.__new__(cls)
+    state = dict(optimizer.__dict__)
+    # A learning-rate scheduler built before wrapping replaces ``step`` on the instance;
+    # that bound method would bypass the gradient reduction, so it is not carried over.
+    state.pop("step", None)
+    dist.__dict__.update(state)
+    dist._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
+                    gradient_predivide_factor, groups, sparse_as_dense)
+    return dist

@@ -1,0 +1,287 @@
+"""Every collective of the NumPy API against NumPy references, on any number of ranks.
+
+Each rank builds every rank's input from a shared seed, so each can compute the
+reference result by itself. Run by test_core_ops.py through hvdlite-run.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import hvdlite as hvd
+
+try:
+    import ml_dtypes
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    BF16 = None
+
+DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
+if BF16 is not None:
+    DTYPES.append(BF16)
+
+
+def data_for(rank: int, shape: tuple[int, ...], dtype: np.dtype, seed: int, small: bool = False) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank])
+    dtype = np.dtype(dtype)
+    if dtype.kind in "ui":
+        lo, hi = (0, 3) if small or dtype.itemsize == 1 else (-1000, 1000)
+        if dtype.kind == "u":
+            lo = 0
+        return rng.integers(lo, hi, size=shape).astype(dtype)
+    vals = rng.uniform(0.5, 1.5, size=shape) if small else rng.standard_normal(shape)
+    return vals.astype(dtype)
+
+
+def reference(op: int, arrays: list[np.ndarray]) -> np.ndarray:
+    acc = np.stack([a.astype(np.float64) for a in arrays])
+    if op in (hvd.Sum, hvd.Average):
+        r = acc.sum(0)
+        if op == hvd.Average:
+            r = r / len(arrays)
+    elif op == hvd.Min:
+        r = acc.min(0)
+    elif op == hvd.Max:
+        r = acc.max(0)
+    else:
+        r = acc.prod(0)
+    return r
+
+
+def close(got: np.ndarray, want: np.ndarray, dtype: np.dtype, what: str) -> None:
+    dtype = np.dtype(dtype)
+    g = got.astype(np.float64)
+    if dtype.kind in "ui":
+        # Average on integers truncates toward zero.
+        np.testing.assert_array_equal(g, np.trunc(want), err_msg=what)
+    else:
+        tol = {2: 2e-2, 4: 1e-5, 8: 1e-12}[dtype.itemsize]
+        np.testing.assert_allclose(g, want, rtol=tol, atol=tol * 4, err_msg=what)
+
+
+def check_allreduce(r: int, n: int) -> None:
+    seed = 1
+    for dt in DTYPES:
+        for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
+            seed += 1
+            shape = tuple(int(x) for x in np.random.default_rng(seed).integers(1, 7, size=int(seed % 3) + 1))
+            small = op == hvd.Product or (op == hvd.Sum and np.dtype(dt).itemsize == 1)
+            mine = data_for(r, shape, dt, seed, small)
+            want = reference(op, [data_for(q, shape, dt, seed, small) for q in range(n)])
+            got = hvd.allreduce(mine, op=op, name=f"ar.{np.dtype(dt).name}.{op}")
+            assert got.dtype == mine.dtype and got.shape == mine.shape
+            close(got, want, dt, f"allreduce {np.dtype(dt).name} op={op}")
+            inplace = mine.copy()
+            hvd.allreduce_(inplace, op=op)
+            close(inplace, want, dt, f"allreduce_ {np.dtype(dt).name} op={op}")
+    x = data_for(r, (5, 3), np.float32, 99)
+    got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    want = reference(hvd.Sum, [data_for(q, (5, 3), np.float32, 99) * 0.5 for q in range(n)]) * 3.0
+    close(got, want, np.float32, "pre/postscale")
+    # Default op is Average, as in Horovod; average=False means Sum.
+    close(hvd.allreduce(x), reference(hvd.Average, [data_for(q, (5, 3), np.float32, 99) for q in range(n)]),
+          np.float32, "default average")
+    close(hvd.allreduce(x, average=False), reference(hvd.Sum, [data_for(q, (5, 3), np.float32, 99) for q in range(n)]),
+          np.float32, "average=False")
+    # Zero-sized tensors and scalars.
+    assert hvd.allreduce(np.zeros((0, 4), np.float32), op=hvd.Sum).shape == (0, 4)
+    assert float(hvd.allreduce(np.float64(r), op=hvd.Sum)) == n * (n - 1) / 2
+    # A non-contiguous input is copied, never silently wrong.
+    m = np.arange(24, dtype=np.float64).reshape(4, 6) + r
+    got = hvd.allreduce(m[:, ::2], op=hvd.Sum)
+    np.testing.assert_allclose(got, sum((np.arange(24).reshape(4, 6) + q)[:, ::2] for q in range(n)))
+
+
+def check_fusion(r: int, n: int) -> None:
+    """Many async tensors of mixed dtypes and sizes around the fusion threshold."""
+    rng = np.random.default_rng(7)
+    specs = []
+    for i in range(60):
+        dt = [np.float32, np.float64, np.float16, np.int32][i % 4]
+        count = int(rng.choice([1, 17, 1000, 4096, 16384, 70000, 300000]))
+        specs.append((f"fuse.{i}", dt, count))
+    handles, inputs = [], []
+    for name, dt, count in specs:
+        x = data_for(r, (count,), dt, int(name.split(".")[1]) + 500, small=True)
+        inputs.append(x)
+        handles.append(hvd.allreduce_async(x, op=hvd.Sum, name=name))
+    for (name, dt, count), h in zip(specs, handles):
+        got = hvd.synchronize(h)
+        want = reference(hvd.Sum, [data_for(q, (count,), dt, int(name.split(".")[1]) + 500, small=True) for q in range(n)])
+        close(got, want, dt, f"fused {name}")
+    # The same set again: now agreed through the response cache.
+    for rep in range(3):
+        hs = [hvd.allreduce_async(x, op=hvd.Average, name=name) for (name, _, _), x in zip(specs, inputs)]
+        for (name, dt, count), h in zip(specs, hs):
+            want = reference(hvd.Average, [data_for(q, (count,), dt, int(name.split(".")[1]) + 500, small=True) for q in range(n)])
+            close(hvd.synchronize(h), want, dt, f"cached {name} rep {rep}")
+    # Grouped allreduce.
+    xs = [data_for(r, (i + 1, 3), np.float32, 300 + i) for i in range(5)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Max)
+    for i, o in enumerate(outs):
+        close(o, reference(hvd.Max, [data_for(q, (i + 1, 3), np.float32, 300 + i) for q in range(n)]),
+              np.float32, "grouped")
+
+
+def check_gather_bcast(r: int, n: int) -> None:
+    for dt in (np.float32, np.int64, np.uint8, np.float16):
+        mine = data_for(r, (r + 1, 2, 3), dt, 11)
+        got = hvd.allgather(mine, name=f"ag.{np.dtype(dt).name}")
+        want = np.concatenate([data_for(q, (q + 1, 2, 3), dt, 11) for q in range(n)])
+        np.testing.assert_array_equal(got, want)
+    # Ranks with nothing to contribute.
+    got = hvd.allgather(np.full((r % 2, 2), r, np.int32), name="ag.sparse")
+    np.testing.assert_array_equal(got, np.concatenate([np.full((q % 2, 2), q, np.int32) for q in range(n)]))
+    for root in range(n):
+        x = data_for(r, (4, 5), np.float64, 20)
+        got = hvd.broadcast(x, root, name=f"bc.{root}")
+        np.testing.assert_array_equal(got, data_for(root, (4, 5), np.float64, 20))
+        np.testing.assert_array_equal(x, data_for(r, (4, 5), np.float64, 20))  # input untouched
+        y = x.copy()
+        hvd.broadcast_(y, root)
+        np.testing.assert_array_equal(y, data_for(root, (4, 5), np.float64, 20))
+    obj = hvd.broadcast_object({"rank": r, "list": list(range(r + 3))}, root_rank=n - 1)
+    assert obj == {"rank": n - 1, "list": list(range(n + 2))}
+    assert hvd.allgather_object(("r", r)) == [("r", q) for q in range(n)]
+
+
+def check_alltoall_reducescatter(r: int, n: int) -> None:
+    # Even split.
+    x = np.arange(n * 2 * 3, dtype=np.float32).reshape(n * 2, 3) + 100 * r
+    got = hvd.alltoall(x, name="a2a.even")
+    want = np.concatenate([(np.arange(n * 6, dtype=np.float32).reshape(n * 2, 3) + 100 * q)[2 * r:2 * r + 2]
+                           for q in range(n)])
+    np.testing.assert_array_equal(got, want)
+    # Uneven splits: rank q sends (q + d) % 3 rows to rank d.
+    def splits_of(q: int) -> list[int]:
+        return [(q + d) % 3 for d in range(n)]
+
+    def rows_of(q: int) -> np.ndarray:
+        return np.arange(sum(splits_of(q)) * 2, dtype=np.int64).reshape(-1, 2) + 1000 * q
+
+    out, received = hvd.alltoall(rows_of(r), splits=splits_of(r), name="a2a.splits")
+    parts = []
+    for q in range(n):
+        off = sum(splits_of(q)[:r])
+        parts.append(rows_of(q)[off:off + splits_of(q)[r]])
+    np.testing.assert_array_equal(out, np.concatenate(parts))
+    assert list(received) == [splits_of(q)[r] for q in range(n)]
+    # Reducescatter with a first dimension that does not divide evenly.
+    for dim0 in (n * 2, n * 2 + 1, 1):
+        for op in (hvd.Sum, hvd.Average):
+            x = data_for(r, (dim0, 3), np.float64, 40 + dim0)
+            got = hvd.reducescatter(x, op=op, name=f"rs.{dim0}.{op}")
+            full = reference(op, [data_for(q, (dim0, 3), np.float64, 40 + dim0) for q in range(n)])
+            counts = [dim0 // n + (1 if q < dim0 % n else 0) for q in range(n)]
+            start = sum(counts[:r])
+            close(got, full[start:start + counts[r]], np.float64, f"reducescatter {dim0} {op}")
+
+
+def check_barrier_join(r: int, n: int) -> None:
+    hvd.barrier()
+    # Rank q has q + 1 batches; joined ranks contribute zeros, Average divides by the
+    # ranks that contributed.
+    for step in range(n):
+        if step > r:
+            break
+        x = np.full(4, float(r + 1), np.float32)
+        got = hvd.allreduce(x, op=hvd.Sum, name=f"join.step{step}")
+        contributors = [q for q in range(n) if q >= step]
+        np.testing.assert_allclose(got, np.full(4, sum(q + 1 for q in contributors), np.float32))
+        avg = hvd.allreduce(x, op=hvd.Average, name=f"join.avg{step}")
+        np.testing.assert_allclose(avg, np.full(4, np.mean([q + 1 for q in contributors]), np.float32), rtol=1e-6)
+    last = hvd.join()
+    assert last == n - 1, last
+    np.testing.assert_allclose(hvd.allreduce(np.ones(3), op=hvd.Sum, name="after.join"), np.full(3, n))
+
+
+def expect_error(fn, *needles: str) -> str:
+    try:
+        fn()
+    except hvd.HvdliteError as exc:
+        msg = str(exc)
+        for needle in needles:
+            assert needle in msg, f"expected {needle!r} in error message: {msg}"
+        return msg
+    raise AssertionError(f"no error raised; expected one mentioning {needles}")
+
+
+def still_works(n: int, tag: str) -> None:
+    got = hvd.allreduce(np.ones(3, np.float32), op=hvd.Sum, name=f"ok.after.{tag}")
+    np.testing.assert_allclose(got, np.full(3, n, np.float32))
+
+
+def check_errors(r: int, n: int) -> None:
+    if n > 1:
+        msg = expect_error(lambda: hvd.allreduce(np.ones(3 + (r == 1), np.float32), name="bad.shape"),
+                           "bad.shape", "shape", "rank 1 sent [4]", "0", "sent [3]")
+        still_works(n, "shape")
+        expect_error(lambda: hvd.allreduce(np.ones(3, np.float32 if r else np.float64), name="bad.dtype"),
+                     "bad.dtype", "data type", "float32", "float64")
+        still_works(n, "dtype")
+        expect_error(lambda: hvd.allreduce(np.ones(3), op=hvd.Sum if r else hvd.Max, name="bad.op"),
+                     "bad.op", "reduce op", "Max", "Sum")
+        still_works(n, "op")
+        expect_error(lambda: hvd.broadcast(np.ones(2), root_rank=min(r, 1), name="bad.root"),
+                     "bad.root", "root rank")
+        still_works(n, "rootmismatch")
+        expect_error(lambda: (hvd.allgather(np.ones((2, 3)), name="bad.kind") if r == 0
+                              else hvd.broadcast(np.ones((2, 3)), 0, name="bad.kind")),
+                     "bad.kind", "operation", "allgather", "broadcast")
+        still_works(n, "kind")
+        expect_error(lambda: hvd.allgather(np.ones((2, 3 + r)), name="bad.gather"), "bad.gather", "shape")
+        still_works(n, "gather")
+        expect_error(lambda: hvd.alltoall(np.ones((4, 2)), splits=[4 + (r == 0)] + [0] * (n - 1),
+                                          name="bad.splits"),
+                     "bad.splits", "splits")
+        still_works(n, "splits")
+    expect_error(lambda: hvd.broadcast(np.ones(2), root_rank=n, name="bad.rootrange"),
+                 "bad.rootrange", f"root rank {n} is outside")
+    still_works(n, "rootrange")
+    # A name submitted twice while the first is still in flight.
+    a = np.ones(2)
+    h1 = hvd.allreduce_async(a, op=hvd.Sum, name="dup")
+    expect_error(lambda: hvd.synchronize(hvd.allreduce_async(a, op=hvd.Sum, name="dup")),
+                 "dup", "already in flight", f"rank {r}")
+    np.testing.assert_allclose(hvd.synchronize(h1), np.full(2, n))
+    still_works(n, "dup")
+    expect_error(lambda: hvd.allreduce_(np.ones((4, 4))[:, ::2], name="bad.noncontig"), "C-contiguous")
+    expect_error(lambda: hvd.allreduce(np.ones(3, np.complex64), name="bad.dtype2"), "unsupported dtype", "complex64")
+    expect_error(lambda: hvd.allreduce(np.ones(3, bool), name="bad.bool"), "unsupported dtype", "bool")
+    expect_error(lambda: hvd.allreduce(np.ones(3), op=hvd.Adasum, name="bad.adasum"), "Adasum")
+    still_works(n, "local")
+
+
+def check_restart(r: int, n: int) -> None:
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    try:
+        hvd.allreduce(np.ones(2))
+    except hvd.NotInitializedError as exc:
+        assert "init" in str(exc)
+    else:
+        raise AssertionError("allreduce after shutdown did not raise")
+    hvd.init()
+    assert hvd.rank() == r and hvd.size() == n
+    still_works(n, "restart")
+
+
+def main() -> None:
+    only = sys.argv[1:] or None
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
+    checks = [check_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
+              check_barrier_join, check_errors, check_restart]
+    for check in checks:
+        if only and check.__name__ not in only:
+            continue
+        check(r, n)
+        print(f"PASS {check.__name__} rank {r}", flush=True)
+    hvd.shutdown()
+    print(f"ALL CHECKS PASSED rank {r}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Start a script on N ranks through the real launcher, as a user would."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_ranks(n: int, script: str, *args: str, env: dict[str, str] | None = None,
+              timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run tests/core/<script> with `hvdlite-run -np n`; returns the finished process."""
+    full_env = dict(os.environ)
+    full_env.setdefault("HVDLITE_LOG_LEVEL", "warning")
+    if env:
+        full_env.update(env)
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(n),
+           sys.executable, str(HERE / script), *args]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_all_ranks_passed(proc: subprocess.CompletedProcess, n: int) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"job failed ({proc.returncode}):\n{out[-6000:]}"
+    for r in range(n):
+        assert f"ALL CHECKS PASSED rank {r}" in proc.stdout, f"rank {r} did not finish:\n{out[-6000:]}"

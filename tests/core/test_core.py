@@ -1,0 +1,114 @@
+"""The core engine through the real launcher (hvdlite-run), with 1 to 4 ranks."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.core.launch import HERE, assert_all_ranks_passed, run_ranks
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_all_collectives_match_numpy(n: int) -> None:
+    proc = run_ranks(n, "core_checks.py", timeout=300)
+    assert_all_ranks_passed(proc, n)
+    for check in ("check_allreduce", "check_fusion", "check_gather_bcast", "check_alltoall_reducescatter",
+                  "check_barrier_join", "check_errors", "check_restart"):
+        for r in range(n):
+            assert f"PASS {check} rank {r}" in proc.stdout
+
+
+def test_fusion_in_small_pieces_and_without_cache() -> None:
+    """Tiny fusion threshold and host chunk: many pieces, tensors split across chunks."""
+    proc = run_ranks(3, "core_checks.py", "check_fusion", "check_allreduce",
+                     env={"HVDLITE_FUSION_THRESHOLD": "65536", "HVDLITE_HOST_CHUNK_BYTES": "16384",
+                          "HVDLITE_CACHE_CAPACITY": "0"})
+    assert_all_ranks_passed(proc, 3)
+
+
+def test_horovod_environment_names_are_honoured() -> None:
+    proc = run_ranks(2, "core_checks.py", "check_fusion",
+                     env={"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "1"})
+    assert_all_ranks_passed(proc, 2)
+
+
+def test_plain_mpirun_works() -> None:
+    mpirun = Path(sys.executable).parent / "mpirun"
+    mpirun_cmd = str(mpirun) if mpirun.exists() else shutil.which("mpirun")
+    assert mpirun_cmd, "mpirun not found"
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.run([mpirun_cmd, "--oversubscribe", "-np", "2", sys.executable,
+                           str(HERE / "core_checks.py"), "check_gather_bcast"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert_all_ranks_passed(proc, 2)
+
+
+def test_init_on_communicator_and_rank_list() -> None:
+    proc = run_ranks(3, "init_job.py")
+    assert_all_ranks_passed(proc, 3)
+
+
+def test_timeline_records_every_phase(tmp_path: Path) -> None:
+    trace, runtime_trace = tmp_path / "trace.json", tmp_path / "runtime.json"
+    proc = run_ranks(2, "timeline_job.py", str(runtime_trace), env={"HVDLITE_TIMELINE": str(trace)})
+    assert_all_ranks_passed(proc, 2)
+    events = json.loads(trace.read_text())  # valid JSON after a normal shutdown
+    names = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    for tensor in ["grad.0", "grad.5", "grad.big", "gathered", "bcast"]:
+        assert tensor in names, f"{tensor} missing from the timeline"
+    phases: dict[str, set[str]] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            phases.setdefault(e["pid"], set()).add(e["name"])
+    small = phases[names["grad.0"]]
+    assert {"NEGOTIATE_ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
+            "MEMCPY_OUT_FUSION_BUFFER"} <= small, small
+    assert {"NEGOTIATE_ALLREDUCE", "MPI_ALLREDUCE"} <= phases[names["grad.big"]]
+    assert "MEMCPY_IN_FUSION_BUFFER" not in phases[names["grad.big"]]  # goes alone, no copy
+    assert {"NEGOTIATE_ALLGATHER", "MPI_ALLGATHER"} <= phases[names["gathered"]]
+    negotiations = [e for e in events if e["name"] == "NEGOTIATE_ALLREDUCE"]
+    assert all(set(e["args"]["ready_ranks_us"]) == {"0", "1"} for e in negotiations)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e.get("ph") == "X")
+    runtime = json.loads(runtime_trace.read_text())
+    assert any(e["name"] == "CYCLE_START" for e in runtime)
+    assert any(e["name"] == "process_name" and e["args"]["name"] == "runtime.tensor" for e in runtime)
+    assert not any(e["name"] == "process_name" and e["args"]["name"] == "grad.0" for e in runtime)
+
+
+def test_stall_inspector_warns_then_shuts_down_every_rank() -> None:
+    proc = run_ranks(3, "stall_job.py", env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+                                             "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"}, timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "stall detected: allreduce 'stalled.tensor'" in proc.stderr, out
+    assert "submitted by ranks [0, 1], missing ranks [2]" in proc.stderr, out
+    for r in range(3):
+        assert f"rank {r} GOT ERROR" in proc.stdout, out
+        assert f"rank {r} exiting" in proc.stdout, out
+    assert proc.stdout.count("stalled.tensor") >= 3
+
+
+def test_killed_rank_ends_the_job_quickly() -> None:
+    start = time.time()
+    proc = run_ranks(2, "kill_job.py", timeout=60)
+    end = time.time()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    killed_at = float(out.split("KILLING at ")[1].split()[0])
+    assert end - killed_at < 10, f"job took {end - killed_at:.1f}s to end after the kill"
+    assert end - start < 60
+
+
+def test_calls_before_init_raise_clearly() -> None:
+    code = ("import numpy as np, hvdlite as hvd\n"
+            "for f in (hvd.rank, hvd.size, lambda: hvd.allreduce(np.ones(2))):\n"
+            "    try:\n        f()\n    except hvd.NotInitializedError as e:\n        print('ERR', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ERR hvdlite has not been initialized; call hvd.init() first") == 3
