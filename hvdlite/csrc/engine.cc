@@ -398,7 +398,7 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
   for (size_t i = 0; i < n; ++i) {
     const int64_t cnt = r.sizes[i];
     if (cnt == 0) continue;
-    if (n == 1 || cnt * es > chunk_bytes / 2) {
+    if (n == 1 || cnt * es >= std::min(params_.fusion_direct_bytes, chunk_bytes / 2)) {
       plan.push_back(Step{{i}});
       continue;
     }

@@ -41,6 +41,7 @@ Parameters Parameters::FromEnvironment() {
   if (Truthy(GetEnv("STALL_CHECK_DISABLE"))) p.stall_check_seconds = 0;
   if (const char* v = GetEnv("STALL_SHUTDOWN_TIME_SECONDS")) p.stall_shutdown_seconds = std::atof(v);
   if (const char* v = GetEnv("HOST_CHUNK_BYTES")) p.host_chunk_bytes = std::atoll(v);
+  if (const char* v = GetEnv("FUSION_DIRECT_BYTES")) p.fusion_direct_bytes = std::atoll(v);
   if (const char* v = GetEnv("LOG_LEVEL")) p.log_level = ParseLogLevel(v);
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;

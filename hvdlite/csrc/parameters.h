@@ -16,7 +16,11 @@ struct Parameters {
   double stall_shutdown_seconds = 0.0;  // 0: never shut down for a stall
   // Size of the pieces a fused set (or a large tensor) is reduced in on host memory,
   // chosen to stay in the last-level cache (see docs/architecture.md).
-  int64_t host_chunk_bytes = 8LL * 1024 * 1024;
+  int64_t host_chunk_bytes = 4LL * 1024 * 1024;
+  // Tensors at least this large are reduced from their own memory, never copied into
+  // the fusion buffer: above a few tens of KiB a copy in and out costs more than the
+  // latency of one more MPI call.
+  int64_t fusion_direct_bytes = 64LL * 1024;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
 
   static Parameters FromEnvironment();
