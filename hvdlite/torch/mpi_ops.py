@@ -106,6 +106,9 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
     For CUDA tensors ``.to('cpu')`` is a blocking copy queued on the current stream, so
     every kernel queued before it that produces ``t`` has finished when it returns."""
+    if t.layout != torch.strided:
+        raise TypeError(f"hvdlite collectives take dense tensors, got layout {t.layout}; for a "
+                        f"sparse gradient use sparse_allreduce_async() or .to_dense()")
     t = t.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -180,15 +183,17 @@ class Handle:
     Use :func:`poll` to ask whether it finished and :func:`synchronize` to wait for it and
     get its result (calling ``synchronize`` again returns the same result)."""
 
-    __slots__ = ("_parts", "_finish", "_result", "_done", "_error", "name", "__weakref__")
+    __slots__ = ("_parts", "_finish", "_result", "_done", "_error", "_plain", "name",
+                 "__weakref__")
 
-    def __init__(self, parts: list[_ops.Handle], finish: Callable[[list[_ops.Handle]], Any],
-                 name: str) -> None:
+    def __init__(self, parts: list[Any], finish: Callable[[list[Any]], Any], name: str,
+                 plain: bool = False) -> None:
         self._parts = parts
         self._finish = finish
         self._result: Any = None
         self._done = False
         self._error: BaseException | None = None
+        self._plain = plain  # finish() does no tensor arithmetic: no autograd guard needed
         self.name = name
 
     def poll(self) -> bool:
@@ -205,8 +210,11 @@ class Handle:
                         error = e
             if error is None:
                 try:
-                    with torch.no_grad():
+                    if self._plain:
                         self._result = self._finish(self._parts)
+                    else:
+                        with torch.no_grad():
+                            self._result = self._finish(self._parts)
                 except BaseException as e:  # noqa: BLE001 - reported to the caller below
                     error = e
             self._done = True
@@ -278,6 +286,21 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
                     group_id: int | None = None) -> Handle:
     kind = "grouped_allreduce" if grouped else "allreduce"
     base = name if name is not None else _ops.auto_name(kind)
+    if not grouped:
+        t = tensors[0]
+        dt = _NATIVE.get(t.dtype)
+        if dt is not None and t.is_cpu and t.layout == torch.strided and t.is_contiguous():
+            # Fast path: the engine reads (and for in-place ops writes) the tensor itself.
+            raw = _ops.RawTensor(t.data_ptr(), dt, tuple(t.shape))
+            if inplace:
+                out, out_raw = t, raw
+            else:
+                out = torch.empty_like(t, memory_format=torch.contiguous_format)
+                out_raw = _ops.RawTensor(out.data_ptr(), dt, raw.shape)
+            part = _ops.submit(_ops.ALLREDUCE, raw, out_raw, name=base, op=op,
+                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                               keepalive=(t, out))
+            return Handle([part], lambda _: out, base, plain=True)
     names = [f"{base}.{i}" for i in range(len(tensors))] if grouped else [base]
     stages = [_stage_reduce(t, op, f"{kind} '{n}'") for t, n in zip(tensors, names)]
     outputs = []
@@ -456,7 +479,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
         indices = synchronize(idx)
         if op == Average:
             values = values / size()
-        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
+                                       check_invariants=False)
 
     return Handle([idx, val], finish, name)
 

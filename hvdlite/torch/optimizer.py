@@ -36,6 +36,12 @@ class _Pending:
         self.params, self.handle, self.ctxs, self.sent, self.kind = params, handle, ctxs, sent, kind
 
 
+def _remove_hooks(hooks: dict[torch.Tensor, Any]) -> None:
+    for handle in hooks.values():
+        handle.remove()
+    hooks.clear()
+
+
 class _DistributedOptimizer:
     """Placed in front of the user's optimizer class by :func:`DistributedOptimizer`;
     everything not defined here is the wrapped optimizer's own behaviour."""
@@ -91,6 +97,8 @@ class _DistributedOptimizer:
         self._hvd_submitted: set[torch.Tensor] = set()   # params whose allreduce is in flight
         self._hvd_fired: set[torch.Tensor] = set()       # params whose hook fired this step
         self._hvd_hooks: dict[torch.Tensor, Any] = {}
+        # When this optimizer is garbage-collected, its hooks leave the parameters too.
+        weakref.finalize(self, _remove_hooks, self._hvd_hooks)
         self._hvd_synchronized = False
         self._hvd_should_sync = True
         self._hvd_active = size() > 1
@@ -251,18 +259,25 @@ class _DistributedOptimizer:
         flag_handle = allreduce_async(
             flags, name=f"hvdlite.optimizer.{self._hvd_uid}.has_grad.{len(managed)}",
             op=_ops.Max)
+        absent: list[torch.Tensor] = []
         if missing:
             index = {p: i for i, p in enumerate(managed)}
             present = synchronize(flag_handle)
             for unit in missing:
-                if any(p in index and present[index[p]] for p in unit):
+                have = [p in index and bool(present[index[p]]) for p in unit]
+                if any(have):
                     self._hvd_submit(unit)
+                    # Group members no rank has a gradient for ride along as zeros and
+                    # get ``grad = None`` back afterwards.
+                    absent.extend(p for p, h in zip(unit, have) if not h)
         try:
             for pending in self._hvd_pending.values():
                 self._hvd_finish(pending)
             synchronize(flag_handle)
         finally:
             self._hvd_reset()
+        for p in absent:
+            p.grad = None
         self._hvd_synchronized = True
         for p in managed:
             self._hvd_hook(p)

@@ -1,0 +1,291 @@
+"""PyTorch training throughput: single process vs DistributedDataParallel vs hvdlite.
+
+    python benchmarks/bench_torch_training.py [--quick] [--models mlp,resnet] [--rounds R]
+
+Run it with plain ``python`` (not under mpirun): it starts its peers itself, one after
+the other, each with ``torch.set_num_threads(1)`` in every process:
+
+* ``single``: one process (this one), plain ``torch.optim.SGD``;
+* ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` with the gloo backend on 2
+  processes started by ``torch.multiprocessing`` (``broadcast_buffers=False``, as a
+  Horovod user would not synchronise BatchNorm buffers either);
+* ``hvdlite``: ``hvdlite.torch.DistributedOptimizer`` on 2 processes started by
+  ``hvdlite-run`` (``python -m hvdlite.runner``; plain ``mpirun`` if that is missing).
+
+Models (defined in ``examples/pytorch/pytorch_synthetic_benchmark.py``): ``mlp``, 20
+Linear+ReLU layers 1024 -> 700 (x19) -> 10, 9.56 M parameters in 40 tensors, batch 64
+per rank -- communication-heavy; ``resnet``, a ResNet-like CNN on 32x32 images, 2.78 M
+parameters in 47 tensors, batch 32 per rank -- compute-heavy. Data are synthetic.
+
+Each configuration runs ``--warmup`` steps, then ``--windows`` timed windows of
+``--steps`` steps (for 2 ranks a window starts with a barrier and lasts as long as the
+slower rank); its throughput is the median window, in samples per second over all
+ranks. With ``--rounds R`` the three configurations are run R times in turn
+(single, ddp, hvdlite, single, ...) and the median round is reported with the min-max
+spread. Scaling efficiency = 2-rank samples/s / (2 x single-process samples/s).
+
+Output: one JSON line per measurement, then a table with hvdlite/DDP and the
+efficiencies. ``--quick`` makes every window short: it checks that everything runs,
+the numbers are only indicative.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
+BATCH = {"mlp": 64, "resnet": 32}
+
+
+def load_models() -> Any:
+    spec = importlib.util.spec_from_file_location("hvdlite_torch_synthetic", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def make_training(model_name: str, seed: int) -> tuple[Any, Any, Callable[[], None]]:
+    """Model, optimizer and a step function on a fixed synthetic batch."""
+    import torch
+    import torch.nn.functional as F
+
+    mod = load_models()
+    torch.manual_seed(0)
+    model = mod.MODELS[model_name][0]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    data, target = mod.synthetic_batch(model_name, BATCH[model_name], seed=seed)
+    return model, opt, (data, target)
+
+
+def timed_windows(step: Callable[[], None], warmup: int, steps: int, windows: int,
+                  sync: Callable[[float], float]) -> list[float]:
+    """Seconds per window; ``sync(t)`` aligns ranks before a window and returns the
+    slowest rank's time for it."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(windows):
+        sync(0.0)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        times.append(sync(time.perf_counter() - t0))
+    return times
+
+
+# ----------------------------------------------------------------------------- single
+
+def run_single(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    model, opt, (data, target) = make_training(model_name, seed=0)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        opt.step()
+
+    times = timed_windows(step, args.warmup, args.steps, args.windows, lambda t: t)
+    return result(model_name, "single", 1, times, args)
+
+
+# -------------------------------------------------------------------------------- DDP
+
+def _ddp_worker(rank: int, world: int, port: int, model_name: str, args: argparse.Namespace,
+                queue: Any) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # broadcast_buffers naming
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    model, opt, (data, target) = make_training(model_name, seed=rank)
+    ddp = DDP(model, broadcast_buffers=False)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(ddp(data), target).backward()
+        opt.step()
+
+    def sync(t: float) -> float:
+        x = torch.tensor([t])
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return float(x.item())
+
+    times = timed_windows(step, args.warmup, args.steps, args.windows, sync)
+    if rank == 0:
+        queue.put(times)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    mp.start_processes(_ddp_worker, args=(args.ranks, free_port(), model_name, args, queue),
+                       nprocs=args.ranks, join=True, start_method="spawn")
+    return result(model_name, "ddp", args.ranks, queue.get(), args)
+
+
+# ---------------------------------------------------------------------------- hvdlite
+
+def hvdlite_worker(args: argparse.Namespace) -> None:
+    """Runs under the launcher: hvdlite's DistributedOptimizer, JSON on rank 0's stdout."""
+    import torch
+    import torch.nn.functional as F
+
+    import hvdlite.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    model, opt, (data, target) = make_training(args.worker_model, seed=hvd.rank())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        opt.step()
+
+    def sync(t: float) -> float:
+        return float(hvd.allreduce(torch.tensor([t]), op=hvd.Max, name="bench.sync").item())
+
+    times = timed_windows(step, args.warmup, args.steps, args.windows, sync)
+    if hvd.rank() == 0:
+        print("HVDLITE_TIMES " + json.dumps(times), flush=True)
+    hvd.shutdown()
+
+
+def launcher(n: int) -> list[str]:
+    if importlib.util.find_spec("hvdlite.runner.launch") is not None:
+        return [sys.executable, "-m", "hvdlite.runner", "-np", str(n)]
+    mpirun = Path(sys.executable).parent / "mpirun"
+    path = str(mpirun) if mpirun.exists() else shutil.which("mpirun")
+    if path is None:
+        sys.exit("mpirun not found")
+    return [path, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n)]
+
+
+def run_hvdlite(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = launcher(args.ranks) + [sys.executable, str(Path(__file__).resolve()),
+                                  "--worker-model", model_name, "--warmup", str(args.warmup),
+                                  "--steps", str(args.steps), "--windows", str(args.windows)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("HVDLITE_TIMES ")), None)
+    if proc.returncode != 0 or line is None:
+        sys.exit(f"hvdlite run failed ({proc.returncode}): {' '.join(cmd)}\n"
+                 f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return result(model_name, "hvdlite", args.ranks, json.loads(line.split(" ", 1)[1]), args)
+
+
+# ---------------------------------------------------------------------------- report
+
+def result(model: str, mode: str, ranks: int, times: list[float], args: argparse.Namespace) -> dict[str, Any]:
+    samples = BATCH[model] * ranks * args.steps
+    rates = [samples / t for t in times]
+    return {"model": model, "mode": mode, "ranks": ranks, "batch_per_rank": BATCH[model],
+            "samples_per_s": statistics.median(rates), "window_rates": rates,
+            "step_ms": 1000 * statistics.median(times) / args.steps, "threads_per_rank": 1}
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["samples_per_s"] for r in rounds]
+    out = dict(rounds[len(rounds) // 2] if len(rounds) % 2 else rounds[0])
+    out.pop("window_rates", None)
+    out["samples_per_s"] = statistics.median(rates)
+    out["spread"] = [min(rates), max(rates)]
+    out["rounds"] = len(rounds)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short windows, one round")
+    p.add_argument("--models", default="mlp,resnet")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None, help="steps per timed window")
+    p.add_argument("--windows", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--json-out", default="", help="also write all results to this JSON file")
+    p.add_argument("--worker-model", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.rounds = args.rounds or (1 if quick else 3)
+    args.warmup = args.warmup if args.warmup is not None else (2 if quick else 5)
+    args.steps = args.steps or (3 if quick else 20)
+    args.windows = args.windows or (3 if quick else 5)
+    if args.worker_model:
+        hvdlite_worker(args)
+        return 0
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    runners = {"single": run_single, "ddp": run_ddp, "hvdlite": run_hvdlite}
+    collected: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for model in models:
+        for rnd in range(args.rounds):
+            for mode, fn in runners.items():
+                res = fn(model, args)
+                res["round"] = rnd
+                collected.setdefault((model, mode), []).append(res)
+                print(json.dumps(res), flush=True)
+    summary = {key: summarize(v) for key, v in collected.items()}
+
+    print()
+    head = (f"{'model':8} {'single/s':>10} {'DDP 2r/s':>10} {'hvdlite 2r/s':>13} "
+            f"{'hvdlite/DDP':>12} {'eff DDP':>8} {'eff hvdlite':>12}")
+    print(head)
+    print("-" * len(head))
+    table = []
+    for model in models:
+        s = summary[(model, "single")]["samples_per_s"]
+        d = summary[(model, "ddp")]["samples_per_s"]
+        h = summary[(model, "hvdlite")]["samples_per_s"]
+        row = {"model": model, "single": s, "ddp": d, "hvdlite": h, "hvdlite_over_ddp": h / d,
+               "efficiency_ddp": d / (args.ranks * s), "efficiency_hvdlite": h / (args.ranks * s)}
+        table.append(row)
+        print(f"{model:8} {s:10.1f} {d:10.1f} {h:13.1f} {row['hvdlite_over_ddp']:12.3f} "
+              f"{row['efficiency_ddp']:8.3f} {row['efficiency_hvdlite']:12.3f}")
+        print(json.dumps({"summary": row}), flush=True)
+    print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} "
+          f"windows of {args.steps} steps; 1 thread per process; efficiency = 2-rank / "
+          f"(2 x single))")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"runs": [r for v in collected.values() for r in v],
+                                                   "summary": table}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The PyTorch examples run, and the digits CNN on N ranks matches its single-process
+reference (same global batches) in final parameters and test accuracy."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torch_mp import REPO, launcher, run_ranks, worker_env
+
+EXAMPLES = REPO / "examples" / "pytorch"
+DIGITS = EXAMPLES / "train_digits_cnn.py"
+ACC = re.compile(r"final test accuracy: ([0-9.]+)")
+
+
+def reference(tmp_path: Path, epochs: int, batch: int) -> tuple[float, dict[str, np.ndarray]]:
+    params = tmp_path / f"ref_{batch}.npz"
+    proc = subprocess.run([sys.executable, str(DIGITS), "--reference", "--no-progress",
+                           "--epochs", str(epochs), "--batch-size", str(batch), "--checkpoint", "",
+                           "--save-params", str(params)],
+                          cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return float(ACC.findall(proc.stdout)[-1]), dict(np.load(params))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("n,batch", [(2, 64), (3, 60)])
+def test_digits_cnn_matches_single_process(tmp_path: Path, n: int, batch: int) -> None:
+    epochs = 4
+    ref_acc, ref_params = reference(tmp_path, epochs, batch)
+    params = tmp_path / "dist.npz"
+    ckpt = tmp_path / "ckpt.pt"
+    out = run_ranks(n, DIGITS, "--epochs", str(epochs), "--batch-size", str(batch),
+                    "--checkpoint", str(ckpt), "--save-params", str(params), timeout=400)
+    accs = ACC.findall(out)
+    assert len(accs) == 1, f"rank 0 alone prints the final accuracy:\n{out}"
+    assert abs(float(accs[0]) - ref_acc) < 1e-9, (accs[0], ref_acc)
+    assert ref_acc > 0.8, f"the reference itself did not learn: {ref_acc}"
+    got = dict(np.load(params))
+    assert got.keys() == ref_params.keys()
+    for k in got:
+        np.testing.assert_allclose(got[k], ref_params[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    assert ckpt.exists(), "rank 0 writes a checkpoint"
+    assert out.count("epoch ") >= epochs  # per-epoch metrics on rank 0
+
+
+@pytest.mark.timeout(300)
+def test_digits_cnn_resumes_from_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    run_ranks(2, DIGITS, "--epochs", "1", "--checkpoint", str(ckpt), "--no-progress", timeout=200)
+    out = run_ranks(2, DIGITS, "--epochs", "2", "--checkpoint", str(ckpt), "--resume",
+                    "--no-progress", timeout=200)
+    assert "epoch   1:" not in out and "epoch   2:" in out, out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model", ["mlp", "resnet"])
+def test_synthetic_benchmark_runs(model: str) -> None:
+    out = run_ranks(2, EXAMPLES / "pytorch_synthetic_benchmark.py", "--model", model,
+                    "--batch-size", "4", "--num-warmup-batches", "1",
+                    "--num-batches-per-iter", "1", "--num-iters", "2", timeout=250)
+    m = re.search(r"Total img/sec on 2 rank\(s\): ([0-9.]+)", out)
+    assert m and float(m.group(1)) > 0, out
+    assert "Img/sec per rank" in out

@@ -1,0 +1,78 @@
+"""The timeline of a training step shows gradient allreduces overlapping backward.
+
+``workers/overlap_worker.py`` trains a 5-layer model whose backward pass sleeps 40 ms
+per layer, with ``HVDLITE_TIMELINE`` set. Rank 0's Chrome trace names every tensor in a
+``process_name`` metadata event; per step, the allreduce of the last layer (whose
+gradient is ready first) must have finished before the first layer's gradient was even
+handed to the engine -- impossible unless communication overlaps backward.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from torch_mp import run_ranks
+
+LAYERS = 5
+DELAY_US = 40_000
+
+
+def load_phases(path: Path) -> dict[str, dict[str, list[tuple[int, int]]]]:
+    """tensor name -> phase name -> [(start_us, end_us), ...] in time order."""
+    events = json.loads(path.read_text())
+    assert isinstance(events, list) and events, "the trace must be a non-empty JSON array"
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    phases: dict[str, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
+    open_b: dict[tuple, int] = {}
+    for e in events:
+        if e.get("ph") == "M" or e.get("pid") not in names:
+            continue
+        tensor = names[e["pid"]]
+        if e["ph"] == "X":
+            phases[tensor][e["name"]].append((e["ts"], e["ts"] + e.get("dur", 0)))
+        elif e["ph"] == "B":
+            open_b[(e["pid"], e.get("tid"), e["name"])] = e["ts"]
+        elif e["ph"] == "E":
+            key = (e["pid"], e.get("tid"), e.get("name"))
+            start = open_b.pop(key, None)
+            if start is None:  # an E without a name closes the innermost B of that thread
+                key = next(k for k in reversed(list(open_b)) if k[:2] == (e["pid"], e.get("tid")))
+                start = open_b.pop(key)
+            phases[tensor][key[2]].append((start, e["ts"]))
+    for t in phases.values():
+        for v in t.values():
+            v.sort()
+    return phases
+
+
+def collective(phases: dict[str, list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """The data-plane phase of a tensor (e.g. MPI_ALLREDUCE)."""
+    for name, spans in phases.items():
+        if "ALLREDUCE" in name and not name.startswith("NEGOTIATE"):
+            return spans
+    raise AssertionError(f"no allreduce phase among {sorted(phases)}")
+
+
+@pytest.mark.timeout(180)
+def test_allreduce_overlaps_backward(tmp_path: Path) -> None:
+    trace = tmp_path / "timeline.json"
+    out = run_ranks(2, "overlap_worker.py", env={"HVDLITE_TIMELINE": str(trace)}, timeout=150)
+    assert out.count("BACKWARD_S") == 3
+    phases = load_phases(trace)
+    last, first = f"layers.{LAYERS - 1}.weight", "layers.0.weight"
+    for name in (last, first):
+        assert name in phases, f"tensor {name} missing from the trace: {sorted(phases)[:20]}"
+        assert "QUEUE" in phases[name], f"{name} has no QUEUE phase: {sorted(phases[name])}"
+    last_done = collective(phases[last])
+    first_submitted = phases[first]["QUEUE"]
+    assert len(last_done) == len(first_submitted) == 3, (last_done, first_submitted)
+    for step, ((_, done), (submitted, _)) in enumerate(zip(last_done, first_submitted)):
+        # The last layer's allreduce ended at least one layer's backward time before the
+        # first layer's gradient existed.
+        assert done + DELAY_US <= submitted, (
+            f"step {step}: last layer's allreduce ended at {done} us, first layer's gradient "
+            f"was submitted at {submitted} us: no overlap with backward")

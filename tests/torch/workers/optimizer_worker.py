@@ -1,0 +1,386 @@
+"""DistributedOptimizer against single-process training on the global batch.
+
+Each rank trains its replica with ``hvd.DistributedOptimizer`` on its own share of
+every global batch, and -- in the same process, without hvdlite -- a reference replica
+with the plain optimizer on the whole global batch (every rank can build every rank's
+data). After k steps the distributed parameters must equal the reference ones (float64,
+so up to rounding) and be bit-identical across ranks.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hvdlite.torch as hvd
+from _wcommon import case, run_cases
+
+torch.set_default_dtype(torch.float64)
+B = 4  # local batch
+
+
+class Net(nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.frozen = nn.Linear(6, 6)
+        self.frozen.requires_grad_(False)
+        self.fc1 = nn.Linear(6, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 3)
+        self.extra = nn.Linear(16, 3)   # used only on some ranks in some steps
+        self.unused = nn.Linear(16, 3)  # never used: its gradient stays None
+
+    def forward(self, x: torch.Tensor, use_extra: bool = False) -> torch.Tensor:
+        h = torch.tanh(self.fc1(self.frozen(x)))
+        h = torch.tanh(self.fc2(h))
+        out = self.fc3(h)
+        if use_extra:
+            out = out + self.extra(h)
+        return out
+
+
+def batch(step: int, k: int, n: int = B, dtype: torch.dtype = torch.float64):
+    g = torch.Generator().manual_seed(7919 * step + k)
+    return torch.randn(n, 6, generator=g).to(dtype), torch.randn(n, 3, generator=g).to(dtype)
+
+
+def never(step: int, k: int) -> bool:
+    return False
+
+
+def make_replicas(dtype: torch.dtype = torch.float64) -> tuple[Net, Net]:
+    """The distributed replica starts from a rank-dependent init and is synchronised by
+    broadcast_parameters; the reference starts from rank 0's init."""
+    model = Net(seed=100 + hvd.rank()).to(dtype)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    ref = Net(seed=100).to(dtype)
+    return model, ref
+
+
+def check_params(model: nn.Module, ref: nn.Module, what: str, rtol: float = 1e-9,
+                 atol: float = 1e-11) -> None:
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        if not torch.allclose(p.detach(), q.detach().to(p.dtype), rtol=rtol, atol=atol):
+            diff = (p.detach() - q.detach().to(p.dtype)).abs().max().item()
+            raise AssertionError(f"{what}: parameter {name} differs from single-process "
+                                 f"training by {diff:.3g}")
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = hvd.allgather(flat.unsqueeze(0))
+    for k in range(every.shape[0]):
+        if not torch.equal(every[k], flat):
+            raise AssertionError(f"{what}: parameters on rank {k} differ from rank {hvd.rank()}")
+
+
+def train(make_opt: Callable[[nn.Module], torch.optim.Optimizer], wrap: Callable, steps: int = 4,
+          use_extra: Callable[[int, int], bool] = never, dtype: torch.dtype = torch.float64,
+          loss_scale: float = 1.0, what: str = "", rtol: float = 1e-9, atol: float = 1e-11,
+          op_sum: bool = False) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas(dtype)
+    opt = wrap(make_opt(model), model)
+    ref_opt = make_opt(ref)
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(step, r, dtype=dtype)
+        (F.mse_loss(model(x, use_extra(step, r)), y) * loss_scale).backward()
+        opt.step()
+
+        ref_opt.zero_grad()
+        losses = [F.mse_loss(ref(*[batch(step, k, dtype=dtype)[0]], use_extra(step, k)),
+                             batch(step, k, dtype=dtype)[1]) for k in range(n)]
+        total = sum(losses) if op_sum else sum(losses) / n
+        (total * loss_scale).backward()
+        ref_opt.step()
+    check_params(model, ref, what, rtol, atol)
+    return model, ref, opt
+
+
+def dist(**kw):
+    def wrap(opt: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
+    return wrap
+
+
+def sgd(m: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1, momentum=0.9,
+                           weight_decay=1e-3)
+
+
+def adam(m: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=0.01)
+
+
+def adamw(m: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.01,
+                             weight_decay=0.05)
+
+
+@case
+def sgd_momentum_matches_global_batch() -> None:
+    model, ref, opt = train(sgd, dist(), steps=5, what="SGD+momentum")
+    assert isinstance(opt, torch.optim.SGD)
+    assert model.unused.weight.grad is None, "a parameter no rank used must keep grad None"
+
+
+@case
+def sgd_concatenated_batch_literally() -> None:
+    # The reference trains on torch.cat of all ranks' batches (mean loss over it).
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    ref_opt = sgd(ref)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step, r)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        xs, ys = zip(*[batch(step, k) for k in range(n)])
+        F.mse_loss(ref(torch.cat(xs)), torch.cat(ys)).backward()
+        ref_opt.step()
+    check_params(model, ref, "SGD on the concatenated batch")
+
+
+@case
+def adam_matches_global_batch() -> None:
+    train(adam, dist(), steps=5, what="Adam")
+
+
+@case
+def adamw_groups_match_global_batch() -> None:
+    train(adamw, dist(groups=2), steps=4, what="AdamW groups=2")
+
+
+@case
+def explicit_groups_and_unnamed() -> None:
+    def wrap(opt: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        groups = [[model.fc1.weight, model.fc1.bias, model.fc2.weight], [model.fc3.weight, model.fc3.bias]]
+        return hvd.DistributedOptimizer(opt, groups=groups)
+    train(sgd, wrap, steps=3, what="explicit groups, no names")
+
+
+@case
+def sum_op_and_predivide() -> None:
+    train(sgd, dist(op=hvd.Sum), steps=3, what="op=Sum", op_sum=True)
+    train(sgd, dist(gradient_predivide_factor=2.0), steps=3, what="gradient_predivide_factor")
+
+
+@case
+def backward_passes_per_step_equals_4x_batch() -> None:
+    r, n = hvd.rank(), hvd.size()
+    for make_opt in (sgd, adam):
+        model, ref = make_replicas()
+        opt = hvd.DistributedOptimizer(make_opt(model), named_parameters=model.named_parameters(),
+                                       backward_passes_per_step=4)
+        ref_opt = make_opt(ref)
+        for step in range(3):
+            opt.zero_grad()
+            for micro in range(4):
+                x, y = batch(100 + 4 * step + micro, r)
+                (F.mse_loss(model(x), y) / 4).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            xs, ys = zip(*[batch(100 + 4 * step + m, k) for k in range(n) for m in range(4)])
+            F.mse_loss(ref(torch.cat(xs)), torch.cat(ys)).backward()  # one step on 4x the batch
+            ref_opt.step()
+        check_params(model, ref, f"backward_passes_per_step=4 ({make_opt.__name__})")
+    # A fifth backward pass before step() is an error.
+    model, _ = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=2)
+    for micro in range(2):
+        x, y = batch(micro, r)
+        F.mse_loss(model(x), y).backward()
+    x, y = batch(9, r)
+    try:
+        F.mse_loss(model(x), y).backward()
+    except RuntimeError as e:
+        assert "backward_passes_per_step" in str(e), str(e)
+    else:
+        if hvd.size() > 1:
+            raise AssertionError("a backward pass too many must raise")
+    opt.step()
+
+
+@case
+def compression_fp16_bf16() -> None:
+    for comp in (hvd.Compression.fp16, hvd.Compression.bf16):
+        train(sgd, dist(compression=comp), steps=3, dtype=torch.float32,
+              what=f"compression {comp.__name__}", rtol=2e-2, atol=5e-3)
+
+
+@case
+def unused_parameters_on_some_ranks() -> None:
+    # 'extra' is used by rank 0 on even steps only; the other ranks contribute zeros.
+    train(sgd, dist(), steps=4, use_extra=lambda s, k: k == 0 and s % 2 == 0,
+          what="parameters used on some ranks only")
+    train(adam, dist(groups=3), steps=4, use_extra=lambda s, k: k == hvd.size() - 1 and s >= 2,
+          what="partially used parameters in groups")
+
+
+@case
+def synchronize_clip_skip_synchronize() -> None:
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    ref_opt = sgd(ref)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step, r)
+        F.mse_loss(model(x), y).backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        with opt.skip_synchronize():
+            opt.step()
+        ref_opt.zero_grad()
+        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+        ref_opt.step()
+    check_params(model, ref, "synchronize + clip + skip_synchronize")
+    # step() right after synchronize() outside skip_synchronize warns (and still works).
+    opt.zero_grad()
+    x, y = batch(50, r)
+    F.mse_loss(model(x), y).backward()
+    opt.synchronize()
+    if n > 1:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        assert any("skip_synchronize" in str(w.message) for w in caught)
+    else:
+        opt.step()
+
+
+@case
+def zero_grad_while_in_flight_is_an_error() -> None:
+    r, n = hvd.rank(), hvd.size()
+    model, _ = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    x, y = batch(0, r)
+    F.mse_loss(model(x), y).backward()
+    for kwargs in ({}, {"set_to_none": False}, {"set_to_none": True}):
+        try:
+            opt.zero_grad(**kwargs)
+        except RuntimeError as e:
+            assert "zero_grad" in str(e) and "step()" in str(e), str(e)
+        else:
+            if n > 1:
+                raise AssertionError(f"zero_grad({kwargs}) with allreduces in flight must raise")
+    opt.step()
+    opt.zero_grad(set_to_none=False)  # fine after step()
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+@case
+def frozen_then_unfrozen_and_added_group() -> None:
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    base = [model.fc1, model.fc2, model.fc3]
+    rbase = [ref.fc1, ref.fc2, ref.fc3]
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([p for m in base for p in m.parameters()], lr=0.1, momentum=0.9))
+    ref_opt = torch.optim.SGD([p for m in rbase for p in m.parameters()], lr=0.1, momentum=0.9)
+    use = lambda s, k: s >= 2  # noqa: E731 - 'extra' joins the model at step 2
+    for step in range(5):
+        if step == 2:  # a parameter group added later
+            opt.add_param_group({"params": list(model.extra.parameters()), "lr": 0.05})
+            ref_opt.add_param_group({"params": list(ref.extra.parameters()), "lr": 0.05})
+        if step == 3:  # a frozen layer is unfrozen and added
+            for m in (model, ref):
+                m.frozen.requires_grad_(True)
+            opt.add_param_group({"params": list(model.frozen.parameters()), "lr": 0.02})
+            ref_opt.add_param_group({"params": list(ref.frozen.parameters()), "lr": 0.02})
+        if step == 4:  # and fc1 is frozen again
+            for m in (model, ref):
+                m.fc1.requires_grad_(False)
+        opt.zero_grad()
+        x, y = batch(step, r)
+        F.mse_loss(model(x, use(step, r)), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (sum(F.mse_loss(ref(batch(step, k)[0], use(step, k)), batch(step, k)[1])
+             for k in range(n)) / n).backward()
+        ref_opt.step()
+    check_params(model, ref, "frozen layers, unfreezing, added parameter groups")
+
+
+@case
+def lr_scheduler_and_state_dict() -> None:
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ref_opt = sgd(ref)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step, r)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        sched.step()
+        ref_opt.zero_grad()
+        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        ref_opt.step()
+        ref_sched.step()
+    assert abs(opt.param_groups[0]["lr"] - 0.1 * 0.5 ** 3) < 1e-12
+    check_params(model, ref, "with an LR scheduler")
+    sd = opt.state_dict()
+    opt.load_state_dict(sd)
+    opt.zero_grad()
+    x, y = batch(9, r)
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+@case
+def sparse_embedding_gradients() -> None:
+    r, n = hvd.rank(), hvd.size()
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(5 + r)
+        emb = nn.Embedding(20, 4, sparse=True)
+        hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+        torch.manual_seed(5)
+        ref = nn.Embedding(20, 4, sparse=True)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5),
+                                       named_parameters=emb.named_parameters(),
+                                       sparse_as_dense=sparse_as_dense)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+
+        def ids(step: int, k: int) -> torch.Tensor:
+            return torch.tensor([(3 * step + 5 * k + i) % 20 for i in range(3)])
+
+        for step in range(3):
+            opt.zero_grad()
+            (emb(ids(step, r)) ** 2).sum().backward()
+            opt.step()
+            ref_opt.zero_grad()
+            (sum((ref(ids(step, k)) ** 2).sum() for k in range(n)) / n).backward()
+            ref_opt.step()
+        assert torch.allclose(emb.weight, ref.weight, atol=1e-12), \
+            f"sparse embedding (sparse_as_dense={sparse_as_dense})"
+
+
+@case
+def wrong_arguments_raise() -> None:
+    model, _ = make_replicas()
+    for kwargs, exc in [({"named_parameters": [("a", model.fc1.weight)]}, ValueError),
+                        ({"named_parameters": [("a", p) for p in model.parameters()]}, ValueError),
+                        ({"op": hvd.Adasum}, NotImplementedError),
+                        ({"backward_passes_per_step": 0}, ValueError)]:
+        try:
+            hvd.DistributedOptimizer(sgd(model), **kwargs)
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"DistributedOptimizer({kwargs}) must raise {exc.__name__}")
+
+
+if __name__ == "__main__":
+    run_cases()
