@@ -2,6 +2,7 @@
 Keras ``DistributedOptimizer`` uses too."""
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import tensorflow as tf
@@ -44,13 +45,65 @@ def _group_index(n_dense: int, dense_vars: Sequence[Any] | None, groups: Any) ->
     return out
 
 
+_DEFAULT_BUCKET_BYTES = 1 << 20
+
+
+def bucket_bytes() -> int:
+    """Bytes per submit bucket inside graphs (``HVDLITE_TF_BUCKET_BYTES``, default 1 MiB;
+    0 submits a whole step's gradients at once, after the backward pass). hvdlite addition."""
+    try:
+        return int(os.environ.get("HVDLITE_TF_BUCKET_BYTES", _DEFAULT_BUCKET_BYTES))
+    except ValueError:
+        return _DEFAULT_BUCKET_BYTES
+
+
+def _nbytes(t: tf.Tensor, limit: int) -> int:
+    n = t.shape.num_elements()
+    return limit if n is None else n * t.dtype.size
+
+
+def _buckets(specs: Sequence[Any], inputs: Sequence[tf.Tensor], owner: Sequence[int],
+             limit: int) -> list[list[int]]:
+    """Request indices split into buckets, last gradient first (the order in which the
+    backward pass produces them): consecutive gradients fill a bucket up to ``limit``
+    bytes; a gradient never spans buckets; the members of one group share a bucket."""
+    by_grad: dict[int, list[int]] = {}
+    for j, i in enumerate(owner):
+        by_grad.setdefault(i, []).append(j)
+    grouped = any(s.group >= 0 for s in specs)
+    buckets: list[list[int]] = []
+    if grouped:
+        emitted: set[int] = set()
+        for i in sorted(by_grad, reverse=True):
+            g = specs[by_grad[i][0]].group
+            if g < 0:
+                buckets.append(by_grad[i])
+            elif g not in emitted:
+                emitted.add(g)
+                buckets.append([j for j, s in enumerate(specs) if s.group == g])
+        return buckets
+    current: list[int] = []
+    size = 0
+    for i in sorted(by_grad, reverse=True):
+        current.extend(by_grad[i])
+        size += sum(_nbytes(inputs[j], limit) for j in by_grad[i])
+        if size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 @_no_autograph
 def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = None, *,
                         op: int = Average, compression: type[Compressor] = Compression.none,
                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                         groups: Any = None, name: str = "gradient") -> list[Any]:
-    """Combine a list of gradients over ranks in one batch (one ``py_function`` inside a
-    graph), so that the engine fuses them. ``None`` stays ``None``. Dense gradients are
+    """Combine a list of gradients over ranks. Eagerly all are submitted before any is
+    waited for, so the engine fuses them. Inside a graph, buckets of about
+    :func:`bucket_bytes` are submitted, last gradient first, each as soon as its
+    gradients exist (overlapping the rest of the backward pass), and one op waits. ``None`` stays ``None``. Dense gradients are
     allreduced with ``op``; ``tf.IndexedSlices`` are allgathered (values and indices),
     or densified first with ``sparse_as_dense=True``. ``gradient_predivide_factor`` f
     (only with ``op=Average``) divides by f before the sum and by size/f after it.
@@ -89,6 +142,7 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
         # Stable names: the same for every step, so the engine's response cache hits.
         return label if eager else _mpi._op_name(label.split(".")[0], label)
 
+    owner: list[int] = []  # the gradient each request belongs to
     for i, g in enumerate(prepared):
         if g is None:
             plan.append(("none", -1, None))
@@ -98,15 +152,26 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
             inputs.append(g.values)
             specs.append(_mpi._Spec(_ops.ALLGATHER, engine_name(f"allgather.{name}.{i}.indices")))
             inputs.append(g.indices)
+            owner += [i, i]
         else:
             c, ctx = compression.compress(_mpi._tensor_of(g))
             plan.append(("dense", len(specs), ctx))
             specs.append(_mpi._Spec(_ops.ALLREDUCE, engine_name(f"allreduce.{name}.{i}"), op,
                                     prescale, postscale, group=group_of[i]))
             inputs.append(c)
+            owner.append(i)
     if not specs:
         return prepared
-    outs = _mpi._run(specs, inputs)
+    limit = bucket_bytes()
+    if eager or limit <= 0:
+        outs = _mpi._run(specs, inputs)
+    else:
+        buckets = _buckets(specs, inputs, owner, limit)
+        parts = _mpi._run_buckets([([specs[j] for j in b], [inputs[j] for j in b]) for b in buckets])
+        outs = [None] * len(specs)
+        for b, part in zip(buckets, parts):
+            for j, o in zip(b, part):
+                outs[j] = o
     result: list[Any] = []
     sparse_scale = prescale * postscale / (_basics.size() if op == Average else 1)
     for kind, k, ctx in plan:

@@ -23,7 +23,11 @@ Limits that follow from this design:
 """
 from __future__ import annotations
 
+import itertools
+import re
+import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -116,32 +120,46 @@ def _rows_as_bytes(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(arr.shape[0], -1).view(np.uint8)
 
 
-def _execute(specs: Sequence[_Spec], arrays: Sequence[np.ndarray],
-             splits: Sequence[np.ndarray | None] | None = None) -> list[Any]:
-    """Submit every request, then wait for all; return one result per request:
-    an ndarray, ``(ndarray, received_splits)`` for alltoall, the last rank for join,
-    ``None`` for barrier. Raises the first failure after every request has finished."""
-    core_check = _basics.core()  # raises NotInitializedError early
-    del core_check
+class _Pending:
+    """Requests submitted together and not yet waited for (see :func:`_submit`)."""
+    __slots__ = ("items", "error", "keepalive")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[_ops.Handle | None, Callable[[_ops.Handle | None], Any]]] = []
+        self.error: BaseException | None = None
+        self.keepalive: Any = None
+
+
+def _submit(specs: Sequence[_Spec], arrays: Sequence[np.ndarray | None],
+            splits: Sequence[np.ndarray | None] | None = None) -> _Pending:
+    """Hand every request to the engine without waiting. A failure to submit is kept and
+    raised by :func:`_finish`, after what was submitted has completed."""
+    _basics.core()  # raises NotInitializedError early
     group_members: dict[int, int] = {}
     for s in specs:
         if s.group >= 0:
             group_members[s.group] = group_members.get(s.group, 0) + 1
     group_ids = {g: _ops.new_group_id() for g in sorted(group_members)}
-
-    pending: list[tuple[_ops.Handle | None, Callable[[_ops.Handle | None], Any]]] = []
-    first_error: BaseException | None = None
+    pending = _Pending()
     try:
         for i, spec in enumerate(specs):
             arr = arrays[i]
             if arr is not None and not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr)  # a 0-d array is always contiguous
-            pending.append(_submit_one(spec, arr, None if splits is None else splits[i],
-                                       group_ids, group_members))
-    except BaseException as exc:  # wait for what was already submitted, then raise
-        first_error = exc
+            pending.items.append(_submit_one(spec, arr, None if splits is None else splits[i],
+                                             group_ids, group_members))
+    except BaseException as exc:
+        pending.error = exc
+    return pending
+
+
+def _finish(pending: _Pending) -> list[Any]:
+    """Wait for every request of a :func:`_submit`; return one result per request:
+    an ndarray, ``(ndarray, received_splits)`` for alltoall, the last rank for join,
+    ``None`` for barrier. Raises the first failure after every request has finished."""
+    first_error = pending.error
     results: list[Any] = []
-    for handle, finish in pending:
+    for handle, finish in pending.items:
         try:
             if handle is not None:
                 handle.wait()
@@ -149,9 +167,40 @@ def _execute(specs: Sequence[_Spec], arrays: Sequence[np.ndarray],
         except BaseException as exc:
             if first_error is None:
                 first_error = exc
+    pending.items = []
+    pending.keepalive = None
     if first_error is not None:
         raise first_error
     return results
+
+
+def _execute(specs: Sequence[_Spec], arrays: Sequence[np.ndarray | None],
+             splits: Sequence[np.ndarray | None] | None = None) -> list[Any]:
+    """Submit every request, then wait for all of them (see :func:`_finish`)."""
+    return _finish(_submit(specs, arrays, splits))
+
+
+# Allreduce results are written into buffers that are reused from step to step (a fresh
+# 40 MB buffer costs ~10k page faults). A buffer is reused only when nothing but the
+# pool refers to it any more: a TensorFlow tensor made from it through DLPack holds a
+# reference until the tensor is freed.
+_out_pool: dict[str, np.ndarray] = {}
+_out_pool_lock = threading.Lock()
+_POOL_MAX_ENTRIES = 4096
+
+
+def _output_buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    with _out_pool_lock:
+        buf = _out_pool.get(name)
+        # references: the pool's, `buf`, and getrefcount's argument
+        if (buf is not None and buf.shape == shape and buf.dtype == dtype
+                and sys.getrefcount(buf) <= 3):
+            return buf
+        buf = _aligned_empty(shape, dtype)
+        if len(_out_pool) >= _POOL_MAX_ENTRIES:
+            _out_pool.clear()
+        _out_pool[name] = buf
+        return buf
 
 
 def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
@@ -171,7 +220,7 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
             raise HvdliteError(f"{label} '{spec.name}': dtype {dname} cannot be reduced; "
                                f"supported: {', '.join(_ops.DTYPES)}")
         if kind == _ops.ALLREDUCE:
-            out = _aligned_empty(arr.shape, arr.dtype)
+            out = _output_buffer(spec.name, arr.shape, arr.dtype)
             gid = group_ids.get(spec.group, -1)
             h = _ops.submit(kind, _raw(arr, dname), _raw(out, dname), name=spec.name, op=spec.op,
                             prescale_factor=spec.prescale, postscale_factor=spec.postscale,
@@ -253,23 +302,30 @@ def _executing_eagerly() -> bool:
 
 
 _name_lock = threading.Lock()
+_graph_name_counts: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
+_UID_SUFFIX = re.compile(r"_\d+$")
 
 
 def _op_name(kind_label: str, name: str | None, ignore_name_scope: bool = False) -> str:
-    """The engine's name for a request. Eagerly: the user's name or a generated one (the
-    same on every rank that issues the same sequence of calls). In a graph: made unique
-    within the graph from the name scope, so it is fixed for every run of the traced
-    function (which lets the engine's response cache recognise it)."""
+    """The engine's name for a request; it must be the same on every rank.
+
+    Eagerly: the user's name, or a generated one (the same on every rank that issues the
+    same sequence of calls). In a graph: the function's name plus the user's name (or
+    ``hvdlite_<kind>``), made unique by a counter of this graph. It is fixed for every run
+    of the traced function, which lets the engine's response cache recognise it. Name
+    scopes and TensorFlow's numeric suffixes are left out on purpose: they come from
+    process-wide counters (Keras layer names, ``cond_true_1234``) that may differ between
+    ranks. ``ignore_name_scope`` is accepted for compatibility."""
     if _executing_eagerly():
         return name if name is not None else _ops.auto_name(kind_label)
     graph = tf.compat.v1.get_default_graph()
     base = name if name is not None else f"hvdlite_{kind_label}"
     with _name_lock:
-        if ignore_name_scope and name is not None:
-            unique = name
-        else:
-            unique = graph.unique_name(base.replace(":", "_"), mark_as_used=True)
-    return f"{graph.name}/{unique}"
+        counts = _graph_name_counts.setdefault(graph, {})
+        n = counts.get(base, 0)
+        counts[base] = n + 1
+    unique = base if n == 0 else f"{base}_{n}"
+    return f"{_UID_SUFFIX.sub('', getattr(graph, 'name', '') or 'graph')}/{unique}"
 
 
 def _tensor_of(x: Any) -> tf.Tensor:
@@ -361,6 +417,87 @@ def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
                 o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
             results.append(o)
             k += 1
+    return results
+
+
+# Requests submitted by one py_function and waited for by a later one (see _run_buckets).
+_tickets: dict[int, _Pending] = {}
+_ticket_lock = threading.Lock()
+_ticket_counter = itertools.count(1)
+
+
+def _drain_tickets() -> None:
+    """Wait for (and forget) every ticket still open: after a failed step nothing will."""
+    with _ticket_lock:
+        open_tickets = list(_tickets.values())
+        _tickets.clear()
+    for p in open_tickets:
+        try:
+            _finish(p)
+        except Exception:
+            pass
+
+
+@_no_autograph
+def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]]) -> list[list[tf.Tensor]]:
+    """Inside a graph: one small "submit" op per bucket and one "wait" op for all of them.
+
+    A submit op needs only its own bucket's tensors, so TensorFlow can run it as soon as
+    they exist -- for gradients listed in reverse, while the rest of the backward pass is
+    still being computed -- and the engine communicates them in the background. The wait
+    op then collects every result. Only ALLREDUCE and ALLGATHER requests. Eagerly the
+    buckets simply run one after the other, each submitted whole before any wait."""
+    if _executing_eagerly():
+        return [_run(specs, tensors) for specs, tensors in buckets]
+    tickets = []
+    for specs, tensors in buckets:
+        def submit_body(*ts, specs=specs):
+            pending = _submit(specs, [_to_numpy(t) for t in ts])
+            if pending.error is not None:
+                _drain_tickets()
+                _finish(pending)  # raises the submit error after the rest completed
+            pending.keepalive = ts  # the tensors' memory must outlive the requests
+            ticket = next(_ticket_counter)
+            with _ticket_lock:
+                _tickets[ticket] = pending
+            return np.int64(ticket)
+        tickets.append(tf.py_function(submit_body, list(tensors), tf.int64, name="hvdlite_submit"))
+
+    tout = [t.dtype for _, tensors in buckets for t in tensors]
+
+    def wait_body(*ticket_values):
+        first_error: BaseException | None = None
+        flat: list[tf.Tensor] = []
+        for tv in ticket_values:
+            with _ticket_lock:
+                pending = _tickets.pop(int(tv), None)
+            if pending is None:
+                raise HvdliteError("hvdlite: a collective's results were lost (step aborted?)")
+            try:
+                flat.extend(_np_to_tf(r) for r in _finish(pending))
+            except BaseException as exc:
+                if first_error is None:
+                    first_error = exc
+        if first_error is not None:
+            raise first_error
+        return flat
+
+    outs = tf.py_function(wait_body, tickets, tout, name="hvdlite_wait")
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    results: list[list[tf.Tensor]] = []
+    k = 0
+    for specs, tensors in buckets:
+        part = []
+        for spec, t in zip(specs, tensors):
+            o = outs[k]
+            k += 1
+            if spec.kind == _ops.ALLREDUCE:
+                o.set_shape(t.shape)
+            else:
+                o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+            part.append(o)
+        results.append(part)
     return results
 
 
@@ -511,10 +648,10 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
         y = _run([_Spec(_ops.ALLGATHER, nm)], [x])[0]
 
         def grad(dy):
-            avg = allreduce(dy, op=Average, name=_op_name("allreduce", f"{_plain(nm)}_grad"),
+            avg = allreduce(dy, op=Average, name=f"{_plain(nm)}_grad",
                             ignore_name_scope=True)
             d0 = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
-            sizes = allgather(d0, name=_op_name("allgather", f"{_plain(nm)}_grad_sizes"),
+            sizes = allgather(d0, name=f"{_plain(nm)}_grad_sizes",
                               ignore_name_scope=True)
             n = _basics.size()
             return tf.split(avg, tf.reshape(sizes, [n]), num=n, axis=0)[_basics.rank()]
@@ -555,7 +692,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
         y = _run([_Spec(_ops.BROADCAST, nm, root=root)], [x])[0]
 
         def grad(dy):
-            avg = allreduce(dy, op=Average, name=_op_name("allreduce", f"{_plain(nm)}_grad"),
+            avg = allreduce(dy, op=Average, name=f"{_plain(nm)}_grad",
                             ignore_name_scope=True)
             return avg if _basics.rank() == root else avg * 0
 
@@ -610,7 +747,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
             y, recv = run(x)
 
             def grad(dy, *unused):
-                back, _ = alltoall(dy, splits=recv, name=_op_name("alltoall", f"{_plain(nm)}_grad"),
+                back, _ = alltoall(dy, splits=recv, name=f"{_plain(nm)}_grad",
                                    ignore_name_scope=True)
                 return back
 
@@ -648,7 +785,7 @@ def reducescatter(tensor: Any, device_dense: str = "",
             y = run(x)
 
             def grad(dy):
-                g = allgather(dy, name=_op_name("allgather", f"{_plain(nm)}_grad"),
+                g = allgather(dy, name=f"{_plain(nm)}_grad",
                               ignore_name_scope=True)
                 scale = prescale_factor * postscale_factor / (_basics.size() if op == Average else 1)
                 return g * tf.cast(scale, g.dtype) if scale != 1.0 else g

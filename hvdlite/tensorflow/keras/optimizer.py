@@ -38,7 +38,7 @@ class _DistributedOptimizerMixin:
             grads, var_list if len(var_list) == len(grads) else None, op=opts["op"],
             compression=opts["compression"], sparse_as_dense=opts["sparse_as_dense"],
             gradient_predivide_factor=opts["gradient_predivide_factor"], groups=opts["groups"],
-            name=f"DistributedOptimizer.{self.name}")
+            name="DistributedOptimizer")
 
     def build(self, variables):
         super().build(variables)
