@@ -15,8 +15,10 @@ computes the mean loss of its share, and ``hvd.DistributedOptimizer`` averages t
 gradients -- which is exactly the gradient of the mean loss over the whole global batch.
 So the distributed run follows the single-process reference step for step and ends
 with the same parameters and the same test accuracy (up to float rounding), whatever
-the number of ranks. Because the global batch stays fixed, the learning rate is not
-scaled with the number of ranks here.
+the number of ranks. (In float32, sums taken in a different order differ in the last
+bits, and over many steps a ReLU or max-pool decision can flip, so long runs drift apart
+slightly; ``--float64`` makes that negligible.) Because the global batch stays fixed, the
+learning rate is not scaled with the number of ranks here.
 
 Rank 0 shows a progress bar, prints metrics averaged over all ranks, and writes a
 checkpoint after every epoch (``--checkpoint``); ``--resume`` continues from it.
@@ -69,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="write the final parameters to PATH (.npz) from rank 0")
     p.add_argument("--reference", action="store_true",
                    help="train in this single process on the same global batches, without hvdlite")
+    p.add_argument("--float64", action="store_true",
+                   help="train in float64: distributed and reference runs then agree to ~1e-12")
     p.add_argument("--threads", type=int, default=1,
                    help="PyTorch threads per process (ranks usually share the cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     x_tr, y_tr, x_te, y_te = load_data(args.seed)
     torch.manual_seed(args.seed)
     model = DigitsCNN()
+    if args.float64:
+        model, x_tr, x_te = model.double(), x_tr.double(), x_te.double()
     optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr,
                                                        momentum=args.momentum)
     start_epoch = 0

@@ -8,7 +8,6 @@ layers are therefore on the wire while autograd is still computing the first lay
 """
 from __future__ import annotations
 
-import itertools
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -22,9 +21,6 @@ from hvdlite.torch.compression import Compression, Compressor
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl, _check_process_set,
                                    allreduce_async, allreduce_async_, sparse_allreduce_async,
                                    synchronize)
-
-_optimizer_ids = itertools.count()
-
 
 class _Pending:
     """One submitted allreduce of the optimizer: a parameter or a group of them."""
@@ -51,7 +47,6 @@ class _DistributedOptimizer:
     def _hvd_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                    compression: type[Compressor], backward_passes_per_step: int, op: int,
                    gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool) -> None:
-        self._hvd_uid = next(_optimizer_ids)
         self._hvd_compression = compression
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.op = op
@@ -256,9 +251,10 @@ class _DistributedOptimizer:
         # if some rank has a gradient for it, and left alone if none has.
         flags = torch.tensor([1 if (p in self._hvd_fired or p.grad is not None) else 0
                               for p in managed], dtype=torch.uint8)
-        flag_handle = allreduce_async(
-            flags, name=f"hvdlite.optimizer.{self._hvd_uid}.has_grad.{len(managed)}",
-            op=_ops.Max)
+        # (Named by size only, so ranks that built different numbers of optimizers agree;
+        # it is always complete before synchronize() returns, so the name is free again.)
+        flag_handle = allreduce_async(flags, name=f"hvdlite.optimizer.has_grad.{len(managed)}",
+                                      op=_ops.Max)
         absent: list[torch.Tensor] = []
         if missing:
             index = {p: i for i, p in enumerate(managed)}

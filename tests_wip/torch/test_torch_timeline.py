@@ -1,7 +1,7 @@
 """The timeline of a training step shows gradient allreduces overlapping backward.
 
-``workers/overlap_worker.py`` trains a 5-layer model whose backward pass sleeps 40 ms
-per layer, with ``HVDLITE_TIMELINE`` set. Rank 0's Chrome trace names every tensor in a
+``workers/overlap_worker.py`` trains a 5-layer model whose backward pass sleeps 100 ms
+per layer (0.1 s), with ``HVDLITE_TIMELINE`` set. Rank 0's Chrome trace names every tensor in a
 ``process_name`` metadata event; per step, the allreduce of the last layer (whose
 gradient is ready first) must have finished before the first layer's gradient was even
 handed to the engine -- impossible unless communication overlaps backward.
@@ -17,7 +17,7 @@ import pytest
 from torch_mp import run_ranks
 
 LAYERS = 5
-DELAY_US = 40_000
+DELAY_US = 100_000
 
 
 def load_phases(path: Path) -> dict[str, dict[str, list[tuple[int, int]]]]:

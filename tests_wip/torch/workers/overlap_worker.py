@@ -4,9 +4,8 @@ Each layer's backward takes at least ``DELAY`` seconds (a sleeping autograd func
 a backward pass lasts several times ``DELAY``. With hooks that start each gradient's
 allreduce as soon as it is ready, the last layers' allreduces run while the first
 layers' gradients are still being computed; the test reads that from the trace file
-(HVDLITE_TIMELINE) rank 0 writes. Rank 0 also prints, per step, the wall-clock time at
-which backward returned, relative to the engine's trace clock being unknown, as
-``STEP <i> BACKWARD_S <seconds>`` (duration of backward) for the test's sanity checks.
+(HVDLITE_TIMELINE) rank 0 writes. Rank 0 prints ``STEP <i> BACKWARD_S <seconds>`` (the
+duration of each backward pass) so the test can see that all steps ran.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 import hvdlite.torch as hvd
 
-DELAY = 0.04
+DELAY = 0.1
 LAYERS = 5
 
 
