@@ -42,6 +42,19 @@ from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_object,
                                           broadcast_object_fn, allgather_object)
 from hvdlite.tensorflow.gradients import DistributedGradientTape, allreduce_gradients
 
+def DistributedOptimizer(optimizer, *args, **kwargs):
+    """Horovod's ``hvd.DistributedOptimizer`` of the TensorFlow module: for a Keras 3
+    optimizer this is :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (same
+    arguments). TensorFlow 1 ``tf.compat.v1.train.Optimizer`` objects are not supported;
+    use ``DistributedGradientTape`` in custom loops."""
+    from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer as _keras_distributed
+    import keras
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise NotImplementedError("hvdlite wraps Keras 3 optimizers only; for other training "
+                                  "loops use hvd.DistributedGradientTape")
+    return _keras_distributed(optimizer, *args, **kwargs)
+
+
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built",
@@ -54,5 +67,5 @@ __all__ = [
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
     "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
-    "DistributedGradientTape", "allreduce_gradients",
+    "DistributedGradientTape", "DistributedOptimizer", "allreduce_gradients",
 ]

@@ -7,12 +7,12 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-_no_autograph = tf.autograph.experimental.do_not_convert
-
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.mpi_ops import global_process_set
+
+_no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
 
 try:
     import cloudpickle as _pickle  # pickles lambdas and local classes too

@@ -7,13 +7,13 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-_no_autograph = tf.autograph.experimental.do_not_convert
-
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.compression import Compression, Compressor
 from hvdlite.tensorflow.mpi_ops import Average, Sum, global_process_set
+
+_no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
 
 
 def _group_index(n_dense: int, dense_vars: Sequence[Any] | None, groups: Any) -> list[int]:

@@ -5,8 +5,12 @@ Python: eagerly the tensor's host memory is handed to the engine directly (no co
 inside a graph (``tf.function``, Keras ``model.fit``) the same Python code runs inside a
 ``tf.py_function`` op. Several collectives can share one such op -- they are all
 submitted before any is waited for -- so the engine sees them in flight together and
-fuses them. ``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` submit a
-whole step's gradients that way.
+fuses them. ``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` go one
+step further inside graphs: gradients are submitted in buckets of about 1 MiB
+(``HVDLITE_TF_BUCKET_BYTES``; 0 = one bucket), last layer first, each by a small op that
+TensorFlow runs as soon as that bucket's gradients exist, and a single op at the end
+waits for all of them -- so communication overlaps the rest of the backward pass.
+Results land in buffers that TensorFlow takes over without a copy (DLPack).
 
 Limits that follow from this design:
 
@@ -34,12 +38,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-_no_autograph = tf.autograph.experimental.do_not_convert
-
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.tensorflow.compression import Compression, Compressor
+
+_no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
 
 try:  # TensorFlow ships ml_dtypes; it provides NumPy's bfloat16.
     import ml_dtypes as _ml_dtypes
@@ -184,22 +188,32 @@ def _execute(specs: Sequence[_Spec], arrays: Sequence[np.ndarray | None],
 # 40 MB buffer costs ~10k page faults). A buffer is reused only when nothing but the
 # pool refers to it any more: a TensorFlow tensor made from it through DLPack holds a
 # reference until the tensor is freed.
+# Only requests with stable names (named ones, graph ones, gradients) are pooled; the
+# generated names of unnamed eager calls never repeat.
 _out_pool: dict[str, np.ndarray] = {}
+_out_pool_bytes = 0
 _out_pool_lock = threading.Lock()
-_POOL_MAX_ENTRIES = 4096
+_POOL_MAX_BYTES = 1 << 31
 
 
 def _output_buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    global _out_pool_bytes
+    if ".noname." in name:
+        return _aligned_empty(shape, dtype)
     with _out_pool_lock:
         buf = _out_pool.get(name)
         # references: the pool's, `buf`, and getrefcount's argument
         if (buf is not None and buf.shape == shape and buf.dtype == dtype
                 and sys.getrefcount(buf) <= 3):
             return buf
+        if buf is not None:
+            _out_pool_bytes -= buf.nbytes
         buf = _aligned_empty(shape, dtype)
-        if len(_out_pool) >= _POOL_MAX_ENTRIES:
+        if _out_pool_bytes + buf.nbytes > _POOL_MAX_BYTES:
             _out_pool.clear()
+            _out_pool_bytes = 0
         _out_pool[name] = buf
+        _out_pool_bytes += buf.nbytes
         return buf
 
 
@@ -301,6 +315,19 @@ def _executing_eagerly() -> bool:
     return tf.executing_eagerly()
 
 
+def _check_not_xla() -> None:
+    """hvdlite's graph ops are py_functions, which XLA cannot compile: say so clearly."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    except Exception:  # pragma: no cover - private API moved
+        return
+    if in_xla:
+        raise HvdliteError("hvdlite collectives cannot run inside an XLA-compiled function: use "
+                           "tf.function(jit_compile=False), or model.compile(jit_compile=False) "
+                           "for Keras")
+
+
 _name_lock = threading.Lock()
 _graph_name_counts: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
 _UID_SUFFIX = re.compile(r"_\d+$")
@@ -348,6 +375,7 @@ def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
         return [_result_to_tf(spec, r) for spec, r in zip(specs, results)]
 
     # Graph mode: one py_function for the whole batch.
+    _check_not_xla()
     inputs: list[tf.Tensor] = []
     input_index: list[int | None] = []
     split_index: list[int | None] = []
@@ -449,6 +477,7 @@ def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]])
     buckets simply run one after the other, each submitted whole before any wait."""
     if _executing_eagerly():
         return [_run(specs, tensors) for specs, tensors in buckets]
+    _check_not_xla()
     tickets = []
     for specs, tensors in buckets:
         def submit_body(*ts, specs=specs):

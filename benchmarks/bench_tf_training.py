@@ -1,0 +1,445 @@
+"""TensorFlow/Keras training throughput: single process vs hvdlite vs MultiWorkerMirroredStrategy.
+
+    python benchmarks/bench_tf_training.py [--quick] [--models mlp,resnet] [--apis loop,fit]
+                                           [--rounds R] [--json-out F.json]
+
+Run it with plain ``python`` (not under mpirun): it starts every configuration itself,
+each in fresh processes with one TensorFlow intra-op and one inter-op thread:
+
+* ``single``: one process, plain Keras optimizer;
+* ``hvdlite``: 2 ranks started by ``hvdlite-run`` (``python -m hvdlite.runner``; plain
+  ``mpirun`` if that is missing): ``hvd.DistributedGradientTape`` in the custom loop,
+  ``hvd.DistributedOptimizer`` with ``model.fit``;
+* ``mwms``: TensorFlow's own ``tf.distribute.MultiWorkerMirroredStrategy`` on 2 worker
+  processes joined over loopback (``TF_CONFIG`` with localhost ports), ring collectives.
+
+Two APIs for each: ``loop``, a custom ``tf.function`` training step, and ``fit``, Keras
+``model.fit`` (one synthetic batch repeated). Models (defined in
+``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``), rebuilt in Keras from the
+PyTorch benchmark's: ``mlp``, 20 Dense+ReLU layers 1024 -> 700 (x19) -> 10, 9.56 M parameters,
+batch 64 per rank (communication-heavy); ``resnet``, a ResNet-like CNN on 32x32 images,
+3 stages of 2 basic blocks (64/128/256), 2.78 M parameters, batch 32 per rank
+(compute-heavy). Optimizer SGD(0.01, momentum 0.9), softmax cross-entropy.
+
+Before timing, every distributed configuration takes one SGD step on the MLP from a
+common starting point, each rank on its own half of a global batch, and its weights are
+compared with the single process's step on the whole global batch (Keras 3 losses
+inside a strategy already divide by the number of replicas, so the MWMS loop must not
+divide again). The benchmark refuses to time a configuration that fails this check.
+
+Timing: ``--warmup`` steps, then ``--windows`` windows of ``--steps`` steps each, timed on
+rank 0 (every step synchronises the ranks); a configuration's throughput is its median
+window in samples/s over all ranks. Scaling efficiency = 2-rank samples/s /
+(2 x single-process samples/s); targets: >= 0.75 on the MLP, >= 0.95 on the CNN.
+Output: one JSON line per measurement, then a table. ``--quick`` makes everything short:
+it checks that all of it runs, the numbers are only indicative.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.py"
+BATCH = {"mlp": 64, "resnet": 32}
+TARGET = {"mlp": 0.75, "resnet": 0.95}
+PARAMS = {"mlp": 9_557_110, "resnet": 2_777_674}
+MODES = ("single", "hvdlite", "mwms")
+
+
+# ------------------------------------------------------------------ worker side
+
+def configure_tf() -> Any:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def load_example() -> Any:
+    """The model definitions of examples/tensorflow2/tensorflow2_synthetic_benchmark.py."""
+    spec = importlib.util.spec_from_file_location("hvdlite_tf2_synthetic", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_model(name: str) -> Any:
+    model = load_example().MODELS[name][0]()
+    n = sum(int(v.numpy().size) for v in model.trainable_variables)
+    assert n == PARAMS[name], f"{name}: {n} parameters, expected {PARAMS[name]}"
+    return model
+
+
+def batch(name: str, size: int, seed: int) -> tuple[Any, Any]:
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    shape = (1024,) if name == "mlp" else (32, 32, 3)
+    return (rng.standard_normal((size,) + shape).astype(np.float32),
+            rng.integers(0, 10, size=size).astype(np.int32))
+
+
+def flat_weights(model: Any) -> Any:
+    import numpy as np
+    return np.concatenate([np.asarray(w).ravel() for w in model.trainable_variables])
+
+
+def make_optimizer(lr: float = 0.01, momentum: float = 0.9) -> Any:
+    import keras
+    return keras.optimizers.SGD(lr, momentum=momentum)
+
+
+def batch_clock() -> Any:
+    """A Keras callback recording the time at the start of every batch and at the end."""
+    import keras
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stamps: list[float] = []
+
+        def on_train_batch_begin(self, b, logs=None):
+            self.stamps.append(time.perf_counter())
+
+        def on_train_end(self, logs=None):
+            self.stamps.append(time.perf_counter())
+
+    return Clock()
+
+
+def window_times(stamps: list[float], warmup: int, steps: int, windows: int) -> list[float]:
+    return [stamps[warmup + (w + 1) * steps] - stamps[warmup + w * steps] for w in range(windows)]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One process of one configuration; rank 0 prints ``BENCH_RESULT {json}`` lines."""
+    tf = configure_tf()
+    mode = args.worker
+    strategy = None
+    rank, nranks = 0, 1
+    hvd = hvdk = None
+    if mode == "mwms":
+        comm = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+        rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        nranks = strategy.num_replicas_in_sync
+    elif mode == "hvdlite":
+        import hvdlite.tensorflow as hvd
+        import hvdlite.tensorflow.keras as hvdk
+        hvd.init()
+        rank, nranks = hvd.rank(), hvd.size()
+    import keras
+    import numpy as np
+
+    def scope():
+        return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
+    def emit(record: dict) -> None:
+        if rank == 0:
+            print("BENCH_RESULT " + json.dumps(record), flush=True)
+
+    # ---- correctness: one SGD step on the MLP against the single-process step
+    if args.verify:
+        gx, gy = batch("mlp", 2 * BATCH["mlp"], seed=123)
+        for api in args.apis:
+            with scope():
+                keras.utils.set_random_seed(7)
+                model = build_model("mlp")
+                opt = make_optimizer(0.05, 0.0)
+                if mode == "hvdlite" and api == "fit":
+                    opt = hvdk.DistributedOptimizer(opt)
+                loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            if mode == "single":
+                x, y = gx, gy
+            else:
+                half = gx.shape[0] // nranks
+                x, y = gx[rank * half:(rank + 1) * half], gy[rank * half:(rank + 1) * half]
+            if api == "loop":
+                step = make_loop_step(tf, model, opt, loss_fn, mode, strategy, hvd)
+                step(tf.constant(x), tf.constant(y))
+            else:
+                with scope():
+                    model.compile(optimizer=opt, loss=loss_fn)
+                if mode == "mwms":
+                    _patch_keras_for_mwms(tf, model, strategy, x, y)
+                    ds = strategy.distribute_datasets_from_function(
+                        lambda ctx: tf.data.Dataset.from_tensors((x, y)))
+                    model.fit(ds, epochs=1, verbose=0)
+                else:
+                    model.fit(x, y, batch_size=x.shape[0], epochs=1, verbose=0, shuffle=False)
+            w = flat_weights(model)
+            if rank == 0:
+                np.save(Path(args.verify) / f"{mode}_{api}.npy", w)
+
+    # ---- timing
+    total = args.warmup + args.steps * args.windows
+    for name in args.models:
+        for api in args.apis:
+            with scope():
+                keras.utils.set_random_seed(0)
+                model = build_model(name)
+                opt = make_optimizer()
+                if mode == "hvdlite" and api == "fit":
+                    opt = hvdk.DistributedOptimizer(opt)
+                loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            x, y = batch(name, BATCH[name], seed=rank)
+            if api == "loop":
+                step = make_loop_step(tf, model, opt, loss_fn, mode, strategy, hvd)
+                xt, yt = tf.constant(x), tf.constant(y)
+                stamps = []
+                for _ in range(total):
+                    stamps.append(time.perf_counter())
+                    step(xt, yt).numpy()
+                stamps.append(time.perf_counter())
+            else:
+                with scope():
+                    model.compile(optimizer=opt, loss=loss_fn)
+                if mode == "mwms":
+                    _patch_keras_for_mwms(tf, model, strategy, x, y)
+                    ds = strategy.distribute_datasets_from_function(
+                        lambda ctx: tf.data.Dataset.from_tensors((x, y)).repeat())
+                else:
+                    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
+                clock = batch_clock()
+                model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[clock])
+                stamps = clock.stamps
+            times = window_times(stamps, args.warmup, args.steps, args.windows)
+            emit({"model": name, "api": api, "mode": mode, "ranks": nranks, "times": times})
+    if hvd is not None:
+        hvd.shutdown()
+
+
+def _patch_keras_for_mwms(tf: Any, model: Any, strategy: Any, x: Any, y: Any) -> None:
+    """Work around two failures of Keras 3.15's ``fit`` under MultiWorkerMirroredStrategy
+    on this TensorFlow (benchmark only; hvdlite does not need them):
+
+    * ``_maybe_symbolic_build`` reduces a data batch with ``strategy.reduce`` and fails
+      ("Attempt to convert a value (PerReplica...)"): build from a local batch instead;
+    * the train step's logs are reduced with ``strategy.reduce("MEAN", v, axis=0)``,
+      which fails on scalar losses ("Invalid reduction dimension 0 for input with 0
+      dimensions"): reduce scalars with ``axis=None``.
+    Each worker feeds its own per-replica batch through
+    ``distribute_datasets_from_function``, so the step matches single-process training
+    on the global batch (checked before timing)."""
+    import keras.src.backend.tensorflow.trainer as kt
+
+    def symbolic_build(iterator=None, data_batch=None):
+        with strategy.scope():
+            model._symbolic_build(data_batch=(x[:2], y[:2]))
+    model._maybe_symbolic_build = symbolic_build
+    if getattr(kt.reduce_per_replica, "_hvdlite_patched", False):
+        return
+    original = kt.reduce_per_replica
+
+    def reduce_per_replica(values, strat, reduction="auto"):
+        if kt._collective_all_reduce_multi_worker(strat) and reduction in ("auto", "mean"):
+            def reduce_one(v):
+                local = strat.experimental_local_results(v)[0] if kt._is_per_replica_instance(v) else v
+                if getattr(local, "shape", None) is not None and local.shape.rank == 0:
+                    return strat.reduce("MEAN", v, axis=None)
+                return original(v, strat, reduction)
+            return kt.tree.map_structure(reduce_one, values)
+        return original(values, strat, reduction)
+    reduce_per_replica._hvdlite_patched = True
+    kt.reduce_per_replica = reduce_per_replica
+
+
+def make_loop_step(tf: Any, model: Any, opt: Any, loss_fn: Any, mode: str, strategy: Any,
+                   hvd: Any) -> Any:
+    """A custom training step. hvdlite: DistributedGradientTape. MWMS: ``strategy.run``,
+    where the Keras loss already divides by the replicas and apply_gradients sums."""
+
+    def local_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        if mode == "hvdlite":
+            tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    if mode == "mwms":
+        @tf.function
+        def step(x, y):
+            per_replica = strategy.run(local_step, args=(x, y))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return step
+    return tf.function(local_step)
+
+
+# ------------------------------------------------------------------ driver side
+
+def launcher(n: int) -> list[str]:
+    if importlib.util.find_spec("hvdlite.runner.launch") is not None:
+        return [sys.executable, "-m", "hvdlite.runner", "-np", str(n)]
+    mpirun = Path(sys.executable).parent / "mpirun"
+    path = str(mpirun) if mpirun.exists() else shutil.which("mpirun")
+    if path is None:
+        sys.exit("mpirun not found")
+    return [path, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n)]
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def worker_args(args: argparse.Namespace, mode: str, verify_dir: str) -> list[str]:
+    return [str(Path(__file__).resolve()), "--worker", mode, "--models", ",".join(args.models),
+            "--apis", ",".join(args.apis), "--warmup", str(args.warmup), "--steps", str(args.steps),
+            "--windows", str(args.windows)] + (["--verify", verify_dir] if verify_dir else [])
+
+
+def parse_results(out: str) -> list[dict]:
+    return [json.loads(ln.split(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("BENCH_RESULT ")]
+
+
+def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd_tail = [sys.executable] + worker_args(args, mode, verify_dir)
+    if mode == "single":
+        procs = [subprocess.Popen(cmd_tail, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    elif mode == "hvdlite":
+        procs = [subprocess.Popen(launcher(args.ranks) + cmd_tail, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)]
+    else:
+        ports = free_ports(args.ranks)
+        cluster = {"worker": [f"localhost:{p}" for p in ports]}
+        procs = []
+        for i in range(args.ranks):
+            e = dict(env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+            procs.append(subprocess.Popen(cmd_tail, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+    outs = []
+    try:
+        for p in procs:
+            o, e = p.communicate(timeout=args.timeout)
+            outs.append((p.returncode, o, e))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        sys.exit(f"{mode}: timed out after {args.timeout} s")
+    for rc, o, e in outs:
+        if rc != 0:
+            sys.exit(f"{mode} failed ({rc}):\n{o[-3000:]}\n{e[-5000:]}")
+    return parse_results(outs[0][1])
+
+
+def check_verification(verify_dir: str, apis: list[str]) -> dict[str, float]:
+    import numpy as np
+    errors = {}
+    for api in apis:
+        ref = np.load(Path(verify_dir) / f"single_{api}.npy")
+        for mode in ("hvdlite", "mwms"):
+            f = Path(verify_dir) / f"{mode}_{api}.npy"
+            if not f.exists():
+                continue
+            got = np.load(f)
+            errors[f"{mode}_{api}"] = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short windows, one round")
+    p.add_argument("--models", default="mlp,resnet")
+    p.add_argument("--apis", default="loop,fit")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None, help="steps per timed window")
+    p.add_argument("--windows", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--json-out", default="")
+    p.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    p.add_argument("--verify", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    args.apis = [a for a in args.apis.split(",") if a]
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 5)
+    args.steps = args.steps or (4 if args.quick else 15)
+    args.windows = args.windows or (3 if args.quick else 5)
+    if args.worker:
+        worker(args)
+        return 0
+
+    modes = [m for m in args.modes.split(",") if m]
+    verify_dir = tempfile.mkdtemp(prefix="hvdlite_bench_tf_")
+    collected: dict[tuple[str, str, str], list[float]] = {}
+    for rnd in range(args.rounds):
+        for mode in modes:
+            res = run_mode(mode, args, verify_dir if rnd == 0 else "")
+            for r in res:
+                samples = BATCH[r["model"]] * r["ranks"] * args.steps
+                rate = statistics.median(samples / t for t in r["times"])
+                rec = {"model": r["model"], "api": r["api"], "mode": mode, "ranks": r["ranks"],
+                       "batch_per_rank": BATCH[r["model"]], "samples_per_s": rate,
+                       "step_ms": 1000 * statistics.median(r["times"]) / args.steps, "round": rnd,
+                       "threads_per_rank": 1}
+                print(json.dumps(rec), flush=True)
+                collected.setdefault((r["model"], r["api"], mode), []).append(rate)
+        if rnd == 0 and "single" in modes:
+            errors = check_verification(verify_dir, args.apis)
+            print(json.dumps({"verification_max_rel_error": errors}), flush=True)
+            bad = {k: v for k, v in errors.items() if not v < 1e-4}
+            if bad:
+                sys.exit(f"distributed step differs from the single-process step on the global batch: {bad}")
+
+    print()
+    head = (f"{'model':7} {'api':5} {'single/s':>9} {'hvdlite/s':>10} {'MWMS/s':>9} "
+            f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'eff MWMS':>9} {'target':>7}")
+    print(head)
+    print("-" * len(head))
+    table = []
+    for model in args.models:
+        for api in args.apis:
+            med = {m: statistics.median(collected[(model, api, m)]) for m in modes
+                   if (model, api, m) in collected}
+            s, h, w = med.get("single"), med.get("hvdlite"), med.get("mwms")
+            row = {"model": model, "api": api, "single": s, "hvdlite": h, "mwms": w,
+                   "hvdlite_over_mwms": h / w if h and w else None,
+                   "efficiency_hvdlite": h / (args.ranks * s) if h and s else None,
+                   "efficiency_mwms": w / (args.ranks * s) if w and s else None,
+                   "target": TARGET[model]}
+            table.append(row)
+
+            def fmt(v, spec):
+                return format(v, spec) if v is not None else "-".rjust(int(spec.split(".")[0]))
+            print(f"{model:7} {api:5} {fmt(s, '9.1f')} {fmt(h, '10.1f')} {fmt(w, '9.1f')} "
+                  f"{fmt(row['hvdlite_over_mwms'], '13.3f')} {fmt(row['efficiency_hvdlite'], '12.3f')} "
+                  f"{fmt(row['efficiency_mwms'], '9.3f')} {TARGET[model]:7.2f}")
+            print(json.dumps({"summary": row}), flush=True)
+    print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} windows of "
+          f"{args.steps} steps; 1 intra-op + 1 inter-op thread per process; "
+          f"efficiency = {args.ranks}-rank / ({args.ranks} x single))")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"summary": table}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""hvdlite.tensorflow and hvdlite.tensorflow.keras on 1, 2, 3 and 4 ranks.
+
+TensorFlow takes seconds to import, so each rank count is ONE launch of
+``tf_worker.py`` through the real launcher (``python -m hvdlite.runner``, else
+``mpirun``); the worker runs every check (see ``tf_ops_checks.py`` and
+``tf_keras_checks.py``) and writes each rank's verdicts to a JSON file. Every check is
+then reported here as its own test, for every rank count. The checks compare with
+references computed independently: NumPy over all ranks' seeded data for the
+collectives, plain single-process TensorFlow/Keras training on the global batch for
+``DistributedGradientTape`` and ``model.fit`` with ``DistributedOptimizer``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+WORKER = HERE / "tf_worker.py"
+LAUNCH_TIMEOUT_S = 480
+RANK_COUNTS = [1, 2, 3, 4]
+
+# Every check the worker registers; the worker's list must match (see test_check_list).
+CHECKS = [
+    "allreduce_ops_and_dtypes",
+    "allreduce_scaling_variable_and_scalar",
+    "grouped_allreduce_lists",
+    "allgather_variable_first_dim",
+    "broadcast_from_every_root",
+    "alltoall_even_and_splits",
+    "reducescatter_uneven",
+    "barrier_and_join",
+    "gradients_of_collectives",
+    "indexed_slices_and_compression",
+    "variables_and_objects",
+    "errors_are_raised_and_recoverable",
+    "distributed_gradient_tape_matches_single_process",
+    "embedding_indexed_slices_gradients",
+    "fit_with_distributed_optimizer_matches_single_process",
+    "fit_sparse_embedding_gradients",
+    "metric_average_callback_averages_logs",
+    "warmup_callback_learning_rates_and_momentum_correction",
+    "schedule_callback_staircase",
+    "load_model_wraps_restored_optimizer",
+    "backward_passes_per_step_accumulates",
+    "distributed_optimizer_keeps_state_of_built_optimizer",
+]
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                       reason="tensorflow is not installed (pip install hvdlite[tensorflow])"),
+    pytest.mark.timeout(LAUNCH_TIMEOUT_S + 120),
+]
+
+
+def launcher(n: int) -> list[str]:
+    """``python -m hvdlite.runner -np N`` when the launcher exists, else ``mpirun``."""
+    if importlib.util.find_spec("hvdlite.runner.launch") is not None:
+        return [sys.executable, "-m", "hvdlite.runner", "-np", str(n)]
+    beside = Path(sys.executable).parent / "mpirun"
+    mpirun = str(beside) if beside.exists() else shutil.which("mpirun")
+    if mpirun is None:
+        pytest.fail("mpirun not found next to sys.executable nor on PATH")
+    return [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n)]
+
+
+def launch(n: int, out_dir: Path) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = launcher(n) + [sys.executable, str(WORKER), str(out_dir)]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=LAUNCH_TIMEOUT_S)
+        output = f"exit status {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    except subprocess.TimeoutExpired as e:
+        output = f"timed out after {LAUNCH_TIMEOUT_S} s\n{e.stdout}\n{e.stderr}"
+    results = {}
+    for r in range(n):
+        f = out_dir / f"rank{r}.json"
+        results[r] = json.loads(f.read_text()) if f.exists() else None
+    return {"n": n, "results": results, "output": output}
+
+
+@pytest.fixture(scope="module", params=RANK_COUNTS, ids=[f"np{n}" for n in RANK_COUNTS])
+def run(request, tmp_path_factory):
+    n = request.param
+    return launch(n, tmp_path_factory.mktemp(f"tf_np{n}"))
+
+
+def test_check_list(run):
+    """The worker ran exactly the checks listed here, on every rank."""
+    for r, res in run["results"].items():
+        assert res is not None, f"rank {r} of {run['n']} wrote no results:\n{run['output']}"
+        assert sorted(res) == sorted(CHECKS), f"rank {r}: checks differ from the list here"
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_tf(run, check):
+    failures = []
+    for r, res in run["results"].items():
+        if res is None:
+            pytest.fail(f"rank {r} of {run['n']} wrote no results:\n{run['output']}")
+        verdict = res.get(check, "not run")
+        if verdict != "ok":
+            failures.append(f"rank {r}: {verdict}")
+    assert not failures, f"{check} on {run['n']} ranks:\n" + "\n".join(failures)

@@ -1,0 +1,281 @@
+"""Keras 3: model.fit with DistributedOptimizer against single-process training on the
+global batch, the callbacks, load_model and backward_passes_per_step. Each rank trains on
+its own slice of every global batch; the references train in this process with plain
+Keras/TensorFlow and no hvdlite."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_checks_common import N, R, FAILURES, check, expect, expect_close, hvd
+
+import hvdlite.tensorflow.keras as hvdk
+
+B, D, H = 4, 5, 8  # per-rank batch, inputs, hidden units
+
+
+def global_data(steps, seed=0, outputs=2):
+    rng = np.random.default_rng(500 + seed)
+    x = rng.normal(size=(steps * B * N, D)).astype(np.float32)
+    y = rng.normal(size=(steps * B * N, outputs)).astype(np.float32)
+    return x, y
+
+
+def local_slice(a):
+    """This rank's rows of every global batch (global batch t = rows t*B*N ... )."""
+    steps = a.shape[0] // (B * N)
+    return np.concatenate([a[t * B * N + R * B:t * B * N + (R + 1) * B] for t in range(steps)])
+
+
+def make_model(seed, outputs=2):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((D,)), keras.layers.Dense(H, activation="tanh"),
+                             keras.layers.Dense(outputs)])
+
+
+def weights_equal_everywhere(weights, what):
+    for i, w in enumerate(weights):
+        everyone = hvd.allgather(tf.constant(np.asarray(w)[None]))
+        expect(np.allclose(np.asarray(everyone), np.asarray(w)[None], rtol=1e-6, atol=1e-7),
+               f"{what}: weight {i} differs between ranks")
+
+
+def root_weights(model):
+    return hvd.broadcast_object([w.copy() for w in model.get_weights()], root_rank=0)
+
+
+@check
+def fit_with_distributed_optimizer_matches_single_process():
+    steps = 3
+    x, y = global_data(steps)
+    model = make_model(100 + R)  # different initial weights on every rank
+    init = root_weights(model)
+    opt = hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    expect(isinstance(opt, keras.optimizers.Adam), "DistributedOptimizer is not an Adam")
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    ref = make_model(1)
+    ref.set_weights(init)
+    ref.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    ref.fit(x, y, batch_size=B * N, epochs=1, shuffle=False, verbose=0)
+    for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(g, r, f"fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
+    weights_equal_everywhere(model.get_weights(), "fit")
+    expect(int(opt.iterations.numpy()) == steps, f"iterations {int(opt.iterations.numpy())}")
+    # Keras-level helpers return NumPy
+    got = hvdk.allreduce(np.array([float(R)]), op=hvdk.Sum)
+    expect(isinstance(got, np.ndarray) and float(got[0]) == sum(range(N)), f"keras allreduce {got}")
+
+
+@check
+def fit_sparse_embedding_gradients():
+    """Embedding gradients are tf.IndexedSlices inside fit: allgathered by default,
+    allreduced dense with sparse_as_dense; both equal single-process training."""
+    steps, V = 2, 11
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, V, size=(steps * B * N, 3)).astype(np.int32)
+    y = rng.normal(size=(steps * B * N, 1)).astype(np.float32)
+
+    def build(seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(V, 4),
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+    for sad in (False, True):
+        model = build(200 + R)
+        init = root_weights(model)
+        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.2), sparse_as_dense=sad),
+                      loss="mse")
+        model.fit(local_slice(ids), local_slice(y), batch_size=B, shuffle=False, verbose=0,
+                  callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
+        ref = build(1)
+        ref.set_weights(init)
+        ref.compile(optimizer=keras.optimizers.SGD(0.2), loss="mse")
+        ref.fit(ids, y, batch_size=B * N, shuffle=False, verbose=0)
+        for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+            expect_close(g, r, f"embedding fit sparse_as_dense={sad} weight {i}", rtol=1e-5, atol=1e-6)
+
+
+class _LogProbe(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epoch_logs = []
+        self.batch_lr = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_logs.append(dict(logs or {}))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.batch_lr.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+
+@check
+def metric_average_callback_averages_logs():
+    x, y = global_data(2, seed=1)
+    model = make_model(300)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse",
+                  metrics=["mae"])
+    before, after = _LogProbe(), _LogProbe()
+    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=2, shuffle=False, verbose=0,
+              validation_data=(local_slice(x), local_slice(y)),
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0), before,
+                         hvdk.callbacks.MetricAverageCallback(), after])
+    for epoch in range(2):
+        for key in ("loss", "mae", "val_loss", "val_mae"):
+            local = before.epoch_logs[epoch][key]
+            everyone = hvd.allgather_object(local)
+            expect_close(after.epoch_logs[epoch][key], np.mean(everyone), f"averaged {key} epoch {epoch}",
+                         rtol=1e-6)
+            if N > 1 and epoch == 0 and key == "loss":
+                expect(len(set(everyone)) > 1, "local losses should differ between ranks")
+
+
+@check
+def warmup_callback_learning_rates_and_momentum_correction():
+    """LearningRateWarmupCallback: the rate before every batch follows Horovod's formula,
+    and SGD with momentum (corrected) gives the weights of a hand-written reference."""
+    steps_per_epoch, epochs, warmup = 3, 3, 2
+    x, y = global_data(steps_per_epoch, seed=2, outputs=1)  # the same batches every epoch
+    base_lr, momentum = 0.05, 0.9
+    keras.utils.set_random_seed(400)
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1)])
+    init = root_weights(model)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(base_lr, momentum=momentum)),
+                  loss="mse")
+    probe = _LogProbe()
+    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvdk.callbacks.LearningRateWarmupCallback(initial_lr=base_lr, warmup_epochs=warmup),
+                         probe])
+    expected_lr = []
+    for e in range(epochs):
+        for b in range(steps_per_epoch):
+            if e < warmup:
+                ep = e + b / steps_per_epoch + 1 / steps_per_epoch
+                expected_lr.append(base_lr / N * (ep * (N - 1) / warmup + 1))
+            else:
+                expected_lr.append(expected_lr[-1])
+    expect_close(probe.batch_lr, expected_lr, "warm-up learning rates", rtol=1e-6)
+    expect_close(expected_lr[warmup * steps_per_epoch - 1], base_lr, "rate at the end of warm-up")
+    expect_close(probe.epoch_logs[-1]["lr"], base_lr, "logs['lr']", rtol=1e-6)
+    # reference: SGD with momentum on the global batches, buffer scaled when the rate changes
+    w = tf.Variable(init[0])
+    bias = tf.Variable(init[1])
+    mw, mb = np.zeros_like(init[0]), np.zeros_like(init[1])
+    prev = base_lr
+    for t, lr in enumerate(expected_lr):
+        if lr != prev:
+            mw, mb = mw * (lr / prev), mb * (lr / prev)
+            prev = lr
+        k = t % steps_per_epoch
+        xb, yb = x[k * B * N:(k + 1) * B * N], y[k * B * N:(k + 1) * B * N]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((tf.matmul(xb, w) + bias - yb) ** 2)
+        gw, gb = tape.gradient(loss, [w, bias])
+        lr32 = np.float32(lr)
+        mw = np.float32(momentum) * mw - gw.numpy() * lr32
+        mb = np.float32(momentum) * mb - gb.numpy() * lr32
+        w.assign_add(mw)
+        bias.assign_add(mb)
+    expect_close(model.get_weights()[0], w.numpy(), "warm-up + momentum correction weights", rtol=1e-4, atol=1e-5)
+    expect_close(model.get_weights()[1], bias.numpy(), "warm-up + momentum correction bias", rtol=1e-4, atol=1e-5)
+
+
+@check
+def schedule_callback_staircase():
+    steps_per_epoch, epochs = 2, 4
+    x, y = global_data(steps_per_epoch, seed=3)
+    model = make_model(500)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.Adam(0.1)), loss="mse")
+    probe = _LogProbe()
+    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hvdk.LearningRateScheduleCallback(initial_lr=0.08, multiplier=0.5, start_epoch=1,
+                                                           end_epoch=3), probe])
+    want = [0.1] * 2 + [0.04] * 2 + [0.02] * 4
+    expect_close(probe.batch_lr, want, "staircase schedule", rtol=1e-6)
+    fn = hvdk.LearningRateScheduleCallback(initial_lr=1.0, multiplier=lambda e: 1.0 / (1 + e),
+                                           staircase=False, steps_per_epoch=4)
+    expect_close(fn.multiplier(1.5), 0.4, "callable multiplier")
+
+
+@check
+def load_model_wraps_restored_optimizer():
+    steps = 2
+    x, y = global_data(2 * steps, seed=4)
+    first, second = x[:steps * B * N], x[steps * B * N:]
+    yfirst, ysecond = y[:steps * B * N], y[steps * B * N:]
+    model = make_model(600 + R)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.Adam(0.02)), loss="mse")
+    model.fit(local_slice(first), local_slice(yfirst), batch_size=B, shuffle=False, verbose=0,
+              callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
+    path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(prefix="hvdlite_tf_"), "model.keras")
+                                if R == 0 else None, root_rank=0)
+    if R == 0:
+        model.save(path)
+    hvd.barrier()
+    loaded = hvdk.load_model(path)
+    opt = loaded.optimizer
+    expect(isinstance(opt, keras.optimizers.Adam) and hasattr(opt, "_hvd_options"),
+           f"restored optimizer not wrapped: {type(opt).__mro__[:3]}")
+    expect(int(opt.iterations.numpy()) == steps, f"restored iterations {int(opt.iterations.numpy())}")
+    for i, (a, b) in enumerate(zip(loaded.get_weights(), model.get_weights())):
+        expect_close(a, b, f"restored weight {i}")
+    loaded.fit(local_slice(second), local_slice(ysecond), batch_size=B, shuffle=False, verbose=0)
+    ref = keras.models.load_model(path)  # plain Keras reads the file too
+    expect(not hasattr(ref.optimizer, "_hvd_options"), "plain load_model should give a plain optimizer")
+    ref.fit(second, ysecond, batch_size=B * N, shuffle=False, verbose=0)
+    for i, (a, b) in enumerate(zip(loaded.get_weights(), ref.get_weights())):
+        expect_close(a, b, f"continued training weight {i} vs single process", rtol=1e-5, atol=1e-6)
+    weights_equal_everywhere(loaded.get_weights(), "after load_model")
+
+
+@check
+def backward_passes_per_step_accumulates():
+    passes, updates, lr = 2, 2, 0.1
+    steps = passes * updates
+    x, y = global_data(steps, seed=5)
+    model = make_model(700 + R)
+    init = root_weights(model)
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(lr), backward_passes_per_step=passes,
+                                    average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
+              callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
+    expect(int(opt.iterations.numpy()) == updates, f"applied updates {int(opt.iterations.numpy())}")
+    ref = make_model(1)
+    ref.set_weights(init)
+    variables = ref.trainable_variables
+    for u in range(updates):
+        total = [tf.zeros_like(v) for v in variables]
+        for p in range(passes):
+            t = u * passes + p
+            xb, yb = x[t * B * N:(t + 1) * B * N], y[t * B * N:(t + 1) * B * N]
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((ref(xb) - yb) ** 2)
+            total = [a + g for a, g in zip(total, tape.gradient(loss, variables))]
+        for v, g in zip(variables, total):
+            v.assign_sub(lr * g / passes)
+    for i, (a, b) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(a, b, f"backward_passes_per_step weight {i}", rtol=1e-5, atol=1e-6)
+    weights_equal_everywhere(model.get_weights(), "backward_passes_per_step")
+
+
+@check
+def distributed_optimizer_keeps_state_of_built_optimizer():
+    model = make_model(800)
+    plain = keras.optimizers.Adam(0.01)
+    plain.build(model.trainable_variables)
+    plain.iterations.assign(5)
+    wrapped = hvdk.DistributedOptimizer(plain, name="renamed")
+    expect(wrapped.built and int(wrapped.iterations.numpy()) == 5, "state of a built optimizer was lost")
+    expect(wrapped.name == "renamed" and type(wrapped).__name__ == "Adam", f"name {wrapped.name}")
+    expect(wrapped.get_config()["learning_rate"] == plain.get_config()["learning_rate"], "config differs")
+    try:
+        hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Sum, gradient_predivide_factor=2.0)
+        FAILURES.append("predivide with op=Sum should raise")
+    except ValueError:
+        pass

@@ -1,0 +1,452 @@
+"""Every collective of hvdlite.tensorflow, eagerly and inside tf.function, against NumPy
+references that each rank computes for all ranks from seeded data; gradients of the
+collectives; variables and objects; error paths; DistributedGradientTape against
+single-process training on the global batch."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tf_checks_common import (MODES, N, R, FAILURES, as_tf, check, data, expect, expect_close,
+                              hvd, np_data)
+
+@check
+def allreduce_ops_and_dtypes():
+    shape = (3, 5)
+    for mode, wrap in MODES.items():
+        for dname in ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8", "uint8"]:
+            is_float = dname in ("float32", "float64", "float16", "bfloat16")
+            ops = [(hvd.Sum, "sum"), (hvd.Min, "min"), (hvd.Max, "max")]
+            if is_float:
+                ops += [(hvd.Average, "avg"), (hvd.Product, "prod")]
+            elif dname not in ("int8", "uint8"):
+                ops += [(hvd.Product, "prod")]
+            small = dname in ("int8", "uint8")
+            all_data = [np_data(r, shape, dname, seed=1, low=0 if small else -3, high=1 if small else 3)
+                        for r in range(N)]
+            x = as_tf(all_data[R].astype(np.float32) if dname == "bfloat16" else all_data[R], dname)
+            if dname == "bfloat16":
+                x = tf.cast(x, tf.bfloat16)
+            for op, label in ops:
+                fn = wrap(lambda t, op=op: hvd.allreduce(t, op=op))
+                got = fn(x)
+                stack = np.stack([a.astype(np.float64) for a in all_data])
+                want = {"sum": stack.sum(0), "avg": stack.mean(0), "min": stack.min(0),
+                        "max": stack.max(0), "prod": np.prod(stack, 0)}[label]
+                tol = 2e-2 if dname in ("float16", "bfloat16") else 1e-5
+                if label == "prod" and dname in ("float16", "bfloat16"):
+                    tol = 5e-2
+                expect(got.dtype == x.dtype, f"{mode} {dname} {label}: dtype {got.dtype}")
+                expect_close(np.asarray(got).astype(np.float64), want, f"{mode} allreduce {dname} {label}",
+                             rtol=tol, atol=tol)
+
+
+@check
+def allreduce_scaling_variable_and_scalar():
+    for mode, wrap in MODES.items():
+        a = [data(r, (4,), np.float64, seed=2) for r in range(N)]
+        fn = wrap(lambda t: hvd.allreduce(t, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0))
+        expect_close(fn(tf.constant(a[R])), 1.5 * np.sum(a, 0), f"{mode} pre/postscale")
+        fn = wrap(lambda t: hvd.allreduce(t, average=False))
+        expect_close(fn(tf.constant(a[R])), np.sum(a, 0), f"{mode} average=False")
+        v = tf.Variable(a[R])
+        fn = wrap(lambda: hvd.allreduce(v))
+        expect_close(fn(), np.mean(a, 0), f"{mode} allreduce of tf.Variable")
+        s = [float(r + 1) for r in range(N)]
+        fn = wrap(lambda t: hvd.allreduce(t, op=hvd.Sum))
+        got = fn(tf.constant(s[R]))
+        expect(got.shape == (), f"{mode} scalar shape {got.shape}")
+        expect_close(got, sum(s), f"{mode} scalar allreduce")
+        fn = wrap(lambda t: hvd.allreduce(t, name="named_allreduce"))
+        expect_close(fn(tf.constant(a[R])), np.mean(a, 0), f"{mode} named allreduce")
+        got = wrap(lambda t: hvd.allreduce(t, op=hvd.Sum))(tf.zeros([0, 3]))
+        expect(tuple(got.shape) == (0, 3), f"{mode} empty allreduce shape {got.shape}")
+
+
+@check
+def grouped_allreduce_lists():
+    for mode, wrap in MODES.items():
+        shapes = [(2, 3), (7,), (1, 2, 2), ()]
+        per_rank = [[data(r, s, np.float32, seed=3 + i) for i, s in enumerate(shapes)] for r in range(N)]
+        fn = wrap(lambda *ts: hvd.grouped_allreduce(list(ts), op=hvd.Sum))
+        got = fn(*[tf.constant(t) for t in per_rank[R]])
+        expect(len(got) == len(shapes), f"{mode} grouped: {len(got)} results")
+        for i in range(len(shapes)):
+            expect_close(got[i], np.sum([p[i] for p in per_rank], 0), f"{mode} grouped[{i}]", rtol=1e-5)
+        fn = wrap(lambda *ts: hvd.grouped_allreduce(list(ts)))
+        got = fn(*[tf.constant(t) for t in per_rank[R]])
+        for i in range(len(shapes)):
+            expect_close(got[i], np.mean([p[i] for p in per_rank], 0), f"{mode} grouped avg[{i}]", rtol=1e-5)
+
+
+@check
+def allgather_variable_first_dim():
+    for mode, wrap in MODES.items():
+        for dname in ["float32", "float64", "int32", "int64", "uint8", "float16", "bfloat16"]:
+            parts = [np_data(r, (r + 1, 2, 3), dname, seed=4) for r in range(N)]
+            x = as_tf(parts[R], dname)
+            if dname == "bfloat16":
+                x = tf.cast(tf.constant(parts[R]), tf.bfloat16)
+            got = wrap(lambda t: hvd.allgather(t))(x)
+            expect(got.dtype == x.dtype, f"{mode} allgather {dname} dtype {got.dtype}")
+            expect_close(np.asarray(got).astype(np.float64), np.concatenate(parts).astype(np.float64),
+                         f"{mode} allgather {dname}")
+        # bool and int16 travel as bytes
+        b = [data(r, (r + 2, 3), np.bool_, seed=5) for r in range(N)]
+        got = wrap(lambda t: hvd.allgather(t))(tf.constant(b[R]))
+        expect(got.dtype == tf.bool and np.array_equal(np.asarray(got), np.concatenate(b)),
+               f"{mode} allgather bool")
+        i16 = [data(r, (2, r + 1), np.int16, seed=6)[:, :1].copy() for r in range(N)]
+        got = wrap(lambda t: hvd.allgather(t))(tf.constant(i16[R]))
+        expect(np.array_equal(np.asarray(got), np.concatenate(i16)), f"{mode} allgather int16")
+        # empty contribution on some ranks
+        parts = [np.full((r % 2, 2), r, np.float32) for r in range(N)]
+        got = wrap(lambda t: hvd.allgather(t))(tf.constant(parts[R]))
+        expect_close(got, np.concatenate(parts), f"{mode} allgather with empty parts")
+        gg = wrap(lambda a, c: hvd.grouped_allgather([a, c]))(tf.constant(parts[R]), tf.constant(b[R]))
+        expect_close(gg[0], np.concatenate(parts), f"{mode} grouped_allgather[0]")
+        expect(np.array_equal(np.asarray(gg[1]), np.concatenate(b)), f"{mode} grouped_allgather[1]")
+
+
+@check
+def broadcast_from_every_root():
+    for mode, wrap in MODES.items():
+        for root in range(N):
+            for dname in ["float32", "int64", "bfloat16", "uint8"]:
+                vals = [np_data(r, (3, 2), dname, seed=7) for r in range(N)]
+                x = as_tf(vals[R], dname)
+                if dname == "bfloat16":
+                    x = tf.cast(tf.constant(vals[R]), tf.bfloat16)
+                got = wrap(lambda t, root=root: hvd.broadcast(t, root))(x)
+                expect(got.dtype == x.dtype, f"{mode} broadcast dtype {dname}")
+                expect_close(np.asarray(got).astype(np.float64), vals[root].astype(np.float64),
+                             f"{mode} broadcast {dname} root {root}")
+        b = [data(r, (5,), np.bool_, seed=8) for r in range(N)]
+        got = wrap(lambda t: hvd.broadcast(t, N - 1))(tf.constant(b[R]))
+        expect(np.array_equal(np.asarray(got), b[N - 1]), f"{mode} broadcast bool")
+        s = [np.float32(r + 0.5) for r in range(N)]
+        got = wrap(lambda t: hvd.broadcast(t, N - 1))(tf.constant(s[R]))
+        expect_close(got, s[N - 1], f"{mode} broadcast scalar")
+
+
+def splits_of(r):
+    return [(r + d) % 3 + 1 for d in range(N)]
+
+
+@check
+def alltoall_even_and_splits():
+    for mode, wrap in MODES.items():
+        xs = [data(r, (2 * N, 3), np.float32, seed=9) for r in range(N)]
+        got = wrap(lambda t: hvd.alltoall(t))(tf.constant(xs[R]))
+        want = np.concatenate([xs[s][2 * R:2 * R + 2] for s in range(N)])
+        expect_close(got, want, f"{mode} alltoall even")
+        xs = [data(r, (sum(splits_of(r)), 2), np.float64, seed=10) for r in range(N)]
+        out, recv = wrap(lambda t, sp: hvd.alltoall(t, splits=sp))(tf.constant(xs[R]),
+                                                                   tf.constant(splits_of(R), tf.int32))
+        pieces = []
+        for s in range(N):
+            off = sum(splits_of(s)[:R])
+            pieces.append(xs[s][off:off + splits_of(s)[R]])
+        expect_close(out, np.concatenate(pieces), f"{mode} alltoall splits")
+        expect(list(np.asarray(recv)) == [splits_of(s)[R] for s in range(N)],
+               f"{mode} alltoall received splits {np.asarray(recv)}")
+        ints = [np.arange(2 * N, dtype=np.int32) + 100 * r for r in range(N)]
+        got = wrap(lambda t: hvd.alltoall(t))(tf.constant(ints[R]))
+        expect(np.array_equal(np.asarray(got), np.concatenate([ints[s][2 * R:2 * R + 2] for s in range(N)])),
+               f"{mode} alltoall int32")
+
+
+@check
+def reducescatter_uneven():
+    for mode, wrap in MODES.items():
+        rows = 2 * N + 1
+        xs = [data(r, (rows, 3), np.float32, seed=11) for r in range(N)]
+        base, extra = divmod(rows, N)
+        counts = [base + (1 if r < extra else 0) for r in range(N)]
+        start = sum(counts[:R])
+        for op, red in [(hvd.Sum, np.sum), (hvd.Average, np.mean)]:
+            got = wrap(lambda t, op=op: hvd.reducescatter(t, op=op))(tf.constant(xs[R]))
+            expect_close(got, red(xs, 0)[start:start + counts[R]], f"{mode} reducescatter op {op}", rtol=1e-5)
+        got = wrap(lambda a, b: hvd.grouped_reducescatter([a, b], op=hvd.Sum))(tf.constant(xs[R]),
+                                                                             tf.constant(xs[R] * 2))
+        expect_close(got[1], 2 * np.sum(xs, 0)[start:start + counts[R]], f"{mode} grouped_reducescatter",
+                     rtol=1e-5)
+
+
+@check
+def barrier_and_join():
+    for mode, wrap in MODES.items():
+        wrap(lambda: hvd.barrier())()
+        # Every rank but the last joins at once; the last one still runs an allreduce,
+        # to which the joined ranks contribute nothing, then joins last.
+        if R == N - 1:
+            got = wrap(lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"after_join_{mode}"))(tf.ones([3]))
+            expect_close(got, np.ones(3), f"{mode} allreduce while the other ranks have joined")
+        last = wrap(lambda: hvd.join())()
+        expect(int(last) == N - 1, f"{mode} join returned {int(last)}, expected {N - 1}")
+        got = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+        expect_close(got, [float(N)], f"{mode} allreduce after join")
+    expect(int(hvd.size_op()) == N and int(hvd.rank_op()) == R, "size_op/rank_op")
+
+
+def upstream(r, shape, seed):
+    return data(r, shape, np.float64, seed=seed)
+
+
+@check
+def gradients_of_collectives():
+    for mode, wrap in MODES.items():
+        x_all = [data(r, (r + 1, 3), np.float64, seed=12) for r in range(N)]
+        total = sum(r + 1 for r in range(N))
+        w_all = [upstream(r, (total, 3), 13) for r in range(N)]
+
+        def ag_grad(x, w):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(hvd.allgather(x) * w)
+            return tape.gradient(loss, x)
+        g = wrap(ag_grad)(tf.constant(x_all[R]), tf.constant(w_all[R]))
+        off = sum(r + 1 for r in range(R))
+        expect_close(g, np.mean(w_all, 0)[off:off + R + 1], f"{mode} allgather gradient")
+
+        w3 = [upstream(r, (2, 3), 14) for r in range(N)]
+        x3 = [data(r, (2, 3), np.float64, seed=15) for r in range(N)]
+        for op, red in [(hvd.Sum, np.sum), (hvd.Average, np.mean)]:
+            def ar_grad(x, w, op=op):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    loss = tf.reduce_sum(hvd.allreduce(x, op=op) * w)
+                return tape.gradient(loss, x)
+            g = wrap(ar_grad)(tf.constant(x3[R]), tf.constant(w3[R]))
+            expect_close(g, red(w3, 0), f"{mode} allreduce gradient op {op}")
+
+        root = N - 1
+
+        def bc_grad(x, w):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(hvd.broadcast(x, root) * w)
+            return tape.gradient(loss, x)
+        g = wrap(bc_grad)(tf.constant(x3[R]), tf.constant(w3[R]))
+        expect_close(g, np.mean(w3, 0) if R == root else np.zeros((2, 3)), f"{mode} broadcast gradient")
+
+        def ga_grad(a, b, wa, wb):
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                ya, yb = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+                loss = tf.reduce_sum(ya * wa) + tf.reduce_sum(yb * wb)
+            return tape.gradient(loss, [a, b])
+        ga, gb = wrap(ga_grad)(tf.constant(x3[R]), tf.constant(x3[R][0]), tf.constant(w3[R]),
+                               tf.constant(w3[R][1]))
+        expect_close(ga, np.sum(w3, 0), f"{mode} grouped_allreduce gradient[0]")
+        expect_close(gb, np.sum([w[1] for w in w3], 0), f"{mode} grouped_allreduce gradient[1]")
+
+        # alltoall: the gradient is the reverse alltoall of the upstream gradient
+        xs = [data(r, (sum(splits_of(r)), 2), np.float64, seed=16) for r in range(N)]
+        recv_rows = [sum(splits_of(s)[r] for s in range(N)) for r in range(N)]
+        ws = [upstream(r, (recv_rows[r], 2), 17) for r in range(N)]
+
+        def a2a_grad(x, w, sp):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y, _ = hvd.alltoall(x, splits=sp)
+                loss = tf.reduce_sum(y * w)
+            return tape.gradient(loss, x)
+        g = wrap(a2a_grad)(tf.constant(xs[R]), tf.constant(ws[R]), tf.constant(splits_of(R), tf.int32))
+        # rank R's rows sent to rank d come back as the part of ws[d] that came from R
+        want = []
+        for d in range(N):
+            off = sum(splits_of(s)[d] for s in range(R))
+            want.append(ws[d][off:off + splits_of(R)[d]])
+        expect_close(g, np.concatenate(want), f"{mode} alltoall gradient")
+
+        rows = 2 * N + 1
+        xr = [data(r, (rows, 2), np.float64, seed=18) for r in range(N)]
+        base, extra = divmod(rows, N)
+        counts = [base + (1 if r < extra else 0) for r in range(N)]
+        wr = [upstream(r, (counts[r], 2), 19) for r in range(N)]
+
+        def rs_grad(x, w):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum) * w)
+            return tape.gradient(loss, x)
+        g = wrap(rs_grad)(tf.constant(xr[R]), tf.constant(wr[R]))
+        expect_close(g, np.concatenate(wr), f"{mode} reducescatter gradient")
+
+
+@check
+def indexed_slices_and_compression():
+    for mode, wrap in MODES.items():
+        vals = [data(r, (r + 1, 4), np.float32, seed=20) for r in range(N)]
+        idx = [np.arange(r + 1, dtype=np.int64) % 3 + r for r in range(N)]
+
+        def sparse_reduce(v, i):
+            s = tf.IndexedSlices(v, i, dense_shape=tf.constant([N + 3, 4], tf.int64))
+            out = hvd.allreduce(s)
+            return out.values, out.indices
+        v, i = wrap(sparse_reduce)(tf.constant(vals[R]), tf.constant(idx[R]))
+        expect_close(v, np.concatenate(vals) / N, f"{mode} IndexedSlices values (Average)")
+        expect(np.array_equal(np.asarray(i), np.concatenate(idx)), f"{mode} IndexedSlices indices")
+        x = [data(r, (64,), np.float32, seed=21) for r in range(N)]
+        for comp, tol in [(hvd.Compression.fp16, 1e-2), (hvd.Compression.bf16, 5e-2), (hvd.Compression.none, 1e-6)]:
+            got = wrap(lambda t, comp=comp: hvd.allreduce(t, compression=comp))(tf.constant(x[R]))
+            expect(got.dtype == tf.float32, f"{mode} compression keeps dtype")
+            expect_close(got, np.mean(x, 0), f"{mode} compression {comp.__name__}", rtol=tol, atol=tol)
+
+
+@check
+def variables_and_objects():
+    vs = [tf.Variable(data(R, (3, 2), np.float32, seed=22)), tf.Variable(np.int64(R + 7))]
+    hvd.broadcast_variables(vs, root_rank=N - 1)
+    expect_close(vs[0], data(N - 1, (3, 2), np.float32, seed=22), "broadcast_variables float")
+    expect(int(vs[1].numpy()) == N - 1 + 7, "broadcast_variables int")
+    v2 = tf.Variable(data(R, (4,), np.float64, seed=23))
+
+    @tf.function
+    def bcast_in_graph():
+        hvd.broadcast_variables([v2], root_rank=0)
+        return v2.read_value()
+    expect_close(bcast_in_graph(), data(0, (4,), np.float64, seed=23), "broadcast_variables in tf.function")
+    obj = hvd.broadcast_object({"rank": R, "list": list(range(R + 1)), "f": (lambda z: z + R)}, root_rank=N - 1)
+    expect(obj["rank"] == N - 1 and obj["list"] == list(range(N)) and obj["f"](1) == N,
+           f"broadcast_object {obj['rank']}")
+    gathered = hvd.allgather_object({"r": R, "s": "x" * R})
+    expect(gathered == [{"r": r, "s": "x" * r} for r in range(N)], f"allgather_object {gathered}")
+
+
+@check
+def errors_are_raised_and_recoverable():
+    # Shape mismatch: every rank must get an HvdliteError naming the tensor.
+    if N > 1:
+        try:
+            hvd.allreduce(tf.ones([R + 1]), name="mismatched_shape")
+            FAILURES.append("mismatched allreduce did not raise")
+        except hvd.HvdliteError as e:
+            expect("mismatched_shape" in str(e), f"error message does not name the tensor: {e}")
+
+        @tf.function
+        def bad_in_graph(x):
+            return hvd.allreduce(x, name="mismatched_in_graph")
+        try:
+            bad_in_graph(tf.ones([R + 2]))
+            FAILURES.append("mismatched allreduce in tf.function did not raise")
+        except (hvd.HvdliteError, tf.errors.OpError) as e:
+            expect("mismatched_in_graph" in str(e), f"graph error does not name the tensor: {str(e)[:300]}")
+    try:
+        hvd.allreduce(tf.constant([True, False]))
+        FAILURES.append("allreduce of bool did not raise")
+    except (hvd.HvdliteError, tf.errors.OpError) as e:
+        expect("bool" in str(e), f"bool error message: {e}")
+    try:
+        tf.function(lambda t: hvd.allreduce(t), jit_compile=True)(tf.ones([2]))
+        FAILURES.append("allreduce under jit_compile=True did not raise")
+    except Exception as e:  # autograph re-raises it as a StagingError carrying the message
+        expect("jit_compile" in str(e), f"XLA error message: {str(e)[:300]}")
+    got = hvd.allreduce(tf.constant([2.0]), op=hvd.Sum)
+    expect_close(got, [2.0 * N], "allreduce after errors")
+
+
+@check
+def distributed_gradient_tape_matches_single_process():
+    """k steps of a custom tf.function loop on rank-local batches == single-process
+    training on the global batch, for several tape options."""
+    B, D, H, K = 4, 5, 6, 3
+    rng = np.random.default_rng(99)
+    X = rng.normal(size=(K * B * N, D)).astype(np.float32)
+    Y = rng.normal(size=(K * B * N, 2)).astype(np.float32)
+    w_init = [rng.normal(size=(D, H)).astype(np.float32) * 0.5, np.zeros(H, np.float32),
+              rng.normal(size=(H, 2)).astype(np.float32) * 0.5]
+
+    def forward(w, x):
+        return tf.matmul(tf.nn.relu(tf.matmul(x, w[0]) + w[1]), w[2])
+
+    unused = tf.Variable(np.ones(2, np.float32))
+
+    def train(options, distributed):
+        # every rank starts from a different point; the broadcast fixes that
+        w = [tf.Variable(a + (0.1 * R if distributed else 0.0)) for a in w_init]
+        if callable(options):
+            options = options(w)
+        wrap_first = bool(options.pop("wrap_first", False)) if distributed else False
+        if distributed:
+            hvd.broadcast_variables(w, root_rank=0)
+
+        @tf.function
+        def step(x, y):
+            if wrap_first:  # wrapping the tape before recording works too
+                with hvd.DistributedGradientTape(tf.GradientTape(), **options) as tape:
+                    loss = tf.reduce_mean((forward(w, x) - y) ** 2)
+            else:
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((forward(w, x) - y) ** 2)
+                if distributed:
+                    tape = hvd.DistributedGradientTape(tape, **options)
+            grads = tape.gradient(loss, w + [unused])
+            tf.debugging.assert_equal(grads[-1] is None, True)  # unconnected stays None
+            for v, g in zip(w, grads):
+                v.assign_sub(0.1 * g)
+            return loss
+        for k in range(K):
+            g0 = k * B * N
+            if distributed:
+                step(X[g0 + R * B:g0 + (R + 1) * B], Y[g0 + R * B:g0 + (R + 1) * B])
+            else:
+                step(X[g0:g0 + B * N], Y[g0:g0 + B * N])
+        return [v.numpy() for v in w]
+
+    reference = train({}, distributed=False)
+    variants = {"default": {}, "groups": {"num_groups": 2}, "predivide": {"gradient_predivide_factor": 2.0},
+                "var_groups": lambda w: {"groups": [[w[0], w[2]]]},
+                "fp16": {"compression": hvd.Compression.fp16}, "wrap_first": {"wrap_first": True},
+                "one_batch": {}, "small_buckets": {}}
+    for label, options in variants.items():
+        if label == "one_batch":  # no buckets: the whole step in one submit
+            os.environ["HVDLITE_TF_BUCKET_BYTES"] = "0"
+        if label == "small_buckets":  # one submit op per gradient
+            os.environ["HVDLITE_TF_BUCKET_BYTES"] = "8"
+        try:
+            got = train(dict(options) if isinstance(options, dict) else options, distributed=True)
+        finally:
+            os.environ.pop("HVDLITE_TF_BUCKET_BYTES", None)
+        tol = 2e-3 if label == "fp16" else 1e-5
+        for i, (g, r) in enumerate(zip(got, reference)):
+            expect_close(g, r, f"tape {label} weight {i} vs single process", rtol=tol, atol=tol)
+            everyone = hvd.allgather(tf.constant(g[None]))
+            expect(np.allclose(np.asarray(everyone), g[None], rtol=1e-6, atol=1e-7),
+                   f"tape {label} weight {i} differs between ranks")
+
+
+@check
+def embedding_indexed_slices_gradients():
+    """An embedding gradient is tf.IndexedSlices: allgathered by default, densified with
+    sparse_as_dense; both give the single-process gradient of the global batch."""
+    V, E = 7, 3
+    emb0 = data(0, (V, E), np.float32, seed=30)
+    ids = [np.array([(r * 2 + j) % V for j in range(3)], np.int64) for r in range(N)]
+    ws = [data(r, (3, E), np.float32, seed=31) for r in range(N)]
+    emb = tf.Variable(emb0)
+
+    def grad_of(sparse_as_dense, mode_wrap):
+        def f(i, w):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.gather(emb, i) * w)
+            tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+            g = tape.gradient(loss, emb)
+            return tf.convert_to_tensor(g), isinstance(g, tf.IndexedSlices)
+        return mode_wrap(f)(tf.constant(ids[R]), tf.constant(ws[R]))
+
+    want = np.zeros((V, E))
+    for r in range(N):
+        np.add.at(want, ids[r], ws[r])
+    want /= N
+    for mode, wrap in MODES.items():
+        for sad in (False, True):
+            g, was_sparse = grad_of(sad, wrap)
+            expect_close(g, want, f"{mode} embedding grad sparse_as_dense={sad}", rtol=1e-5)
+            if mode == "eager":
+                expect(bool(was_sparse) == (not sad), f"embedding gradient type sparse_as_dense={sad}")
+
+
