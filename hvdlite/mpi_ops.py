@@ -194,8 +194,6 @@ class _GroupHandle(Handle):
         return [m.result() for m in self._members]
 
 
-_GroupHandle.__slots__ = ()  # type: ignore[misc]
-
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: int | None = None, prescale_factor: float = 1.0,

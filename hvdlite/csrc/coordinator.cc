@@ -41,6 +41,19 @@ std::string Num(double v) {
   return os.str();
 }
 
+// A rank that submitted this tensor (every pending tensor has at least one).
+int FirstRank(const std::vector<char>& have) {
+  int r = 0;
+  while (!have[r]) ++r;
+  return r;
+}
+
+// Allreduces fuse only when they are reduced and scaled the same way.
+bool SameFusionKey(const Response& a, const Response& b) {
+  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
+         a.postscale == b.postscale && a.device == b.device;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(int size, const Parameters& params, ResponseCache* cache, Timeline* timeline)
@@ -204,9 +217,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
 }
 
 Response Coordinator::MakeResponse(const std::string& name, const Pending& p, const std::string& error) const {
-  int any = 0;
-  while (!p.have[any]) ++any;
-  const Request& q = p.requests[any];
+  const Request& q = p.requests[FirstRank(p.have)];
   Response resp;
   resp.type = q.type;
   resp.error = error;
@@ -256,9 +267,7 @@ void Coordinator::RecordNegotiation(const std::string& name, const Pending& p, i
   for (int r = 0; r < size_; ++r)
     if (p.have[r] && (last < 0 || p.arrival_us[r] > p.arrival_us[last])) last = r;
   args << ", \"last_rank\": " << last << "}";
-  int any = 0;
-  while (!p.have[any]) ++any;
-  std::string phase = std::string("NEGOTIATE_") + RequestTypeName(p.requests[any].type);
+  std::string phase = std::string("NEGOTIATE_") + RequestTypeName(p.requests[FirstRank(p.have)].type);
   for (auto& c : phase) c = static_cast<char>(std::toupper(c));
   timeline_->Phase(name, phase.c_str(), p.first_us, now_us, args.str());
 }
@@ -278,9 +287,7 @@ ResponseList Coordinator::TakeReady() {
     Pending p = std::move(it->second);
     table_.erase(it);
     RecordNegotiation(name, p, now);
-    int any = 0;
-    while (!p.have[any]) ++any;
-    const Request& q = p.requests[any];
+    const Request& q = p.requests[FirstRank(p.have)];
     if (q.type == RequestType::kAllreduce && q.group_id >= 0 && q.group_size > 1) {
       auto& members = groups_[q.group_id];
       members.emplace_back(name, std::move(p));
@@ -300,57 +307,49 @@ ResponseList Coordinator::TakeReady() {
     int64_t bytes;
     bool cached;
   };
-  std::vector<std::pair<std::string, Open>> open;  // key -> open fused response
-  std::vector<std::vector<int32_t>> cached_lists;
-  std::vector<int> cached_slot;  // out.responses index -> cached_lists index or -1
+  std::vector<Open> open;
+  std::vector<bool> all_cached;  // per out.responses entry: agreed entirely through the cache
 
   for (auto& [name, p] : batch) {
     std::string error = Validate(name, p);
     Response resp = MakeResponse(name, p, error);
-    int any = 0;
-    while (!p.have[any]) ++any;
-    if (error.empty() && joined.empty() && ResponseCache::Cacheable(p.requests[any])) {
-      resp.cache_ids[0] = cache_->Lookup(p.requests[any]);
+    const Request& q = p.requests[FirstRank(p.have)];
+    if (error.empty() && joined.empty() && ResponseCache::Cacheable(q)) {
+      resp.cache_ids[0] = cache_->Lookup(q);
       if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
     }
     if (!error.empty() || resp.type != RequestType::kAllreduce) {
       out.responses.push_back(std::move(resp));
-      cached_slot.push_back(-1);
+      all_cached.push_back(false);
       continue;
     }
     resp.joined_ranks = joined;
     const int64_t bytes = resp.sizes[0] * DataTypeSize(resp.dtype);
-    std::ostringstream key;
-    key << static_cast<int>(resp.dtype) << ':' << static_cast<int>(resp.reduce_op) << ':' << resp.prescale << ':'
-        << resp.postscale << ':' << resp.device;
-    auto slot = std::find_if(open.begin(), open.end(), [&](const auto& o) { return o.first == key.str(); });
+    auto slot = std::find_if(open.begin(), open.end(),
+                             [&](const Open& o) { return SameFusionKey(out.responses[o.index], resp); });
     const bool cached = p.all_from_cache && joined.empty() && resp.cache_ids[0] >= 0;
-    if (slot != open.end() && slot->second.bytes + bytes <= params_.fusion_threshold_bytes &&
-        slot->second.cached == cached) {
-      Response& f = out.responses[slot->second.index];
+    if (slot != open.end() && slot->bytes + bytes <= params_.fusion_threshold_bytes && slot->cached == cached) {
+      Response& f = out.responses[slot->index];
       f.names.push_back(name);
       f.sizes.push_back(resp.sizes[0]);
       f.cache_ids.push_back(resp.cache_ids[0]);
-      slot->second.bytes += bytes;
+      slot->bytes += bytes;
       continue;
     }
     if (slot != open.end()) open.erase(slot);
-    open.push_back({key.str(), Open{static_cast<int>(out.responses.size()), bytes, cached}});
+    open.push_back(Open{static_cast<int>(out.responses.size()), bytes, cached});
     out.responses.push_back(std::move(resp));
-    cached_slot.push_back(cached ? 0 : -1);
+    all_cached.push_back(cached);
   }
 
   // Execution order; responses agreed entirely through the cache travel as ids.
   std::vector<Response> full;
   for (size_t i = 0; i < out.responses.size(); ++i) {
-    Response& r = out.responses[i];
-    const bool as_ids = cached_slot[i] >= 0 && r.error.empty() && r.joined_ranks.empty() &&
-                        std::all_of(r.cache_ids.begin(), r.cache_ids.end(), [](int32_t id) { return id >= 0; });
-    if (as_ids) {
-      out.cached.push_back(r.cache_ids);
+    if (all_cached[i]) {
+      out.cached.push_back(out.responses[i].cache_ids);
       out.order.push_back(-static_cast<int32_t>(out.cached.size()));
     } else {
-      full.push_back(std::move(r));
+      full.push_back(std::move(out.responses[i]));
       out.order.push_back(static_cast<int32_t>(full.size()) - 1);
     }
   }

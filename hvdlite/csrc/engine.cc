@@ -310,9 +310,7 @@ void Engine::Perform(const Response& r) {
   if (r.error.empty() && r.joined_ranks.empty()) {
     for (size_t i = 0; i < r.cache_ids.size() && i < n; ++i) {
       if (r.cache_ids[i] < 0 || !have[i]) continue;
-      if (cache_.Has(r.cache_ids[i]) && cache_.Get(r.cache_ids[i]).name == r.names[i] &&
-          cache_.Lookup(entries[i].request) == r.cache_ids[i])
-        continue;
+      if (cache_.Lookup(entries[i].request) == r.cache_ids[i]) continue;  // already known
       Request sig = entries[i].request;
       sig.rank = 0;
       cache_.Put(r.cache_ids[i], sig);

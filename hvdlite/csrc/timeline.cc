@@ -49,12 +49,14 @@ bool Timeline::Start(const std::string& path, bool mark_cycles, std::string* err
   pids_.clear();
   std::fputs("[\n", file_);
   std::fflush(file_);
+  active_ = true;
   return true;
 }
 
 void Timeline::Stop() {
   std::lock_guard<std::mutex> lk(mu_);
   if (!file_) return;
+  active_ = false;
   std::fputs("\n]\n", file_);
   std::fclose(file_);
   file_ = nullptr;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -18,7 +19,7 @@ class Timeline {
   // Opens (or reopens) the trace file; returns false with a message if it cannot.
   bool Start(const std::string& path, bool mark_cycles, std::string* error);
   void Stop();
-  bool Active() const { return file_ != nullptr; }
+  bool Active() const { return active_; }  // read by the background thread without the lock
   bool MarkCycles() const { return mark_cycles_; }
 
   // A phase of one tensor, [start_us, end_us] on the steady clock.
@@ -35,6 +36,7 @@ class Timeline {
   std::mutex mu_;
   std::FILE* file_ = nullptr;
   bool mark_cycles_ = false;
+  std::atomic<bool> active_{false};
   bool first_ = true;
   int64_t origin_us_ = 0;
   std::unordered_map<std::string, int> pids_;
