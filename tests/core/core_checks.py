@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 import hvdlite as hvd
+from hvdlite.common import ops as _ops
 
 try:
     import ml_dtypes
@@ -239,12 +240,21 @@ def check_errors(r: int, n: int) -> None:
     expect_error(lambda: hvd.broadcast(np.ones(2), root_rank=n, name="bad.rootrange"),
                  "bad.rootrange", f"root rank {n} is outside")
     still_works(n, "rootrange")
-    # A name submitted twice while the first is still in flight.
-    a = np.ones(2)
-    h1 = hvd.allreduce_async(a, op=hvd.Sum, name="dup")
+    # A name submitted twice while the first is still in flight. The first is one half
+    # of a two-member group whose partner comes only after the duplicate, so it is
+    # certainly still in flight (a plain allreduce could finish in between under load).
+    a, partner = np.ones(2), np.ones(2)
+    gid = _ops.new_group_id()
+    raw_a = _ops.RawTensor(a.ctypes.data, "float64", a.shape)
+    raw_p = _ops.RawTensor(partner.ctypes.data, "float64", partner.shape)
+    h1 = _ops.submit(_ops.ALLREDUCE, raw_a, raw_a, name="dup", group_id=gid, group_size=2, keepalive=a)
     expect_error(lambda: hvd.synchronize(hvd.allreduce_async(a, op=hvd.Sum, name="dup")),
                  "dup", "already in flight", f"rank {r}")
-    np.testing.assert_allclose(hvd.synchronize(h1), np.full(2, n))
+    h2 = _ops.submit(_ops.ALLREDUCE, raw_p, raw_p, name="dup.partner", group_id=gid, group_size=2,
+                     keepalive=partner)
+    h1.wait()
+    h2.wait()
+    np.testing.assert_allclose(a, np.full(2, n))
     still_works(n, "dup")
     expect_error(lambda: hvd.allreduce_(np.ones((4, 4))[:, ::2], name="bad.noncontig"), "C-contiguous")
     expect_error(lambda: hvd.allreduce(np.ones(3, np.complex64), name="bad.dtype2"), "unsupported dtype", "complex64")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,16 @@ def run_ranks(n: int, script: str, *args: str, env: dict[str, str] | None = None
         full_env.update(env)
     cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(n),
            sys.executable, str(HERE / script), *args]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    # Own process group, so a timeout kills mpirun's ranks too, not just the launcher.
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"job timed out after {timeout}s:\n{(out + err)[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def assert_all_ranks_passed(proc: subprocess.CompletedProcess, n: int) -> None:
