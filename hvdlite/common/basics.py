@@ -63,9 +63,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     _tune_mpi_environment()
     from hvdlite.common import ops
     ops.reset_auto_names()
-    c.init(comm_handle, ranks)
-    if comm_handle == 0 and ranks and not c.is_initialized():
-        return  # this process is not a member of the requested ranks
+    c.init(comm_handle, ranks)  # a process not among `ranks` stays uninitialized
 
 
 def _tune_mpi_environment() -> None:
