@@ -432,7 +432,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-sweep", action="store_true", help="skip the message-size sweep")
     p.add_argument("--no-steady", action="store_true",
                    help="skip the steady-state (response cache on/off) measurement")
-    return p.parse_args(argv)
+    p.add_argument("--only", metavar="PARTS",
+                   help="comma-separated subset of: latency, large, resnet, sweep, steady")
+    args = p.parse_args(argv)
+    parts = {"latency", "large", "resnet", "sweep", "steady"}
+    args.parts = parts if not args.only else set(args.only.split(","))
+    if not args.parts <= parts:
+        p.error(f"--only: unknown part(s) {', '.join(sorted(args.parts - parts))}")
+    if args.no_sweep:
+        args.parts.discard("sweep")
+    if args.no_steady:
+        args.parts.discard("steady")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -452,14 +463,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# {title}; started {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
     t_start = time.perf_counter()
 
-    bench_latency(h, hvd)
-    bench_large(h, hvd)
-    rs = ResNetSet(hvd, comm, MPI)
-    resnet_row = bench_resnet(h, rs)
-    if not args.no_sweep:
+    if "latency" in args.parts:
+        bench_latency(h, hvd)
+    if "large" in args.parts:
+        bench_large(h, hvd)
+    if args.parts & {"resnet", "steady"}:
+        rs = ResNetSet(hvd, comm, MPI)
+        resnet_row = bench_resnet(h, rs)
+        if "steady" in args.parts:
+            bench_steady(h, hvd, rs, resnet_row.peer)
+    if "sweep" in args.parts:
         bench_sweep(h, hvd)
-    if not args.no_steady:
-        bench_steady(h, hvd, rs, resnet_row.peer)
 
     if comm.rank == 0:
         print_table(h.rows)

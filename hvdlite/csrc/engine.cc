@@ -14,7 +14,6 @@ namespace {
 
 constexpr int kTagRequest = 101;
 constexpr int kTagResponse = 102;
-constexpr int64_t kSpinMicros = 50;           // poll without sleeping this long after progress
 constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this often anyway
 constexpr int64_t kStallCheckEveryMicros = 1000000;
 
@@ -49,6 +48,11 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
   MPI_Comm_rank(cross_comm_, &cross_rank_);
   MPI_Comm_size(cross_comm_, &cross_size_);
   SetLogContext(rank_, params_.log_level);
+  // Polling without sleeping only pays while every rank on this host has a core to
+  // itself; with more ranks than cores it would take time from a rank that computes.
+  const unsigned cores = std::thread::hardware_concurrency();
+  spin_us_ = (cores == 0 || static_cast<unsigned>(local_size_) <= cores) ? params_.spin_us : 0;
+  if (spin_us_ > 0) handles_->SetWaiterHook([this] { queue_.Wake(); });
   InitReduceOps();
   collectives_ = std::make_unique<MpiCollectives>(data_comm_);
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, params_, &cache_, &timeline_);
@@ -60,6 +64,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
 }
 
 Engine::~Engine() {
+  handles_->SetWaiterHook(nullptr);
   Stop();
   timeline_.Stop();
   for (MPI_Comm* c : {&ctrl_comm_, &data_comm_, &local_comm_, &cross_comm_})
@@ -243,12 +248,16 @@ void Engine::Loop() {
         sleep_us = 0;
         continue;
       }
-      if (!queue_.HasOutstanding() && !shutting_down_) {
+      const bool outstanding = queue_.HasOutstanding();
+      if (!outstanding && !shutting_down_) {
         queue_.WaitForWork(kIdleWaitMicros);  // nothing of ours in flight: sleep until work arrives
         last_progress = NowMicros();
         continue;
       }
-      if (now - last_progress < kSpinMicros) {
+      // Work is in flight. Poll without sleeping for a moment after progress, and for
+      // as long as a caller is blocked waiting on a result: that caller's core would
+      // be idle anyway, and a sleep here would add directly to its wait.
+      if (spin_us_ > 0 && (now - last_progress < spin_us_ || handles_->Waiting() > 0)) {
         std::this_thread::yield();
         continue;
       }

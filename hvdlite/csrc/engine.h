@@ -96,6 +96,7 @@ class Engine {
   int acks_ = 0;
   std::string shutdown_reason_;
   int64_t last_stall_check_us_ = 0;
+  int64_t spin_us_ = 0;  // see Parameters::spin_us; 0 when ranks outnumber cores
 };
 
 }  // namespace hvdlite

@@ -35,9 +35,17 @@ bool HandleTable::Wait(int64_t h, std::string* error) {
     *error = "unknown or already released hvdlite handle " + std::to_string(h);
     return false;
   }
-  cv_.wait(lk, [&] { return it->second.done; });
-  *error = it->second.error;
-  return it->second.ok;
+  // A reference, not the iterator: Create() may rehash the map while the lock is
+  // released, which invalidates iterators but not references to elements.
+  State& st = it->second;
+  if (!st.done) {
+    waiting_.fetch_add(1, std::memory_order_relaxed);
+    if (waiter_hook_) waiter_hook_();
+    cv_.wait(lk, [&] { return st.done; });
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  *error = st.error;
+  return st.ok;
 }
 
 std::unique_ptr<OutputBuffer> HandleTable::TakeOutput(int64_t h) {
@@ -63,6 +71,15 @@ void HandleTable::FailAll(const std::string& error) {
     }
   }
   cv_.notify_all();
+}
+
+}  // namespace hvdlite
+
+namespace hvdlite {
+
+void HandleTable::SetWaiterHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lk(mu_);
+  waiter_hook_ = std::move(hook);
 }
 
 }  // namespace hvdlite

@@ -2,7 +2,9 @@
 // message, and outputs the engine allocated. Waiters block on a condition variable.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,12 +31,18 @@ class HandleTable {
   int64_t Create();
   void Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out = nullptr);
   bool Poll(int64_t h);
-  // Blocks until done; returns ok and fills `error`.
+  // Blocks until done; returns ok and fills `error`. A caller about to block first
+  // runs the waiter hook (the engine uses it to stop sleeping between polls).
   bool Wait(int64_t h, std::string* error);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
   // Fail every unfinished handle (engine shutting down).
   void FailAll(const std::string& error);
+  // Installs (or, with nullptr, removes) the waiter hook. The hook runs under the
+  // table's lock, so once this returns an old hook is never called again.
+  void SetWaiterHook(std::function<void()> hook);
+  // How many callers are blocked in Wait right now.
+  int Waiting() const { return waiting_.load(std::memory_order_relaxed); }
 
  private:
   struct State {
@@ -45,6 +53,8 @@ class HandleTable {
   };
   std::mutex mu_;
   std::condition_variable cv_;
+  std::function<void()> waiter_hook_;
+  std::atomic<int> waiting_{0};
   int64_t next_ = 1;
   std::unordered_map<int64_t, State> states_;
 };

@@ -42,10 +42,12 @@ Parameters Parameters::FromEnvironment() {
   if (const char* v = GetEnv("STALL_SHUTDOWN_TIME_SECONDS")) p.stall_shutdown_seconds = std::atof(v);
   if (const char* v = GetEnv("HOST_CHUNK_BYTES")) p.host_chunk_bytes = std::atoll(v);
   if (const char* v = GetEnv("FUSION_DIRECT_BYTES")) p.fusion_direct_bytes = std::atoll(v);
+  if (const char* v = GetEnv("SPIN_MICROSECONDS")) p.spin_us = std::atoll(v);
   if (const char* v = GetEnv("LOG_LEVEL")) p.log_level = ParseLogLevel(v);
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;
   if (p.cache_capacity < 0) p.cache_capacity = 0;
+  if (p.spin_us < 0) p.spin_us = 0;
   if (p.host_chunk_bytes < 4096) p.host_chunk_bytes = 4096;
   return p;
 }

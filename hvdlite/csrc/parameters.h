@@ -21,6 +21,13 @@ struct Parameters {
   // the fusion buffer: above a few tens of KiB a copy in and out costs more than the
   // latency of one more MPI call.
   int64_t fusion_direct_bytes = 64LL * 1024;
+  // While this rank has work in flight, the background thread polls MPI without
+  // sleeping for this long after each bit of progress, and for as long as a caller
+  // is blocked waiting on a result (its core is idle then). Otherwise it sleeps
+  // between polls, backing off up to the cycle time, so that it takes no time from
+  // computation. 0 turns polling without sleeping off; it is also off when this host
+  // runs more ranks than it has cores.
+  int64_t spin_us = 50;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
 
   static Parameters FromEnvironment();

@@ -5,6 +5,7 @@
 namespace hvdlite {
 
 bool TensorQueue::Push(TensorEntry entry) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (entry.request.type != RequestType::kJoin) {
@@ -15,8 +16,9 @@ bool TensorQueue::Push(TensorEntry entry) {
       table_.emplace("\x01join", entry);
     }
     fresh_.push_back(std::move(entry.request));
+    wake = sleeping_;  // a spinning background thread sees fresh_ without a wake-up
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
   return true;
 }
 
@@ -56,7 +58,9 @@ void TensorQueue::WaitForWork(int64_t timeout_us) {
     woken_ = false;
     return;
   }
+  sleeping_ = true;
   cv_.wait_for(lk, std::chrono::microseconds(timeout_us), [&] { return !fresh_.empty() || woken_; });
+  sleeping_ = false;
   woken_ = false;
 }
 

@@ -43,6 +43,7 @@ class TensorQueue {
   std::unordered_map<std::string, TensorEntry> table_;
   std::vector<Request> fresh_;
   bool woken_ = false;
+  bool sleeping_ = false;  // the background thread is blocked in WaitForWork
 };
 
 }  // namespace hvdlite
