@@ -32,6 +32,16 @@ def core() -> Any:
     return c
 
 
+def _world() -> Any:
+    """The engine module for process-info queries. Unlike :func:`core`, this still
+    answers after another rank shut the job down, until this process calls
+    ``shutdown()`` itself (Horovod behaves the same way)."""
+    c = _load_core()
+    if not c.has_world():
+        raise NotInitializedError("hvdlite has not been initialized; call hvd.init() first")
+    return c
+
+
 def core_or_none() -> Any:
     c = _core_module
     if c is None or not c.is_initialized():
@@ -77,7 +87,7 @@ def _tune_mpi_environment() -> None:
 def shutdown() -> None:
     """Stop the background thread; outstanding operations fail with an error."""
     c = _core_module
-    if c is not None and c.is_initialized():
+    if c is not None and c.has_world():  # also after another rank stopped the job
         c.shutdown()
 
 
@@ -88,32 +98,32 @@ def is_initialized() -> bool:
 
 def rank() -> int:
     """This process's rank in hvdlite's world."""
-    return core().rank()
+    return _world().rank()
 
 
 def size() -> int:
     """Number of processes in hvdlite's world."""
-    return core().size()
+    return _world().size()
 
 
 def local_rank() -> int:
     """Rank among the processes on this host (use it to pick a GPU)."""
-    return core().local_rank()
+    return _world().local_rank()
 
 
 def local_size() -> int:
     """Number of processes on this host."""
-    return core().local_size()
+    return _world().local_size()
 
 
 def cross_rank() -> int:
     """Index of this host among the hosts (rank among processes with the same local rank)."""
-    return core().cross_rank()
+    return _world().cross_rank()
 
 
 def cross_size() -> int:
     """Number of hosts (processes with this local rank across hosts)."""
-    return core().cross_size()
+    return _world().cross_size()
 
 
 def mpi_threads_supported() -> bool:

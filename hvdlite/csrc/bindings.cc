@@ -32,6 +32,13 @@ Engine& Running() {
   return *g_engine;
 }
 
+// Process info stays available after a shutdown that another rank started, until
+// this process calls shutdown() itself (as in Horovod); collectives need Running().
+Engine& Known() {
+  if (!g_engine) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  return *g_engine;
+}
+
 void EnsureMpi() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -145,13 +152,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("shutdown", &Shutdown);
   m.def("finalize", &Finalize);
   m.def("is_initialized", [] { return g_engine && g_engine->Running(); });
+  m.def("has_world", [] { return static_cast<bool>(g_engine); });
   m.def("shutdown_reason", [] { return g_engine ? g_engine->ShutdownReason() : std::string(); });
-  m.def("rank", [] { return Running().rank(); });
-  m.def("size", [] { return Running().size(); });
-  m.def("local_rank", [] { return Running().local_rank(); });
-  m.def("local_size", [] { return Running().local_size(); });
-  m.def("cross_rank", [] { return Running().cross_rank(); });
-  m.def("cross_size", [] { return Running().cross_size(); });
+  m.def("rank", [] { return Known().rank(); });
+  m.def("size", [] { return Known().size(); });
+  m.def("local_rank", [] { return Known().local_rank(); });
+  m.def("local_size", [] { return Known().local_size(); });
+  m.def("cross_rank", [] { return Known().cross_rank(); });
+  m.def("cross_size", [] { return Known().cross_size(); });
   m.def("mpi_threads_supported", [] { return g_thread_level >= MPI_THREAD_MULTIPLE; });
   m.def("enqueue", &Enqueue);
   m.def("poll", [](int64_t h) { return g_handles.Poll(h); });

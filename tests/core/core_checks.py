@@ -6,6 +6,7 @@ reference result by itself. Run by test_core_ops.py through hvdlite-run.
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -277,13 +278,43 @@ def check_restart(r: int, n: int) -> None:
     still_works(n, "restart")
 
 
+def check_remote_shutdown(r: int, n: int) -> None:
+    """Rank 0 shuts down alone: the others' collectives fail naming why, while their
+    process info keeps answering until they call shutdown() themselves (as Horovod)."""
+    if r == 0:
+        hvd.shutdown()
+    else:
+        deadline = time.monotonic() + 10
+        while hvd.is_initialized():
+            assert time.monotonic() < deadline, "rank 0's shutdown did not reach this rank"
+            time.sleep(0.01)
+        assert (hvd.rank(), hvd.size()) == (r, n)
+        assert 0 <= hvd.local_rank() < hvd.local_size()
+        try:
+            hvd.allreduce(np.ones(2), name="after.remote.shutdown")
+        except hvd.NotInitializedError as exc:
+            assert "rank 0 called shutdown()" in str(exc), str(exc)
+        else:
+            raise AssertionError("allreduce after rank 0's shutdown did not raise")
+        hvd.shutdown()
+    try:
+        hvd.rank()
+    except hvd.NotInitializedError as exc:
+        assert "init" in str(exc)
+    else:
+        raise AssertionError("rank() after this process's own shutdown did not raise")
+    hvd.init()
+    assert hvd.rank() == r and hvd.size() == n
+    still_works(n, "remote.shutdown")
+
+
 def main() -> None:
     only = sys.argv[1:] or None
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
     checks = [check_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
-              check_barrier_join, check_errors, check_restart]
+              check_barrier_join, check_errors, check_restart, check_remote_shutdown]
     for check in checks:
         if only and check.__name__ not in only:
             continue
