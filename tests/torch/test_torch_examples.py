@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torch_mp import REPO, launcher, run_ranks, worker_env
+from tests.launch import REPO, job_env
+from tests.torch.torch_mp import run_ranks
 
 EXAMPLES = REPO / "examples" / "pytorch"
 DIGITS = EXAMPLES / "train_digits_cnn.py"
@@ -22,7 +23,7 @@ def reference(tmp_path: Path, epochs: int, batch: int) -> tuple[float, dict[str,
     proc = subprocess.run([sys.executable, str(DIGITS), "--reference", "--no-progress", "--float64",
                            "--epochs", str(epochs), "--batch-size", str(batch), "--checkpoint", "",
                            "--save-params", str(params)],
-                          cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return float(ACC.findall(proc.stdout)[-1]), dict(np.load(params))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from torch_mp import assert_passed, run_ranks
+from tests.torch.torch_mp import assert_passed, run_ranks
 
 OPS_CASES = ["allreduce_float_ops", "allreduce_with_compression", "allreduce_int_ops",
              "allreduce_scaling_and_deprecated_average",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_mp import assert_passed, run_ranks
+from tests.torch.torch_mp import assert_passed, run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU available")
 

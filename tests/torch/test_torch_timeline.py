@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_mp import run_ranks
+from tests.torch.torch_mp import run_ranks
 
 LAYERS = 5
 DELAY_US = 100_000

@@ -8,17 +8,12 @@ of its APIs and report a throughput.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from test_tf_adapter import launcher
+from tests.launch import REPO, run_ok
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "tensorflow2"
 TIMEOUT_S = 300
 
@@ -30,17 +25,7 @@ pytestmark = [
 
 
 def run_example(script: str, *args: str, ranks: int = 2) -> str:
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    cmd = launcher(ranks) + [sys.executable, str(EXAMPLES / script), *args]
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"timed out: {' '.join(cmd)}\n{e.stdout}\n{e.stderr}")
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return proc.stdout
+    return run_ok(ranks, EXAMPLES / script, *args, timeout=TIMEOUT_S)
 
 
 def final_accuracy(out: str) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from torch_mp import assert_passed, run_ranks
+from tests.torch.torch_mp import assert_passed, run_ranks
 
 OPTIMIZER_CASES = [
     "sgd_momentum_matches_global_batch", "sgd_concatenated_batch_literally",

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.launch import run_job
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 WORKER = HERE / "tf_worker.py"
 LAUNCH_TIMEOUT_S = 480
 RANK_COUNTS = [1, 2, 3, 4]
@@ -60,30 +57,12 @@ pytestmark = [
 ]
 
 
-def launcher(n: int) -> list[str]:
-    """``python -m hvdlite.runner -np N`` when the launcher exists, else ``mpirun``."""
-    if importlib.util.find_spec("hvdlite.runner.launch") is not None:
-        return [sys.executable, "-m", "hvdlite.runner", "-np", str(n)]
-    beside = Path(sys.executable).parent / "mpirun"
-    mpirun = str(beside) if beside.exists() else shutil.which("mpirun")
-    if mpirun is None:
-        pytest.fail("mpirun not found next to sys.executable nor on PATH")
-    return [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n)]
-
-
 def launch(n: int, out_dir: Path) -> dict:
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["OMP_NUM_THREADS"] = "1"
-    cmd = launcher(n) + [sys.executable, str(WORKER), str(out_dir)]
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=LAUNCH_TIMEOUT_S)
+        proc = run_job(n, WORKER, str(out_dir), timeout=LAUNCH_TIMEOUT_S)
         output = f"exit status {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    except subprocess.TimeoutExpired as e:
-        output = f"timed out after {LAUNCH_TIMEOUT_S} s\n{e.stdout}\n{e.stderr}"
+    except AssertionError as e:  # timed out; the job was killed
+        output = str(e)
     results = {}
     for r in range(n):
         f = out_dir / f"rank{r}.json"

@@ -1,0 +1,56 @@
+"""Start a script on N ranks through the real launcher, as a user would.
+
+Every multi-rank test goes through here: ``python -m hvdlite.runner -np N python
+SCRIPT``, from the repository root, with this checkout on ``PYTHONPATH`` and one
+compute thread per rank. The job runs in its own process group, so a timeout kills
+mpirun's ranks too, not just the launcher.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a rank sees: the caller's, plus this checkout and quiet logs."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("HVDLITE_LOG_LEVEL", "warning")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_job(n: int, script: str | Path, *args: str, env: dict[str, str] | None = None,
+            timeout: float = 180, cwd: str | Path = REPO) -> subprocess.CompletedProcess:
+    """Run ``script`` on ``n`` ranks with ``hvdlite-run``; returns the finished job.
+
+    Raises AssertionError with the job's output if it does not finish in ``timeout``
+    seconds."""
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(n), sys.executable, str(script), *args]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"job timed out after {timeout} s: {' '.join(cmd)}\n"
+                             f"stdout:\n{out[-6000:]}\nstderr:\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_ok(n: int, script: str | Path, *args: str, **kw) -> str:
+    """:func:`run_job`, failing unless the job exits 0; returns its stdout."""
+    proc = run_job(n, script, *args, **kw)
+    assert proc.returncode == 0, (f"exit status {proc.returncode}: {' '.join(proc.args)}\n"
+                                  f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}")
+    return proc.stdout
