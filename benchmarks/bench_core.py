@@ -318,38 +318,72 @@ def reinit(hvd: Any, cache_capacity: int | None) -> None:
     hvd.init()
 
 
-def bench_steady(h: Harness, hvd: Any, rs: ResNetSet, peer_name: str) -> None:
-    """(d) The 161-tensor set repeated, response cache on vs off.
+def control_stats() -> dict[str, int]:
+    """The engine's control-plane counters on this rank (see Engine::Stats)."""
+    from hvdlite.common import basics
+    return dict(basics._load_core().stats())
 
-    The cache capacity is read at ``hvd.init()``, so each repetition restarts the
-    engine (``shutdown``; set ``HVDLITE_CACHE_CAPACITY``; ``init``) once with the cache
-    on (1024) and once off (0), in the order on off, off on (so drift hits both alike);
-    the mpi4py peer runs right after each block."""
+
+class SmallSet:
+    """Many small tensors: the case where negotiation, not data, sets the pace."""
+
+    def __init__(self, hvd: Any, count: int = 400, elems: int = 64) -> None:
+        self.hvd = hvd
+        self.names = [f"model.block{i // 4}.layer{i % 4}.bias.grad" for i in range(count)]
+        self.tensors = [np.zeros(elems, np.float32) for _ in range(count)]
+
+    def hvdlite(self) -> None:
+        hvd = self.hvd
+        handles = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum)
+                   for t, nm in zip(self.tensors, self.names)]
+        for hd in handles:
+            hvd.synchronize(hd)
+
+
+def bench_steady(h: Harness, hvd: Any, rs: ResNetSet, peer_name: str) -> None:
+    """(d) A set of tensors repeated, response cache on vs off.
+
+    Two sets: ResNet-50's 161 gradients (data-bound) and 400 tensors of 64 floats
+    (negotiation-bound). The cache capacity is read at ``hvd.init()``, so each
+    repetition restarts the engine (``shutdown``; set ``HVDLITE_CACHE_CAPACITY``;
+    ``init``) once with the cache on (1024) and once off (0), in the order on off,
+    off on (so drift hits both alike); the ResNet set's mpi4py peer runs right after
+    each block. Besides time, each block records the control-plane traffic per
+    iteration, summed over ranks: what the cache is meant to cut."""
     peer_fn = rs.peers()[peer_name]
+    small = SmallSet(hvd)
     iters = 50 if not h.quick else 3
-    reps = 2
-    samples: dict[str, list[float]] = {"on": [], "off": [], "peer": []}
+    reps = 4 if not h.quick else 2
+    samples: dict[str, list[float]] = {}
+    traffic: dict[str, list[float]] = {}
     user_setting = os.environ.get("HVDLITE_CACHE_CAPACITY")
     for rep in range(reps):
         modes = (("on", 1024), ("off", 0))
         for mode, cap in (modes if rep % 2 == 0 else modes[::-1]):  # on off, off on, ...
             reinit(hvd, cap)
             rs.check()             # correctness, and the first (uncached) round
-            rs.hvdlite()           # second round: the cache, if on, is warm now
-            samples[mode].append(h.time_per_iter(rs.hvdlite, iters))
-            samples["peer"].append(h.time_per_iter(peer_fn, iters))
-    if user_setting is None:
-        reinit(hvd, None)
-    else:
-        reinit(hvd, int(user_setting))
+            for name, fn in (("resnet", rs.hvdlite), ("small", small.hvdlite)):
+                fn()               # warm: the cache, if on, now knows every tensor
+                before = control_stats()["control_bytes_sent"]
+                samples.setdefault(f"{name}_{mode}", []).append(h.time_per_iter(fn, iters))
+                sent = control_stats()["control_bytes_sent"] - before
+                traffic.setdefault(f"{name}_{mode}", []).append(h.comm.allreduce(sent) / iters)
+            samples.setdefault("peer", []).append(h.time_per_iter(peer_fn, iters))
+    reinit(hvd, None if user_setting is None else int(user_setting))
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
-    note = f"{iters} iterations of the 161-tensor set per repetition"
+    kib = {k: statistics.median(v) / 1024 for k, v in traffic.items()}
     for mode in ("on", "off"):
-        h.emit(Row(f"steady_resnet50_cache_{mode}", med[mode], peer_name, med["peer"], 1.2,
-                   {peer_name: med["peer"]}, rs.nbytes, iters, reps, note))
-    h.emit(Row("steady_resnet50_cache_on_vs_off", med["on"], "hvdlite cache off", med["off"],
-               1.0, {"hvdlite cache off": med["off"]}, None, iters, reps,
-               "ratio < 1: the response cache saves time per iteration"))
+        h.emit(Row(f"steady_resnet50_cache_{mode}", med[f"resnet_{mode}"], peer_name, med["peer"],
+                   1.2, {peer_name: med["peer"]}, rs.nbytes, iters, reps,
+                   f"{iters} iterations of the 161-tensor set per repetition; control traffic "
+                   f"{kib[f'resnet_{mode}']:.1f} KiB per iteration"))
+    for name, label in (("resnet", "resnet50"), ("small", "400_small_tensors")):
+        h.emit(Row(f"steady_{label}_cache_on_vs_off", med[f"{name}_on"], "hvdlite cache off",
+                   med[f"{name}_off"], 1.0, {"hvdlite cache off": med[f"{name}_off"]}, None,
+                   iters, reps,
+                   f"ratio < 1: the response cache saves time per iteration; control traffic "
+                   f"per iteration (all ranks) {kib[f'{name}_on']:.1f} KiB with the cache, "
+                   f"{kib[f'{name}_off']:.1f} KiB without"))
 
 
 # --------------------------------------------------------------------------- output
@@ -365,6 +399,11 @@ def print_table(rows: list[Row]) -> None:
         ok = "" if r.target is None else ("ok" if r.ratio <= r.target else "MISS")
         print(f"{r.name:34s} {fmt_time(r.hvdlite_us):>11s} {fmt_time(r.peer_us):>11s}  "
               f"{r.ratio:7.3f} {tgt:>7s}  {ok:4s} {r.peer}")
+    steady = [r for r in rows if r.name.startswith("steady_") and r.note]
+    if steady:
+        print()
+        for r in steady:
+            print(f"{r.name}: {r.note}")
     sweep = [r for r in rows if r.name.startswith("sweep_") and r.nbytes]
     if sweep:
         print()

@@ -161,6 +161,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("cross_rank", [] { return Known().cross_rank(); });
   m.def("cross_size", [] { return Known().cross_size(); });
   m.def("mpi_threads_supported", [] { return g_thread_level >= MPI_THREAD_MULTIPLE; });
+  m.def("stats", [] {
+    const Engine::Stats s = Known().GetStats();
+    py::dict d;
+    d["requests_in_full"] = s.requests_in_full;
+    d["requests_as_ids"] = s.requests_as_ids;
+    d["control_bytes_sent"] = s.control_bytes_sent;
+    d["control_bytes_received"] = s.control_bytes_received;
+    return d;
+  });
   m.def("enqueue", &Enqueue);
   m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
   m.def("wait", &Wait);

@@ -110,7 +110,17 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output) {
   return h;
 }
 
+Engine::Stats Engine::GetStats() const {
+  Stats s;
+  s.requests_in_full = requests_in_full_;
+  s.requests_as_ids = requests_as_ids_;
+  s.control_bytes_sent = control_bytes_sent_;
+  s.control_bytes_received = control_bytes_received_;
+  return s;
+}
+
 void Engine::Send(int dest, int tag, std::shared_ptr<std::vector<uint8_t>> bytes) {
+  control_bytes_sent_ += static_cast<int64_t>(bytes->size());
   PendingSend s;
   s.bytes = std::move(bytes);
   MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, dest, tag, ctrl_comm_, &s.request);
@@ -148,6 +158,7 @@ bool Engine::CoordinatorStep() {
     progress = true;
     if (shutting_down_) continue;
     const bool hit = cache_.Lookup(r) >= 0;
+    ++(hit ? requests_as_ids_ : requests_in_full_);
     coordinator_->AddRequest(r, now, hit);
   }
   while (true) {
@@ -156,6 +167,7 @@ bool Engine::CoordinatorStep() {
     std::vector<uint8_t> buf = Receive(ctrl_comm_, MPI_ANY_SOURCE, kTagRequest, &got, &from);
     if (!got) break;
     progress = true;
+    control_bytes_received_ += static_cast<int64_t>(buf.size());
     RequestList list = DeserializeRequestList(buf.data(), buf.size());
     if (list.shutdown_ack) {
       ++acks_;
@@ -203,6 +215,8 @@ bool Engine::WorkerStep() {
       if (id >= 0) list.cache_hits.push_back(id);
       else list.requests.push_back(std::move(r));
     }
+    requests_in_full_ += static_cast<int64_t>(list.requests.size());
+    requests_as_ids_ += static_cast<int64_t>(list.cache_hits.size());
     if (ask_shutdown) {
       list.shutdown = true;
       shutting_down_ = true;
@@ -215,6 +229,7 @@ bool Engine::WorkerStep() {
     std::vector<uint8_t> buf = Receive(ctrl_comm_, 0, kTagResponse, &got, &from);
     if (!got) break;
     progress = true;
+    control_bytes_received_ += static_cast<int64_t>(buf.size());
     ResponseList list = DeserializeResponseList(buf.data(), buf.size());
     if (list.shutdown) {
       shutdown_reason_ = list.shutdown_reason;

@@ -48,6 +48,17 @@ class Engine {
   // Queues one request; returns its handle at once (already failed on bad input).
   int64_t Enqueue(Request request, const void* input, void* output);
   void Stop();
+
+  // Control-plane counters since init, for diagnostics and the benchmark's response
+  // cache measurement.
+  struct Stats {
+    int64_t requests_in_full = 0;     // this rank's requests sent with their full description
+    int64_t requests_as_ids = 0;      // ... sent as response-cache ids
+    int64_t control_bytes_sent = 0;   // bytes this rank sent on the control plane
+    int64_t control_bytes_received = 0;
+  };
+  Stats GetStats() const;
+
   bool StartTimeline(const std::string& path, bool mark_cycles, std::string* error);
   void StopTimeline();
 
@@ -96,6 +107,8 @@ class Engine {
   int acks_ = 0;
   std::string shutdown_reason_;
   int64_t last_stall_check_us_ = 0;
+  std::atomic<int64_t> requests_in_full_{0}, requests_as_ids_{0};
+  std::atomic<int64_t> control_bytes_sent_{0}, control_bytes_received_{0};
   int64_t spin_us_ = 0;  // see Parameters::spin_us; 0 when ranks outnumber cores
 };
 
