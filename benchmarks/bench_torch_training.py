@@ -22,7 +22,8 @@ Each configuration runs ``--warmup`` steps, then ``--windows`` timed windows of
 slower rank); its throughput is the median window, in samples per second over all
 ranks. With ``--rounds R`` the three configurations are run R times in turn
 (single, ddp, hvdlite, single, ...) and the median round is reported with the min-max
-spread. Scaling efficiency = 2-rank samples/s / (2 x single-process samples/s).
+spread; the ``paired`` columns are the medians of the ratios taken within each round
+(steadier while the machine's speed drifts between rounds). Scaling efficiency = 2-rank samples/s / (2 x single-process samples/s).
 
 Output: one JSON line per measurement, then a table with hvdlite/DDP and the
 efficiencies. ``--quick`` makes every window short: it checks that everything runs,
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     head = (f"{'model':8} {'single/s':>10} {'DDP 2r/s':>10} {'hvdlite 2r/s':>13} "
-            f"{'hvdlite/DDP':>12} {'eff DDP':>8} {'eff hvdlite':>12}")
+            f"{'hvdlite/DDP':>12} {'eff DDP':>8} {'eff hvdlite':>12} {'paired: hvd/DDP':>16} "
+            f"{'eff hvd':>8}")
     print(head)
     print("-" * len(head))
     table = []
@@ -274,9 +276,17 @@ def main(argv: list[str] | None = None) -> int:
         h = summary[(model, "hvdlite")]["samples_per_s"]
         row = {"model": model, "single": s, "ddp": d, "hvdlite": h, "hvdlite_over_ddp": h / d,
                "efficiency_ddp": d / (args.ranks * s), "efficiency_hvdlite": h / (args.ranks * s)}
+        # Paired: the ratios within each round (run back to back), then their median;
+        # steadier than the ratio of medians when the machine's speed drifts.
+        per_round = list(zip(*(collected[(model, m)] for m in ("single", "ddp", "hvdlite"))))
+        row["paired_hvdlite_over_ddp"] = statistics.median(
+            hv["samples_per_s"] / dd["samples_per_s"] for _, dd, hv in per_round)
+        row["paired_efficiency_hvdlite"] = statistics.median(
+            hv["samples_per_s"] / (args.ranks * si["samples_per_s"]) for si, _, hv in per_round)
         table.append(row)
         print(f"{model:8} {s:10.1f} {d:10.1f} {h:13.1f} {row['hvdlite_over_ddp']:12.3f} "
-              f"{row['efficiency_ddp']:8.3f} {row['efficiency_hvdlite']:12.3f}")
+              f"{row['efficiency_ddp']:8.3f} {row['efficiency_hvdlite']:12.3f} "
+              f"{row['paired_hvdlite_over_ddp']:16.3f} {row['paired_efficiency_hvdlite']:8.3f}")
         print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} "
           f"windows of {args.steps} steps; 1 thread per process; efficiency = 2-rank / "
