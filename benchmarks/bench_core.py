@@ -216,6 +216,13 @@ def bench_large(h: Harness, hvd: Any) -> None:
         del src, dst
 
 
+def allreduce_all(hvd: Any, tensors: list[np.ndarray], names: list[str]) -> None:
+    """allreduce_async_ every tensor (in place, fixed names), then synchronize all."""
+    handles = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum) for t, nm in zip(tensors, names)]
+    for hd in handles:
+        hvd.synchronize(hd)
+
+
 class ResNetSet:
     """ResNet-50's 161 float32 gradient tensors and the ways to allreduce them."""
 
@@ -235,12 +242,7 @@ class ResNetSet:
             t.fill(value)
 
     def hvdlite(self) -> None:
-        """allreduce_async_ every tensor (in place, fixed names), then synchronize all."""
-        hvd = self.hvd
-        handles = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum)
-                   for t, nm in zip(self.tensors, self.names)]
-        for hd in handles:
-            hvd.synchronize(hd)
+        allreduce_all(self.hvd, self.tensors, self.names)
 
     def mpi_per_tensor(self) -> None:
         """161 blocking in-place MPI allreduces."""
@@ -333,11 +335,7 @@ class SmallSet:
         self.tensors = [np.zeros(elems, np.float32) for _ in range(count)]
 
     def hvdlite(self) -> None:
-        hvd = self.hvd
-        handles = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum)
-                   for t, nm in zip(self.tensors, self.names)]
-        for hd in handles:
-            hvd.synchronize(hd)
+        allreduce_all(self.hvd, self.tensors, self.names)
 
 
 def bench_steady(h: Harness, hvd: Any, rs: ResNetSet, peer_name: str) -> None:

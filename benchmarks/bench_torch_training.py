@@ -23,7 +23,13 @@ slower rank); its throughput is the median window, in samples per second over al
 ranks. With ``--rounds R`` the three configurations are run R times in turn
 (single, ddp, hvdlite, single, ...) and the median round is reported with the min-max
 spread; the ``paired`` columns are the medians of the ratios taken within each round
-(steadier while the machine's speed drifts between rounds). Scaling efficiency = 2-rank samples/s / (2 x single-process samples/s).
+(steadier while the machine's speed drifts between rounds). Scaling efficiency = 2-rank
+samples/s / (2 x single-process samples/s).
+
+A fourth configuration, ``independent``, runs 2 single-process trainings at once with
+no communication at all (windows aligned by a barrier). Its efficiency is the ceiling
+this machine's shared caches and memory bandwidth allow any data-parallel library;
+``hvd/ceiling`` is hvdlite's throughput over it, i.e. what communication costs.
 
 Output: one JSON line per measurement, then a table with hvdlite/DDP and the
 efficiencies. ``--quick`` makes every window short: it checks that everything runs,
@@ -102,6 +108,44 @@ def run_single(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     times = timed_windows(step, args.warmup, args.steps, args.windows, lambda t: t)
     return result(model_name, "single", 1, times, args)
+
+
+# ------------------------------------------------------------------------ independent
+
+def _independent_worker(rank: int, model_name: str, args: argparse.Namespace, barrier: Any,
+                        queue: Any) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    model, opt, (data, target) = make_training(model_name, seed=rank)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        opt.step()
+
+    def sync(t: float) -> float:
+        barrier.wait()  # start windows together; no data moves between the processes
+        return t
+
+    queue.put(timed_windows(step, args.warmup, args.steps, args.windows, sync))
+
+
+def run_independent(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``ranks`` single-process trainings at once, with no communication at all: what
+    the machine's cores, caches and memory bandwidth allow, the ceiling for any
+    data-parallel library here."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    barrier = ctx.Barrier(args.ranks)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    mp.start_processes(_independent_worker, args=(model_name, args, barrier, queue),
+                       nprocs=args.ranks, join=True, start_method="spawn")
+    per_rank = [queue.get() for _ in range(args.ranks)]
+    return result(model_name, "independent", args.ranks, [max(w) for w in zip(*per_rank)], args)
 
 
 # -------------------------------------------------------------------------------- DDP
@@ -252,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    runners = {"single": run_single, "ddp": run_ddp, "hvdlite": run_hvdlite}
+    runners = {"single": run_single, "independent": run_independent, "ddp": run_ddp,
+               "hvdlite": run_hvdlite}
     collected: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for model in models:
         for rnd in range(args.rounds):
@@ -266,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     head = (f"{'model':8} {'single/s':>10} {'DDP 2r/s':>10} {'hvdlite 2r/s':>13} "
             f"{'hvdlite/DDP':>12} {'eff DDP':>8} {'eff hvdlite':>12} {'paired: hvd/DDP':>16} "
-            f"{'eff hvd':>8}")
+            f"{'eff hvd':>8} {'ceiling':>8} {'hvd/ceiling':>12}")
     print(head)
     print("-" * len(head))
     table = []
@@ -283,10 +328,19 @@ def main(argv: list[str] | None = None) -> int:
             hv["samples_per_s"] / dd["samples_per_s"] for _, dd, hv in per_round)
         row["paired_efficiency_hvdlite"] = statistics.median(
             hv["samples_per_s"] / (args.ranks * si["samples_per_s"]) for si, _, hv in per_round)
+        # The ceiling: independent processes with no communication, as an efficiency.
+        ind = collected[(model, "independent")]
+        row["efficiency_ceiling"] = statistics.median(
+            i["samples_per_s"] / (args.ranks * si["samples_per_s"])
+            for i, si in zip(ind, collected[(model, "single")]))
+        row["paired_hvdlite_over_ceiling"] = statistics.median(
+            hv["samples_per_s"] / i["samples_per_s"]
+            for i, hv in zip(ind, collected[(model, "hvdlite")]))
         table.append(row)
         print(f"{model:8} {s:10.1f} {d:10.1f} {h:13.1f} {row['hvdlite_over_ddp']:12.3f} "
               f"{row['efficiency_ddp']:8.3f} {row['efficiency_hvdlite']:12.3f} "
-              f"{row['paired_hvdlite_over_ddp']:16.3f} {row['paired_efficiency_hvdlite']:8.3f}")
+              f"{row['paired_hvdlite_over_ddp']:16.3f} {row['paired_efficiency_hvdlite']:8.3f} "
+              f"{row['efficiency_ceiling']:8.3f} {row['paired_hvdlite_over_ceiling']:12.3f}")
         print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} "
           f"windows of {args.steps} steps; 1 thread per process; efficiency = 2-rank / "

@@ -264,18 +264,26 @@ def check_errors(r: int, n: int) -> None:
     still_works(n, "local")
 
 
+def expect_not_initialized(fn, needle: str, what: str) -> None:
+    try:
+        fn()
+    except hvd.NotInitializedError as exc:
+        assert needle in str(exc), str(exc)
+    else:
+        raise AssertionError(f"{what} did not raise")
+
+
+def restart_and_check(r: int, n: int, tag: str) -> None:
+    hvd.init()
+    assert hvd.rank() == r and hvd.size() == n
+    still_works(n, tag)
+
+
 def check_restart(r: int, n: int) -> None:
     hvd.shutdown()
     assert not hvd.is_initialized()
-    try:
-        hvd.allreduce(np.ones(2))
-    except hvd.NotInitializedError as exc:
-        assert "init" in str(exc)
-    else:
-        raise AssertionError("allreduce after shutdown did not raise")
-    hvd.init()
-    assert hvd.rank() == r and hvd.size() == n
-    still_works(n, "restart")
+    expect_not_initialized(lambda: hvd.allreduce(np.ones(2)), "init", "allreduce after shutdown")
+    restart_and_check(r, n, "restart")
 
 
 def check_remote_shutdown(r: int, n: int) -> None:
@@ -290,22 +298,11 @@ def check_remote_shutdown(r: int, n: int) -> None:
             time.sleep(0.01)
         assert (hvd.rank(), hvd.size()) == (r, n)
         assert 0 <= hvd.local_rank() < hvd.local_size()
-        try:
-            hvd.allreduce(np.ones(2), name="after.remote.shutdown")
-        except hvd.NotInitializedError as exc:
-            assert "rank 0 called shutdown()" in str(exc), str(exc)
-        else:
-            raise AssertionError("allreduce after rank 0's shutdown did not raise")
+        expect_not_initialized(lambda: hvd.allreduce(np.ones(2), name="after.remote.shutdown"),
+                               "rank 0 called shutdown()", "allreduce after rank 0's shutdown")
         hvd.shutdown()
-    try:
-        hvd.rank()
-    except hvd.NotInitializedError as exc:
-        assert "init" in str(exc)
-    else:
-        raise AssertionError("rank() after this process's own shutdown did not raise")
-    hvd.init()
-    assert hvd.rank() == r and hvd.size() == n
-    still_works(n, "remote.shutdown")
+    expect_not_initialized(hvd.rank, "init", "rank() after this process's own shutdown")
+    restart_and_check(r, n, "remote.shutdown")
 
 
 def main() -> None:
