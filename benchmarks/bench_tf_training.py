@@ -41,7 +41,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -50,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _common import launcher  # sibling module (this folder is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.py"
@@ -283,16 +284,6 @@ def make_loop_step(tf: Any, model: Any, opt: Any, loss_fn: Any, mode: str, strat
 
 
 # ------------------------------------------------------------------ driver side
-
-def launcher(n: int) -> list[str]:
-    if importlib.util.find_spec("hvdlite.runner.launch") is not None:
-        return [sys.executable, "-m", "hvdlite.runner", "-np", str(n)]
-    mpirun = Path(sys.executable).parent / "mpirun"
-    path = str(mpirun) if mpirun.exists() else shutil.which("mpirun")
-    if path is None:
-        sys.exit("mpirun not found")
-    return [path, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n)]
-
 
 def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]

@@ -10,7 +10,7 @@ the other, each with ``torch.set_num_threads(1)`` in every process:
   processes started by ``torch.multiprocessing`` (``broadcast_buffers=False``, as a
   Horovod user would not synchronise BatchNorm buffers either);
 * ``hvdlite``: ``hvdlite.torch.DistributedOptimizer`` on 2 processes started by
-  ``hvdlite-run`` (``python -m hvdlite.runner``; plain ``mpirun`` if that is missing).
+  ``hvdlite-run`` (``python -m hvdlite.runner``).
 
 Models (defined in ``examples/pytorch/pytorch_synthetic_benchmark.py``): ``mlp``, 20
 Linear+ReLU layers 1024 -> 700 (x19) -> 10, 9.56 M parameters in 40 tensors, batch 64
@@ -41,7 +41,6 @@ import argparse
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -49,6 +48,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from _common import launcher  # sibling module (this folder is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
@@ -66,7 +67,6 @@ def load_models() -> Any:
 def make_training(model_name: str, seed: int) -> tuple[Any, Any, Callable[[], None]]:
     """Model, optimizer and a step function on a fixed synthetic batch."""
     import torch
-    import torch.nn.functional as F
 
     mod = load_models()
     torch.manual_seed(0)
@@ -227,16 +227,6 @@ def hvdlite_worker(args: argparse.Namespace) -> None:
     if hvd.rank() == 0:
         print("HVDLITE_TIMES " + json.dumps(times), flush=True)
     hvd.shutdown()
-
-
-def launcher(n: int) -> list[str]:
-    if importlib.util.find_spec("hvdlite.runner.launch") is not None:
-        return [sys.executable, "-m", "hvdlite.runner", "-np", str(n)]
-    mpirun = Path(sys.executable).parent / "mpirun"
-    path = str(mpirun) if mpirun.exists() else shutil.which("mpirun")
-    if path is None:
-        sys.exit("mpirun not found")
-    return [path, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n)]
 
 
 def run_hvdlite(model_name: str, args: argparse.Namespace) -> dict[str, Any]:

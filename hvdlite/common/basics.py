@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any, Sequence
+from typing import Any
 
 from hvdlite.common.exceptions import NotInitializedError
 

@@ -32,8 +32,8 @@ from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, l
                                    start_timeline, stop_timeline)
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
 from hvdlite.tensorflow.compression import Compression, Compressor
+from hvdlite.common.process_sets import ProcessSet, global_process_set
 from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
-                                        ProcessSet, global_process_set,
                                         allreduce, grouped_allreduce, allgather, grouped_allgather,
                                         broadcast, broadcast_, alltoall, reducescatter,
                                         grouped_reducescatter, barrier, join,

@@ -1,63 +1,30 @@
-"""Gradient compression for the TensorFlow adapter (Horovod's ``hvd.Compression``).
-
-A compressor turns a tensor into the form sent over the wire and back again:
-``compress(tensor) -> (compressed, ctx)`` and ``decompress(compressed, ctx) -> tensor``.
-Compression only touches floating-point tensors; integer tensors pass unchanged.
-"""
+"""Gradient compression for the TensorFlow adapter: ``Compression.none``, ``.fp16`` and
+``.bf16`` (an hvdlite addition); see :mod:`hvdlite.common.compression`."""
 from __future__ import annotations
 
 from typing import Any
 
 import tensorflow as tf
 
+from hvdlite.common.compression import CastCompressor, Compressor, NoneCompressor
 
-class Compressor:
-    """Interface of a compression algorithm; subclass and override both methods."""
+
+class _TFCast(CastCompressor):
+    @staticmethod
+    def is_floating(dtype: tf.DType) -> bool:
+        return dtype.is_floating
 
     @staticmethod
-    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        """Return the tensor to communicate and the context ``decompress`` needs."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        """Undo ``compress`` on the communicated tensor."""
-        raise NotImplementedError
+    def cast(tensor: tf.Tensor, dtype: Any) -> tf.Tensor:
+        return tf.cast(tensor, dtype)
 
 
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype: tf.DType = tf.float16
-
-    @classmethod
-    def compress(cls, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        dtype = tensor.dtype
-        if dtype.is_floating and dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), dtype
-        return tensor, None
-
-    @classmethod
-    def decompress(cls, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor if ctx is None else tf.cast(tensor, ctx)
-
-
-class FP16Compressor(_CastCompressor):
+class FP16Compressor(_TFCast):
     """Casts floating-point tensors to float16 for the wire and back afterwards."""
     wire_dtype = tf.float16
 
 
-class BF16Compressor(_CastCompressor):
+class BF16Compressor(_TFCast):
     """Casts floating-point tensors to bfloat16 for the wire and back afterwards
     (hvdlite addition: same range as float32, less precision than float16)."""
     wire_dtype = tf.bfloat16
@@ -68,3 +35,6 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+
+__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor"]

@@ -30,7 +30,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     ``tf.function`` the assignments are ops of the graph (also returned, grouped).
     ``inplace`` is accepted for compatibility with Horovod.
     """
-    _mpi._check_process_set(process_set)
+    _mpi.check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return None
@@ -58,7 +58,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      name: str | None = None, process_set: Any = global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (any picklable Python object;
     cloudpickle is used, so lambdas work). Runs eagerly; call it outside ``tf.function``."""
-    _mpi._check_process_set(process_set)
+    _mpi.check_process_set(process_set)
     name = name or _ops.auto_name("broadcast_object")
     payload = None
     if _basics.rank() == root_rank:
@@ -85,7 +85,7 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
                      process_set: Any = global_process_set) -> list[Any]:
     """Return the list of every rank's ``obj`` in rank order (any picklable object).
     Runs eagerly; call it outside ``tf.function``."""
-    _mpi._check_process_set(process_set)
+    _mpi.check_process_set(process_set)
     name = name or _ops.auto_name("allgather_object")
     payload = np.frombuffer(_pickle.dumps(obj), np.uint8).copy()
     sizes = _mpi._execute([_mpi._Spec(_ops.ALLGATHER, f"{name}.sizes")],

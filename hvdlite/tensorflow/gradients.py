@@ -209,6 +209,20 @@ class _DistributedGradientTapeMixin:
 _tape_classes: dict[type, type] = {}
 
 
+def check_reduction_options(op: int, gradient_predivide_factor: float, num_groups: int,
+                            groups: Any, process_set: Any) -> Any:
+    """Validate the options that DistributedGradientTape and the Keras
+    DistributedOptimizer share; returns ``groups`` (``num_groups`` is its older name)."""
+    _mpi.check_process_set(process_set)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op == Average")
+    if groups is None and num_groups:
+        groups = num_groups
+    if isinstance(groups, int) and groups < 0:
+        raise ValueError("groups must be a non-negative integer or a list of lists of variables")
+    return groups
+
+
 @_no_autograph
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "",
@@ -231,13 +245,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     grouped allreduces; lists of variables group those variables' gradients.
     ``device_*`` and ``scale_local_gradients`` are accepted for compatibility.
     """
-    _mpi._check_process_set(process_set)
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor needs op == Average")
-    if groups is None and num_groups:
-        groups = num_groups
-    if isinstance(groups, int) and groups < 0:
-        raise ValueError("groups must be a non-negative integer or a list of lists of variables")
+    groups = check_reduction_options(op, gradient_predivide_factor, num_groups, groups,
+                                     process_set)
     base = type(gradtape)
     if isinstance(gradtape, _DistributedGradientTapeMixin):
         base = next(c for c in base.__mro__[1:] if not issubclass(c, _DistributedGradientTapeMixin))

@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
+from hvdlite.common.process_sets import check_process_set, global_process_set
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.tensorflow.compression import Compression, Compressor
 
@@ -59,19 +60,6 @@ Max = _ops.Max
 Product = _ops.Product
 
 
-class ProcessSet:
-    """Placeholder for Horovod's process sets: hvdlite supports only the global one."""
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = ProcessSet()
-
-
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("hvdlite supports only the global process set")
 
 
 # ----------------------------------------------------------------------------
@@ -596,7 +584,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     ``tf.function``; differentiable (the gradient is the same allreduce of the gradient).
     ``device_*`` are accepted for compatibility; tensors travel through host memory.
     """
-    _check_process_set(process_set)
+    check_process_set(process_set)
     op = _resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name,
@@ -633,7 +621,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       ignore_name_scope: bool = False) -> list[Any]:
     """Allreduce a list of tensors as one group: the engine negotiates and fuses them
     together. Same arguments and result per tensor as :func:`allreduce`."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     op = _resolve_op(average, op)
     tensors = list(tensors)
     if not tensors:
@@ -668,7 +656,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
     gradient is the rank's own slice of the gradient averaged over ranks (Horovod's rule).
     Tensors of types the engine cannot reduce (bool, int16, complex...) are moved as bytes.
     """
-    _check_process_set(process_set)
+    check_process_set(process_set)
     t = _tensor_of(tensor)
     nm = _op_name("allgather", name, ignore_name_scope)
 
@@ -697,7 +685,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       ignore_name_scope: bool = False,
                       process_set: Any = global_process_set) -> list[tf.Tensor]:
     """Allgather several tensors in one batch (not differentiable)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     ts = [_tensor_of(t) for t in tensors]
     base = name or "grouped_allgather"
     names = [_op_name("allgather", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
@@ -711,7 +699,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     """Return ``root_rank``'s value of ``tensor`` on every rank (shape and dtype must
     agree). Differentiable: the root's gradient is the average of all ranks' gradients,
     the others' is zero (Horovod's rule)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     t = _tensor_of(tensor)
     nm = _op_name("broadcast", name, ignore_name_scope)
     root = int(root_rank)
@@ -737,7 +725,7 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
                process_set: Any = global_process_set) -> list[tf.Tensor]:
     """Broadcast variables in place from ``root_rank``: one batch for all of them, then
     each variable is assigned the root's value. Returns the new values."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return []
@@ -762,7 +750,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     is divided evenly (it must be divisible by the number of ranks). Returns the tensor,
     and, when ``splits`` was given, also the received splits (as Horovod does).
     Differentiable: the gradient is the reverse alltoall."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     t = _tensor_of(tensor)
     nm = _op_name("alltoall", name, ignore_name_scope)
     split_t = None if splits is None else tf.cast(_tensor_of(splits), tf.int32)
@@ -798,7 +786,7 @@ def reducescatter(tensor: Any, device_dense: str = "",
     rows of the result: rank ``r`` gets ``dim0 // size`` rows, plus one if
     ``r < dim0 % size``. Differentiable: the gradient is the allgather of the gradient
     (divided by the number of ranks for ``Average``)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     if op not in (Sum, Average):
         raise NotImplementedError("reducescatter supports only Sum and Average")
     t = _tensor_of(tensor)
@@ -834,7 +822,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """Reducescatter several tensors in one batch (not differentiable)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     if op not in (Sum, Average):
         raise NotImplementedError("reducescatter supports only Sum and Average")
     comp = [compression.compress(_tensor_of(t)) for t in tensors]
@@ -850,7 +838,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 def barrier(process_set: Any = global_process_set) -> None:
     """Block until every rank has reached this barrier (inside ``tf.function`` the
     barrier is an op that runs in program order)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     _run([_Spec(_ops.BARRIER, _op_name("barrier", None))], [None])
 
 

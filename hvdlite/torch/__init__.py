@@ -22,11 +22,12 @@ from hvdlite.common.exceptions import HorovodInternalError, HvdliteError, NotIni
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
-from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, Max, Min, ProcessSet, Product, Sum,
+from hvdlite.common.process_sets import ProcessSet, global_process_set
+from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, Max, Min, Product, Sum,
                                    allgather, allgather_async, allreduce, allreduce_,
                                    allreduce_async, allreduce_async_, alltoall, alltoall_async,
                                    barrier, broadcast, broadcast_, broadcast_async,
-                                   broadcast_async_, global_process_set, grouped_allgather,
+                                   broadcast_async_, grouped_allgather,
                                    grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
                                    grouped_allreduce_async, grouped_allreduce_async_,
                                    grouped_reducescatter, grouped_reducescatter_async, join, poll,

@@ -10,7 +10,8 @@ import torch
 
 from hvdlite.common import ops as _ops
 from hvdlite.common.basics import rank
-from hvdlite.torch.mpi_ops import (_check_process_set, allgather, broadcast_, broadcast_async_,
+from hvdlite.common.process_sets import check_process_set
+from hvdlite.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
                                    synchronize)
 
 try:  # cloudpickle also handles lambdas and locally defined classes
@@ -39,7 +40,7 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
-    _check_process_set(process_set)
+    check_process_set(process_set)
     if isinstance(params, dict):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
     else:
@@ -64,7 +65,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: Any = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (pickled on the root, unpickled on
     the others; the root gets its own object back)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     base = name if name is not None else _ops.auto_name("broadcast_object")
     if rank() == root_rank:
         payload = _bytes_tensor(_dumps(obj))
@@ -83,7 +84,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """Return the list of every rank's ``obj``, in rank order (must be picklable)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     base = name if name is not None else _ops.auto_name("allgather_object")
     payload = _bytes_tensor(_dumps(obj))
     sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{base}.size")
@@ -148,7 +149,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     the same parameters in the same order. ``model`` is accepted for Horovod
     compatibility and not needed.
     """
-    _check_process_set(process_set)
+    check_process_set(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     base = _ops.auto_name("broadcast_optimizer_state")

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from hvdlite.common import ops as _ops
+from hvdlite.common.process_sets import check_process_set
 from hvdlite.common.basics import rank, size
 from hvdlite.common.exceptions import HorovodInternalError, HvdliteError  # noqa: F401
 from hvdlite.torch.compression import Compression, Compressor
@@ -51,31 +52,6 @@ _NATIVE: dict[torch.dtype, str] = {
 _FROM_NAME: dict[str, torch.dtype] = {v: k for k, v in _NATIVE.items()}
 
 
-class ProcessSet:
-    """The global process set (all ranks). hvdlite does not implement other process
-    sets yet; functions accept ``process_set=global_process_set`` for compatibility."""
-
-    process_set_id = 0
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return rank()
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)"
-
-
-global_process_set = ProcessSet()
-
-
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("hvdlite supports only the global process set")
 
 
 # ---------------------------------------------------------------------------------------
@@ -333,7 +309,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     modified. ``op`` is ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
     ``prescale_factor``/``postscale_factor`` multiply the input before and the result after
     the reduction. Returns a handle for :func:`synchronize`."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
                            postscale_factor, inplace=False, grouped=False)
 
@@ -342,7 +318,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      op: int | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
     """In-place form of :func:`allreduce_async`: the result is written into ``tensor``."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
                            postscale_factor, inplace=True, grouped=False)
 
@@ -391,7 +367,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     incoming gradients (as in Horovod); for ``Min``/``Max`` the summed gradient flows to
     the ranks whose value is the extreme one, for ``Product`` it is scaled by
     ``result / input`` (so it is undefined where the input is zero)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     op = _resolve_op(op, average)
     compressed, cctx = compression.compress(tensor)
     out = _AllreduceFn.apply(compressed, name, op, float(prescale_factor), float(postscale_factor))
@@ -423,7 +399,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             process_set: Any = None) -> Handle:
     """Start reducing a list of tensors as one unit (negotiated and fused together).
     :func:`synchronize` returns the list of results; inputs are not modified."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
                            postscale_factor, inplace=False, grouped=True)
 
@@ -433,7 +409,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = None) -> Handle:
     """In-place form of :func:`grouped_allreduce_async`."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
                            postscale_factor, inplace=True, grouped=True)
 
@@ -453,7 +429,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       postscale_factor: float = 1.0, process_set: Any = None) -> list[torch.Tensor]:
     """Reduce a list of tensors as one unit and return new tensors (differentiable for
     Sum and Average)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     op = _resolve_op(op, average)
     if not tensors:
         return []
@@ -467,7 +443,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
                            process_set: Any = None) -> Handle:
     """Reduce a sparse COO tensor by gathering every rank's indices and values; the result
     is an uncoalesced sparse tensor (divided by the number of ranks for ``Average``)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     if op not in (Sum, Average):
         raise NotImplementedError("sparse allreduce supports only Sum and Average")
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
@@ -505,7 +481,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: Any = None) -> Handle:
     """Start concatenating ``tensor`` from all ranks along dimension 0 (ranks may
     differ in the size of dimension 0 only). A 0-d tensor counts as shape ``(1,)``."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _allgather_impl(tensor, name)
 
 
@@ -531,14 +507,14 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
 
     Differentiable as in Horovod: the gradient is the average over ranks of the
     incoming gradients, sliced to this rank's rows."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _AllgatherFn.apply(tensor, name)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: Any = None) -> Handle:
     """Start allgathering each tensor of a list; :func:`synchronize` returns a list."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     base = name if name is not None else _ops.auto_name("grouped_allgather")
     subs = [_allgather_impl(t, f"{base}.{i}") for i, t in enumerate(tensors)]
     return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
@@ -576,14 +552,14 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
                     process_set: Any = None) -> Handle:
     """Start sending ``tensor`` from ``root_rank`` to all ranks; the result is a new
     tensor and ``tensor`` is not modified."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _broadcast_impl(tensor, root_rank, name, inplace=False)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: Any = None) -> Handle:
     """In-place form of :func:`broadcast_async`: ``tensor`` receives root's value."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _broadcast_impl(tensor, root_rank, name, inplace=True)
 
 
@@ -614,7 +590,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
     Differentiable as in Horovod: the root receives the average over ranks of the
     incoming gradients, the other ranks a zero gradient."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _BroadcastFn.apply(tensor, int(root_rank), name)
 
 
@@ -651,7 +627,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     go to rank ``r`` (without ``splits``, dimension 0 is divided evenly and must be
     divisible by the number of ranks). :func:`synchronize` returns
     ``(output, received_splits)``."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _alltoall_impl(tensor, splits, name)
 
 
@@ -679,7 +655,7 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 
     Returns the gathered tensor, or ``(tensor, received_splits)`` when ``splits`` is given
     (as in Horovod). Differentiable: the gradient is sent back along the reverse route."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _AlltoallFn.apply(tensor, splits, name)
 
 
@@ -710,7 +686,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
     """Start reducing ``tensor`` over all ranks and scattering the result along dimension
     0: rank ``r`` gets ``dim0 // size`` rows, plus one if ``r < dim0 % size``.
     (``compression`` is applied by :func:`reducescatter`, not here.)"""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return _reducescatter_impl(tensor, name, op, float(prescale_factor), float(postscale_factor))
 
 
@@ -740,7 +716,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
 
     Differentiable: the gradient of every input row is the gradient of the output row it
     contributed to (gathered from its owner), scaled by ``1/size`` for ``Average``."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = _ReducescatterFn.apply(compressed, name, int(op), float(prescale_factor),
                                  float(postscale_factor))
@@ -752,7 +728,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter of each tensor of a list; :func:`synchronize` returns a list."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     base = name if name is not None else _ops.auto_name("grouped_reducescatter")
     subs = [_reducescatter_impl(t, f"{base}.{i}", op, prescale_factor, postscale_factor)
             for i, t in enumerate(tensors)]
@@ -774,7 +750,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
 
 def barrier(process_set: Any = None) -> None:
     """Block until every rank has called ``barrier()``."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     _ops.submit(_ops.BARRIER, _ops.EMPTY, name=_ops.auto_name("barrier")).wait()
 
 

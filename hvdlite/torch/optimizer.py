@@ -18,7 +18,8 @@ import torch
 from hvdlite.common import ops as _ops
 from hvdlite.common.basics import size
 from hvdlite.torch.compression import Compression, Compressor
-from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl, _check_process_set,
+from hvdlite.common.process_sets import check_process_set
+from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
                                    allreduce_async, allreduce_async_, sparse_allreduce_async,
                                    synchronize)
 
@@ -411,7 +412,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     Call ``zero_grad()`` only after ``step()`` (or ``synchronize()``); calling it while
     gradient allreduces are still in flight raises ``RuntimeError``.
     """
-    _check_process_set(process_set)
+    check_process_set(process_set)
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     if op == Adasum:

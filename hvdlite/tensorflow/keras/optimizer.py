@@ -6,9 +6,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.compression import Compression, Compressor
-from hvdlite.tensorflow.gradients import allreduce_gradients
+from hvdlite.tensorflow.gradients import allreduce_gradients, check_reduction_options
 from hvdlite.tensorflow.mpi_ops import Average, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -119,13 +118,8 @@ def _distributed_class(base: type) -> type:
 def _options(compression, sparse_as_dense, gradient_predivide_factor, op,
              backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
              process_set) -> dict[str, Any]:
-    _mpi._check_process_set(process_set)
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor needs op == Average")
-    if groups is None and num_groups:
-        groups = num_groups
-    if isinstance(groups, int) and groups < 0:
-        raise ValueError("groups must be a non-negative integer or a list of lists of variables")
+    groups = check_reduction_options(op, gradient_predivide_factor, num_groups, groups,
+                                     process_set)
     if int(backward_passes_per_step) < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
     return dict(compression=compression, sparse_as_dense=bool(sparse_as_dense),
