@@ -121,6 +121,7 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     return h
 
 
+@_ops.blocking
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
@@ -139,6 +140,7 @@ def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str 
     return h
 
 
+@_ops.blocking
 def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
                op: int | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0) -> np.ndarray:
@@ -202,6 +204,7 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
     return _grouped(tensors, False, average, name, op, prescale_factor, postscale_factor)
 
 
+@_ops.blocking
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: int | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0) -> list[np.ndarray]:
@@ -214,6 +217,7 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None
     return _grouped(tensors, True, average, name, op, prescale_factor, postscale_factor)
 
 
+@_ops.blocking
 def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0) -> list[np.ndarray]:
@@ -230,6 +234,7 @@ def allgather_async(tensor: Any, name: str | None = None) -> Handle:
     return h
 
 
+@_ops.blocking
 def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
     return synchronize(allgather_async(tensor, name))
 
@@ -242,6 +247,7 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
     return h
 
 
+@_ops.blocking
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
     return synchronize(broadcast_async_(tensor, root_rank, name))
 
@@ -252,6 +258,7 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Han
     return broadcast_async_(arr, root_rank, name)
 
 
+@_ops.blocking
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
     return synchronize(broadcast_async(tensor, root_rank, name))
 
@@ -269,6 +276,7 @@ def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str |
     return h
 
 
+@_ops.blocking
 def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Any:
     """Returns the received rows; with `splits`, also how many came from each rank."""
     return synchronize(alltoall_async(tensor, splits, name))
@@ -285,6 +293,7 @@ def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None,
     return h
 
 
+@_ops.blocking
 def reducescatter(tensor: Any, op: int = Average, name: str | None = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
@@ -292,11 +301,13 @@ def reducescatter(tensor: Any, op: int = Average, name: str | None = None,
 
 # ---- synchronization ------------------------------------------------------------------
 
+@_ops.blocking
 def barrier() -> None:
     """Return once every rank has called barrier()."""
     _ops.submit(_ops.BARRIER, _ops.EMPTY).wait()
 
 
+@_ops.blocking
 def join() -> int:
     """Declare that this rank has no more data. Until every rank has joined, the other
     ranks' allreduces go ahead with zeros from this one (Average divides by the ranks

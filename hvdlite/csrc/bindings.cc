@@ -22,7 +22,9 @@ using namespace hvdlite;
 namespace {
 
 HandleTable g_handles;             // outlives engines, so old handles still report
-std::unique_ptr<Engine> g_engine;
+// Shared so that a thread waiting in Engine::Wait keeps its engine alive while another
+// thread shuts down. Read and replaced only with the GIL held.
+std::shared_ptr<Engine> g_engine;
 bool g_mpi_owned = false;          // we called MPI_Init, so we call MPI_Finalize
 int g_thread_level = 0;
 
@@ -58,9 +60,10 @@ void EnsureMpi() {
 
 void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   if (g_engine && g_engine->Running()) return;
-  {
+  if (g_engine) {
+    std::shared_ptr<Engine> old = std::move(g_engine);  // stopped by a remote shutdown
     py::gil_scoped_release nogil;
-    g_engine.reset();  // a previous engine stopped by a remote shutdown
+    old.reset();
   }
   EnsureMpi();
   MPI_Comm base = MPI_COMM_WORLD;
@@ -78,17 +81,21 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
     base = created;
   }
   Parameters params = Parameters::FromEnvironment();
+  std::shared_ptr<Engine> engine;
   {
     py::gil_scoped_release nogil;  // MPI_Comm_dup waits for the other ranks
-    g_engine = std::make_unique<Engine>(base, params, &g_handles);
+    engine = std::make_shared<Engine>(base, params, &g_handles);
   }
+  g_engine = std::move(engine);
   if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
 }
 
 void Shutdown() {
+  std::shared_ptr<Engine> e = std::move(g_engine);
+  if (!e) return;
   py::gil_scoped_release nogil;
-  if (g_engine) g_engine->Stop();
-  g_engine.reset();
+  e->Stop();
+  e.reset();
 }
 
 void Finalize() {
@@ -103,7 +110,7 @@ void Finalize() {
 
 int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t out_ptr, int dtype,
                 const std::vector<int64_t>& shape, int device, int reduce_op, double prescale, double postscale,
-                int root, const std::vector<int64_t>& splits, int group_id, int group_size) {
+                int root, const std::vector<int64_t>& splits, int group_id, int group_size, bool caller_waits) {
   Engine& e = Running();
   if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
   if (type < 0 || type > static_cast<int>(RequestType::kJoin))
@@ -123,15 +130,18 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
   r.splits = splits;
   r.group_id = group_id;
   r.group_size = group_size;
-  return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr));
+  return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr), caller_waits);
 }
 
 py::tuple Wait(int64_t h) {
   std::string error;
   bool ok;
+  std::shared_ptr<Engine> engine = g_engine;
   {
     py::gil_scoped_release nogil;
-    ok = g_handles.Wait(h, &error);
+    // The engine may run itself on this thread while it waits (Engine::Wait).
+    ok = engine ? engine->Wait(h, &error) : g_handles.Wait(h, &error);
+    engine.reset();  // the last owner, if another thread shut down meanwhile
   }
   return py::make_tuple(ok, error);
 }
@@ -168,9 +178,13 @@ PYBIND11_MODULE(_core, m) {
     d["requests_as_ids"] = s.requests_as_ids;
     d["control_bytes_sent"] = s.control_bytes_sent;
     d["control_bytes_received"] = s.control_bytes_received;
+    d["waits_driven"] = s.waits_driven;
     return d;
   });
-  m.def("enqueue", &Enqueue);
+  m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("in_ptr"), py::arg("out_ptr"),
+        py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"), py::arg("prescale"),
+        py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
+        py::arg("caller_waits") = false);
   m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
   m.def("wait", &Wait);
   m.def("take_output", [](int64_t h) {

@@ -1,7 +1,11 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sstream>
 #include <stdexcept>
 
@@ -16,6 +20,7 @@ constexpr int kTagRequest = 101;
 constexpr int kTagResponse = 102;
 constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this often anyway
 constexpr int64_t kStallCheckEveryMicros = 1000000;
+constexpr int64_t kDriverRetryMicros = 50;     // a caller waiting for the engine lock retries this often
 
 std::vector<uint8_t> Receive(MPI_Comm comm, int source, int tag, bool* got, int* from) {
   int flag = 0;
@@ -30,6 +35,26 @@ std::vector<uint8_t> Receive(MPI_Comm comm, int source, int tag, bool* got, int*
   MPI_Mrecv(buf.data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
   *from = status.MPI_SOURCE;
   return buf;
+}
+
+// A caller that runs the engine (Drive) runs MPI's collectives on its own thread, so
+// MPI's temporary buffers come from the same malloc arena as the caller's arrays. With
+// glibc's adaptive thresholds, a freed 4 MiB result plus MPI's freed 4 MiB scratch at
+// the top of the heap exceed the trim threshold (twice the largest freed block), the
+// heap is returned to the kernel, and the next call faults every page back in: an
+// out-of-place 4 MiB allreduce then took 3-4 ms instead of 0.7. Setting the thresholds
+// to the ceiling glibc's own policy reaches (mmap above 32 MiB, trim above 64 MiB)
+// keeps that memory. Skipped when the user tunes malloc through its environment.
+void TuneHostAllocator() {
+#if defined(__GLIBC__)
+  static bool done = false;
+  if (done) return;
+  done = true;
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"})
+    if (std::getenv(v)) return;
+  mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
+#endif
 }
 
 }  // namespace
@@ -53,6 +78,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
   const unsigned cores = std::thread::hardware_concurrency();
   spin_us_ = (cores == 0 || static_cast<unsigned>(local_size_) <= cores) ? params_.spin_us : 0;
   if (spin_us_ > 0) handles_->SetWaiterHook([this] { queue_.Wake(); });
+  if (spin_us_ > 0 && params_.malloc_tuning) TuneHostAllocator();
   InitReduceOps();
   collectives_ = std::make_unique<MpiCollectives>(data_comm_);
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, params_, &cache_, &timeline_);
@@ -67,6 +93,9 @@ Engine::~Engine() {
   handles_->SetWaiterHook(nullptr);
   Stop();
   timeline_.Stop();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // a waiting thread outlived MPI itself; nothing left to free
   for (MPI_Comm* c : {&ctrl_comm_, &data_comm_, &local_comm_, &cross_comm_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
@@ -84,7 +113,7 @@ bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::strin
 
 void Engine::StopTimeline() { timeline_.Stop(); }
 
-int64_t Engine::Enqueue(Request request, const void* input, void* output) {
+int64_t Engine::Enqueue(Request request, const void* input, void* output, bool caller_waits) {
   const int64_t h = handles_->Create();
   request.rank = rank_;
   const std::string what = std::string(RequestTypeName(request.type)) + " '" + request.name + "'";
@@ -103,7 +132,7 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output) {
   e.output = output;
   e.handle = h;
   e.enqueue_us = NowMicros();
-  if (!queue_.Push(std::move(e))) {
+  if (!queue_.Push(std::move(e), /*wake=*/!(caller_waits && spin_us_ > 0))) {
     handles_->Complete(h, false, what + ": a " + RequestTypeName(request.type) + " with this name is already in flight on rank " +
                                      std::to_string(rank_) + "; wait for it to finish or use a different name");
   }
@@ -116,6 +145,7 @@ Engine::Stats Engine::GetStats() const {
   s.requests_as_ids = requests_as_ids_;
   s.control_bytes_sent = control_bytes_sent_;
   s.control_bytes_received = control_bytes_received_;
+  s.waits_driven = waits_driven_;
   return s;
 }
 
@@ -244,27 +274,49 @@ bool Engine::WorkerStep() {
   return progress;
 }
 
+// One round: announce new requests, take in what arrived, run what became ready.
+// Called with step_mu_ held.
+bool Engine::Step() {
+  const bool progress = rank_ == 0 ? CoordinatorStep() : WorkerStep();
+  ReapSends(false);
+  if (progress && timeline_.Active()) {
+    timeline_.CycleMark(NowMicros());
+    timeline_.Flush();
+  }
+  return progress;
+}
+
+// Rank 0 has announced shutdown and every other rank acknowledged it.
+bool Engine::Finished() const { return rank_ == 0 && shutting_down_ && acks_ >= size_ - 1; }
+
 void Engine::Loop() {
   int64_t last_progress = NowMicros();
   int64_t sleep_us = 0;
   const int64_t cap_us = std::max<int64_t>(1, static_cast<int64_t>(params_.cycle_time_ms * 1000));
   try {
     while (running_) {
-      const bool progress = rank_ == 0 ? CoordinatorStep() : WorkerStep();
-      if (rank_ == 0 && shutting_down_ && acks_ >= size_ - 1) break;
-      ReapSends(false);
+      bool progress, stopping;
+      {
+        // A caller that runs the engine (Drive) has priority. It wakes us when it lets
+        // go and leaves work behind, so sleep until then rather than poll the lock.
+        std::unique_lock<std::mutex> lk(step_mu_, std::defer_lock);
+        if (drivers_.load() > 0 || !lk.try_lock()) {
+          queue_.WaitForWork(kIdleWaitMicros);
+          continue;
+        }
+        if (!fatal_.empty()) throw std::runtime_error(fatal_);
+        progress = Step();
+        if (Finished()) break;
+        stopping = shutting_down_;
+      }
       const int64_t now = NowMicros();
       if (progress) {
-        if (timeline_.Active()) {
-          timeline_.CycleMark(now);
-          timeline_.Flush();
-        }
         last_progress = now;
         sleep_us = 0;
         continue;
       }
       const bool outstanding = queue_.HasOutstanding();
-      if (!outstanding && !shutting_down_) {
+      if (!outstanding && !stopping) {
         queue_.WaitForWork(kIdleWaitMicros);  // nothing of ours in flight: sleep until work arrives
         last_progress = NowMicros();
         continue;
@@ -280,9 +332,10 @@ void Engine::Loop() {
       queue_.WaitForWork(sleep_us);
     }
   } catch (const std::exception& ex) {
-    shutdown_reason_ = std::string("hvdlite background thread failed: ") + ex.what();
+    shutdown_reason_ = std::string("hvdlite engine failed: ") + ex.what();
     HVD_ERROR(shutdown_reason_);
   }
+  std::lock_guard<std::mutex> lk(step_mu_);  // a caller may still be finishing a step
   if (shutdown_reason_.empty()) shutdown_reason_ = "hvdlite was shut down";
   running_ = false;
   ReapSends(true);
@@ -291,6 +344,52 @@ void Engine::Loop() {
                        std::string(RequestTypeName(e.request.type)) + " '" + e.request.name +
                            "' did not finish: " + shutdown_reason_);
   timeline_.Flush();
+}
+
+// The caller's thread runs the engine until `h` is done, if the background thread is
+// not running it right now. It polls without sleeping, which is only done while every
+// rank of the host has a core to itself (spin_us_ > 0); the caller's core would
+// otherwise sit idle in the wait. Shutdown and failures are left to the background
+// thread, which is woken whenever the caller leaves work behind.
+void Engine::Drive(int64_t h) {
+  if (spin_us_ == 0) return;
+  // Hand what is left to the background thread, unless another caller queued for the
+  // lock takes over. Checked after unlocking: work pushed from then on finds the lock
+  // free, and its own wake-up reaches the background thread.
+  auto hand_back = [this](bool ending) {
+    if (drivers_.load() == 0 && (ending || stop_requested_ || queue_.HasOutstanding())) queue_.Wake();
+  };
+  // Take the lock as soon as its holder lets go: the background thread does after
+  // its current step, another caller once its own result is in. Give up if our result
+  // comes in meanwhile: a caller must never sit in this queue with its result done,
+  // or a thread that would submit the next request other ranks wait for is stuck
+  // behind a holder that waits for those ranks.
+  drivers_.fetch_add(1);
+  std::unique_lock<std::mutex> lk(step_mu_, std::defer_lock);
+  while (!lk.try_lock()) {
+    if (handles_->WaitFor(h, kDriverRetryMicros)) {
+      drivers_.fetch_sub(1);
+      hand_back(false);
+      return;
+    }
+  }
+  drivers_.fetch_sub(1);
+  ++waits_driven_;
+  try {
+    while (running_ && !shutting_down_ && fatal_.empty() && !handles_->Poll(h)) {
+      if (!Step()) std::this_thread::yield();
+    }
+  } catch (const std::exception& ex) {
+    fatal_ = ex.what();
+  }
+  const bool ending = !running_ || shutting_down_ || !fatal_.empty();
+  lk.unlock();
+  hand_back(ending);
+}
+
+bool Engine::Wait(int64_t h, std::string* error) {
+  if (running_ && !handles_->Poll(h)) Drive(h);
+  return handles_->Wait(h, error);
 }
 
 Response Engine::FromCache(const std::vector<int32_t>& ids) const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <cstdint>
@@ -34,6 +35,8 @@ class HandleTable {
   // Blocks until done; returns ok and fills `error`. A caller about to block first
   // runs the waiter hook (the engine uses it to stop sleeping between polls).
   bool Wait(int64_t h, std::string* error);
+  // Blocks until `h` is done or `timeout_us` passed; true if done (or unknown).
+  bool WaitFor(int64_t h, int64_t timeout_us);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
   // Fail every unfinished handle (engine shutting down).

@@ -44,6 +44,7 @@ Parameters Parameters::FromEnvironment() {
   if (const char* v = GetEnv("FUSION_DIRECT_BYTES")) p.fusion_direct_bytes = std::atoll(v);
   if (const char* v = GetEnv("SPIN_MICROSECONDS")) p.spin_us = std::atoll(v);
   if (const char* v = GetEnv("LOG_LEVEL")) p.log_level = ParseLogLevel(v);
+  if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;
   if (p.cache_capacity < 0) p.cache_capacity = 0;

@@ -28,6 +28,9 @@ struct Parameters {
   // computation. 0 turns polling without sleeping off; it is also off when this host
   // runs more ranks than it has cores.
   int64_t spin_us = 50;
+  // Raise glibc's malloc thresholds to the ceiling its own adaptive policy reaches
+  // (see TuneHostAllocator in engine.cc). HVDLITE_MALLOC_TUNING=0 leaves malloc alone.
+  bool malloc_tuning = true;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
 
   static Parameters FromEnvironment();

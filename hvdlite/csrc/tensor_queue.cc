@@ -4,8 +4,7 @@
 
 namespace hvdlite {
 
-bool TensorQueue::Push(TensorEntry entry) {
-  bool wake = false;
+bool TensorQueue::Push(TensorEntry entry, bool wake) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (entry.request.type != RequestType::kJoin) {
@@ -16,7 +15,7 @@ bool TensorQueue::Push(TensorEntry entry) {
       table_.emplace("\x01join", entry);
     }
     fresh_.push_back(std::move(entry.request));
-    wake = sleeping_;  // a spinning background thread sees fresh_ without a wake-up
+    wake = wake && sleeping_;  // a spinning background thread sees fresh_ without a wake-up
   }
   if (wake) cv_.notify_one();
   return true;

@@ -23,8 +23,10 @@ struct TensorEntry {
 
 class TensorQueue {
  public:
-  // Adds the entry unless its name is already in flight (returns false then).
-  bool Push(TensorEntry entry);
+  // Adds the entry unless its name is already in flight (returns false then). Wakes a
+  // sleeping background thread unless `wake` is false: the caller is about to run
+  // the engine itself (Engine::Wait).
+  bool Push(TensorEntry entry, bool wake = true);
   // Moves out the requests added since the last call.
   std::vector<Request> TakeNew();
   // Removes and returns the entry for `name` (false if this rank has none).

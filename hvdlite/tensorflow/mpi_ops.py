@@ -166,6 +166,7 @@ def _finish(pending: _Pending) -> list[Any]:
     return results
 
 
+@_ops.blocking
 def _execute(specs: Sequence[_Spec], arrays: Sequence[np.ndarray | None],
              splits: Sequence[np.ndarray | None] | None = None) -> list[Any]:
     """Submit every request, then wait for all of them (see :func:`_finish`)."""

@@ -30,6 +30,7 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
+@_ops.blocking
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
     """Overwrite parameters (or any tensors) on every rank with their values on
     ``root_rank``, in place.
@@ -61,6 +62,7 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
         synchronize(h)
 
 
+@_ops.blocking
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: Any = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (pickled on the root, unpickled on
@@ -82,6 +84,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     return pickle.loads(payload.numpy().tobytes())
 
 
+@_ops.blocking
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """Return the list of every rank's ``obj``, in rank order (must be picklable)."""
     check_process_set(process_set)
@@ -137,6 +140,7 @@ def _fill_tensors(obj: Any, tensors: list[torch.Tensor]) -> Any:
     return obj
 
 
+@_ops.blocking
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               model: Any = None, process_set: Any = None) -> None:
     """Make every rank's optimizer state (per-parameter state such as momentum buffers

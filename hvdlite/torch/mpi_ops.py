@@ -323,6 +323,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                            postscale_factor, inplace=True, grouped=False)
 
 
+@_ops.blocking
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: Any = None) -> torch.Tensor:
@@ -357,6 +358,7 @@ class _AllreduceFn(torch.autograd.Function):
         return g, None, None, None, None
 
 
+@_ops.blocking
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
               compression: type[Compressor] = Compression.none, op: int | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -414,6 +416,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                            postscale_factor, inplace=True, grouped=True)
 
 
+@_ops.blocking
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                        name: str | None = None, op: int | None = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -423,6 +426,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                                                 postscale_factor, process_set))
 
 
+@_ops.blocking
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
                       name: str | None = None, compression: type[Compressor] = Compression.none,
                       op: int | None = None, prescale_factor: float = 1.0,
@@ -502,6 +506,7 @@ class _AllgatherFn(torch.autograd.Function):
         return reduced.narrow(0, offset, ctx.dim0), None
 
 
+@_ops.blocking
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
     """Concatenate ``tensor`` from all ranks along dimension 0 and return the result.
 
@@ -520,6 +525,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
     return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
 
 
+@_ops.blocking
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: Any = None) -> list[torch.Tensor]:
     """Allgather each tensor of a list (not differentiable)."""
@@ -563,6 +569,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     return _broadcast_impl(tensor, root_rank, name, inplace=True)
 
 
+@_ops.blocking
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: Any = None) -> torch.Tensor:
     """Overwrite ``tensor`` with its value on ``root_rank`` and return it."""
@@ -584,6 +591,7 @@ class _BroadcastFn(torch.autograd.Function):
         return reduced, None, None
 
 
+@_ops.blocking
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: Any = None) -> torch.Tensor:
     """Return ``root_rank``'s value of ``tensor`` on every rank (a new tensor).
@@ -649,6 +657,7 @@ class _AlltoallFn(torch.autograd.Function):
         return g, None, None
 
 
+@_ops.blocking
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
              process_set: Any = None) -> Any:
     """Scatter slices of ``tensor`` to all ranks and gather the slices they send here.
@@ -707,6 +716,7 @@ class _ReducescatterFn(torch.autograd.Function):
         return g, None, None, None, None
 
 
+@_ops.blocking
 def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   compression: type[Compressor] = Compression.none, op: int = Average,
                   process_set: Any = None, prescale_factor: float = 1.0,
@@ -735,6 +745,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
     return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
 
 
+@_ops.blocking
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
                           op: int = Average, process_set: Any = None,
                           prescale_factor: float = 1.0,
@@ -748,12 +759,14 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
 # Barrier and join
 
 
+@_ops.blocking
 def barrier(process_set: Any = None) -> None:
     """Block until every rank has called ``barrier()``."""
     check_process_set(process_set)
     _ops.submit(_ops.BARRIER, _ops.EMPTY, name=_ops.auto_name("barrier")).wait()
 
 
+@_ops.blocking
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data. Until every rank has joined, the other
     ranks' allreduces go on, with zeros standing in for this rank. Blocks until all ranks

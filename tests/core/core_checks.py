@@ -5,12 +5,15 @@ reference result by itself. Run by test_core_ops.py through hvdlite-run.
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 
 import numpy as np
 
 import hvdlite as hvd
+from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 
 try:
@@ -305,13 +308,80 @@ def check_remote_shutdown(r: int, n: int) -> None:
     restart_and_check(r, n, "remote.shutdown")
 
 
+def check_caller_runs_engine(r: int, n: int) -> None:
+    """A blocking call runs the engine on the caller's thread while every rank of the
+    host has a core (and never when ranks outnumber cores); several threads doing
+    blocking calls at once, mixed with async requests, all get correct results; and a
+    shutdown while another thread waits fails that wait instead of hanging."""
+    core = _basics.core()
+    before = core.stats()["waits_driven"]
+    x = np.zeros(1000, np.float32)
+    for _ in range(20):
+        hvd.allreduce_(x, op=hvd.Sum, name="drive.blocking")
+    driven = core.stats()["waits_driven"] - before
+    if hvd.local_size() <= (os.cpu_count() or 1):
+        # The background thread may still grab a rare request on its idle wake-up.
+        assert driven >= 10, f"only {driven} of 20 blocking calls ran the engine on the caller"
+    else:
+        assert driven == 0, f"{driven} waits ran the engine with more ranks than cores"
+
+    results: dict[str, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for k in range(30):
+                results[f"t{t}.{k}"] = hvd.allreduce(np.full(7, r + t + k, np.float64), op=hvd.Sum,
+                                                     name=f"drive.thread{t}.{k}")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    handles = [hvd.allreduce_async(np.full(5, r + k, np.float32), op=hvd.Sum, name=f"drive.async.{k}")
+               for k in range(40)]
+    for th in threads:
+        th.join(60)
+        assert not th.is_alive(), "a thread doing blocking allreduces hung"
+    assert not errors, errors
+    ranks_sum = n * (n - 1) / 2
+    for t in range(3):
+        for k in range(30):
+            np.testing.assert_allclose(results[f"t{t}.{k}"], np.full(7, ranks_sum + n * (t + k)))
+    for k, h in enumerate(handles):
+        np.testing.assert_allclose(hvd.synchronize(h), np.full(5, ranks_sum + n * k, np.float32))
+
+    # Each rank waits in a thread on a tensor no other rank submits, then shuts down.
+    failures: list[str] = []
+
+    def lonely() -> None:
+        try:
+            hvd.allreduce(np.ones(3), name=f"drive.lonely.rank{r}")
+        except hvd.HvdliteError as exc:
+            failures.append(str(exc))
+
+    th = threading.Thread(target=lonely)
+    th.start()
+    time.sleep(0.3)
+    hvd.shutdown()
+    th.join(15)
+    assert not th.is_alive(), "a wait did not end when the engine shut down"
+    if n > 1:
+        assert failures and "did not finish" in failures[0], failures
+    else:
+        assert not failures, failures
+    restart_and_check(r, n, "drive.shutdown")
+
+
 def main() -> None:
     only = sys.argv[1:] or None
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
     checks = [check_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
-              check_barrier_join, check_errors, check_restart, check_remote_shutdown]
+              check_barrier_join, check_errors, check_restart, check_caller_runs_engine,
+              check_remote_shutdown]
     for check in checks:
         if only and check.__name__ not in only:
             continue
