@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hvdlite.common import ops as _ops
-from hvdlite.common.basics import size as _size
+from hvdlite.common.basics import _load_core, size as _size
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.ops import Average, Sum, Min, Max, Product, Adasum, Handle
 
@@ -68,8 +68,9 @@ def _writable(tensor: Any, what: Any) -> np.ndarray:
 
 
 def _raw(arr: np.ndarray) -> _ops.RawTensor:
-    # __array_interface__ is several times cheaper than arr.ctypes.data.
-    return _ops.RawTensor(arr.__array_interface__["data"][0], _NAME_OF[arr.dtype], arr.shape)
+    # The engine reads the address through the buffer protocol: ~10x cheaper than
+    # arr.ctypes.data or arr.__array_interface__.
+    return _ops.RawTensor(_load_core().address(arr), _NAME_OF[arr.dtype], arr.shape)
 
 
 def _np_dtype(name: str) -> np.dtype:

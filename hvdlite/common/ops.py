@@ -132,7 +132,8 @@ class Handle:
     def wait(self) -> None:
         if not self._done:
             core = _basics._load_core()  # handles outlive a shutdown and report its reason
-            ok, message = core.wait(self._id)
+            has_output = self.kind in (ALLGATHER, ALLTOALL, REDUCESCATTER, JOIN)
+            ok, message = core.wait(self._id, not has_output)
             if ok and self.kind in (ALLGATHER, ALLTOALL, REDUCESCATTER):
                 buf, shape, dtype_code, aux = core.take_output(self._id)
                 self._output = (np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8),
@@ -141,7 +142,8 @@ class Handle:
             elif ok and self.kind == JOIN:
                 _, _, _, aux = core.take_output(self._id)
                 self._aux = list(aux)
-            core.release(self._id)
+            if has_output:
+                core.release(self._id)
             self._done = True
             self._error = None if ok else message
             self._keepalive = None

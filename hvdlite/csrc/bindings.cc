@@ -133,7 +133,8 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
   return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr), caller_waits);
 }
 
-py::tuple Wait(int64_t h) {
+// Waits for `h`; with `release`, also forgets it (for results with no engine output).
+py::tuple Wait(int64_t h, bool release) {
   std::string error;
   bool ok;
   std::shared_ptr<Engine> engine = g_engine;
@@ -141,9 +142,20 @@ py::tuple Wait(int64_t h) {
     py::gil_scoped_release nogil;
     // The engine may run itself on this thread while it waits (Engine::Wait).
     ok = engine ? engine->Wait(h, &error) : g_handles.Wait(h, &error);
+    if (release) g_handles.Release(h);
     engine.reset();  // the last owner, if another thread shut down meanwhile
   }
   return py::make_tuple(ok, error);
+}
+
+// The address of a C-contiguous buffer (a NumPy array), much cheaper than building
+// its __array_interface__ dict.
+uintptr_t Address(py::handle obj) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_ANY_CONTIGUOUS) != 0) throw py::error_already_set();
+  const uintptr_t p = reinterpret_cast<uintptr_t>(view.buf);
+  PyBuffer_Release(&view);
+  return p;
 }
 
 }  // namespace
@@ -186,7 +198,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
         py::arg("caller_waits") = false);
   m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
-  m.def("wait", &Wait);
+  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);
+  m.def("address", &Address);
   m.def("take_output", [](int64_t h) {
     std::unique_ptr<OutputBuffer> out = g_handles.TakeOutput(h);
     std::vector<int64_t> shape = out->shape;

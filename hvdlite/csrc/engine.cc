@@ -20,7 +20,6 @@ constexpr int kTagRequest = 101;
 constexpr int kTagResponse = 102;
 constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this often anyway
 constexpr int64_t kStallCheckEveryMicros = 1000000;
-constexpr int64_t kDriverRetryMicros = 50;     // a caller waiting for the engine lock retries this often
 
 std::vector<uint8_t> Receive(MPI_Comm comm, int source, int tag, bool* got, int* from) {
   int flag = 0;
@@ -297,10 +296,10 @@ void Engine::Loop() {
     while (running_) {
       bool progress, stopping;
       {
-        // A caller that runs the engine (Drive) has priority. It wakes us when it lets
-        // go and leaves work behind, so sleep until then rather than poll the lock.
-        std::unique_lock<std::mutex> lk(step_mu_, std::defer_lock);
-        if (drivers_.load() > 0 || !lk.try_lock()) {
+        // A caller is running the engine (Drive). It wakes us when it lets go and
+        // leaves work behind, so sleep until then rather than poll the lock.
+        std::unique_lock<std::mutex> lk(step_mu_, std::try_to_lock);
+        if (!lk.owns_lock()) {
           queue_.WaitForWork(kIdleWaitMicros);
           continue;
         }
@@ -353,27 +352,12 @@ void Engine::Loop() {
 // thread, which is woken whenever the caller leaves work behind.
 void Engine::Drive(int64_t h) {
   if (spin_us_ == 0) return;
-  // Hand what is left to the background thread, unless another caller queued for the
-  // lock takes over. Checked after unlocking: work pushed from then on finds the lock
-  // free, and its own wake-up reaches the background thread.
-  auto hand_back = [this](bool ending) {
-    if (drivers_.load() == 0 && (ending || stop_requested_ || queue_.HasOutstanding())) queue_.Wake();
-  };
-  // Take the lock as soon as its holder lets go: the background thread does after
-  // its current step, another caller once its own result is in. Give up if our result
-  // comes in meanwhile: a caller must never sit in this queue with its result done,
-  // or a thread that would submit the next request other ranks wait for is stuck
-  // behind a holder that waits for those ranks.
-  drivers_.fetch_add(1);
-  std::unique_lock<std::mutex> lk(step_mu_, std::defer_lock);
-  while (!lk.try_lock()) {
-    if (handles_->WaitFor(h, kDriverRetryMicros)) {
-      drivers_.fetch_sub(1);
-      hand_back(false);
-      return;
-    }
-  }
-  drivers_.fetch_sub(1);
+  // Only an idle engine is taken over. While the background thread is busy (async
+  // requests in flight) it notices results the moment they are in, and taking the
+  // lock from it would only add hand-overs between the two threads; the caller then
+  // waits as before, and the background thread polls without sleeping meanwhile.
+  std::unique_lock<std::mutex> lk(step_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return;
   ++waits_driven_;
   try {
     while (running_ && !shutting_down_ && fatal_.empty() && !handles_->Poll(h)) {
@@ -384,7 +368,10 @@ void Engine::Drive(int64_t h) {
   }
   const bool ending = !running_ || shutting_down_ || !fatal_.empty();
   lk.unlock();
-  hand_back(ending);
+  // Hand what is left (other callers' requests, async ones, a shutdown) back to the
+  // background thread. Checked after unlocking: work pushed from then on finds the
+  // lock free, and its own wake-up reaches the background thread.
+  if (ending || stop_requested_ || queue_.HasOutstanding()) queue_.Wake();
 }
 
 bool Engine::Wait(int64_t h, std::string* error) {

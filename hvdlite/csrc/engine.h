@@ -117,7 +117,6 @@ class Engine {
   // runs the engine while it waits (Drive). Everything the steps touch (control
   // plane, coordinator, cache, fusion buffers, pending sends) is guarded by it.
   std::mutex step_mu_;
-  std::atomic<int> drivers_{0};  // callers waiting to take step_mu_ in Drive
   std::string fatal_;  // an exception a driving caller caught; the loop rethrows it
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> running_{true};

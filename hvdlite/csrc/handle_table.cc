@@ -48,14 +48,6 @@ bool HandleTable::Wait(int64_t h, std::string* error) {
   return st.ok;
 }
 
-bool HandleTable::WaitFor(int64_t h, int64_t timeout_us) {
-  std::unique_lock<std::mutex> lk(mu_);
-  auto it = states_.find(h);
-  if (it == states_.end()) return true;
-  State& st = it->second;  // a reference survives rehashing (see Wait)
-  return cv_.wait_for(lk, std::chrono::microseconds(timeout_us), [&] { return st.done; });
-}
-
 std::unique_ptr<OutputBuffer> HandleTable::TakeOutput(int64_t h) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = states_.find(h);

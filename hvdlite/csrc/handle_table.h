@@ -3,7 +3,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <cstdint>
@@ -35,8 +34,6 @@ class HandleTable {
   // Blocks until done; returns ok and fills `error`. A caller about to block first
   // runs the waiter hook (the engine uses it to stop sleeping between polls).
   bool Wait(int64_t h, std::string* error);
-  // Blocks until `h` is done or `timeout_us` passed; true if done (or unknown).
-  bool WaitFor(int64_t h, int64_t timeout_us);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
   // Fail every unfinished handle (engine shutting down).

@@ -102,7 +102,7 @@ class _Spec:
 
 
 def _raw(arr: np.ndarray, dtype_name: str) -> _ops.RawTensor:
-    return _ops.RawTensor(int(arr.ctypes.data), dtype_name, tuple(int(d) for d in arr.shape))
+    return _ops.RawTensor(_basics._load_core().address(arr), dtype_name, tuple(int(d) for d in arr.shape))
 
 
 def _rows_as_bytes(arr: np.ndarray) -> np.ndarray:
