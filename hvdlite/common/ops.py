@@ -41,6 +41,9 @@ REDUCESCATTER = 4
 BARRIER = 5
 JOIN = 6
 
+# Kinds whose result the engine allocates (join: only the last rank, in ``aux``).
+_ENGINE_OUTPUT = (ALLGATHER, ALLTOALL, REDUCESCATTER, JOIN)
+
 KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast",
               ALLTOALL: "alltoall", REDUCESCATTER: "reducescatter", BARRIER: "barrier",
               JOIN: "join"}
@@ -132,17 +135,15 @@ class Handle:
     def wait(self) -> None:
         if not self._done:
             core = _basics._load_core()  # handles outlive a shutdown and report its reason
-            has_output = self.kind in (ALLGATHER, ALLTOALL, REDUCESCATTER, JOIN)
-            ok, message = core.wait(self._id, not has_output)
-            if ok and self.kind in (ALLGATHER, ALLTOALL, REDUCESCATTER):
-                buf, shape, dtype_code, aux = core.take_output(self._id)
-                self._output = (np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8),
-                                tuple(shape), DTYPE_NAMES[dtype_code])
-                self._aux = list(aux)
-            elif ok and self.kind == JOIN:
-                _, _, _, aux = core.take_output(self._id)
-                self._aux = list(aux)
+            has_output = self.kind in _ENGINE_OUTPUT
+            ok, message = core.wait(self._id, not has_output)  # release now if nothing to take
             if has_output:
+                if ok:
+                    buf, shape, dtype_code, aux = core.take_output(self._id)
+                    self._aux = list(aux)
+                    if self.kind != JOIN:
+                        self._output = (np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8),
+                                        tuple(shape), DTYPE_NAMES[dtype_code])
                 core.release(self._id)
             self._done = True
             self._error = None if ok else message

@@ -60,8 +60,6 @@ Max = _ops.Max
 Product = _ops.Product
 
 
-
-
 # ----------------------------------------------------------------------------
 # NumPy level: submit a batch of requests, then wait for all of them.
 # ----------------------------------------------------------------------------
