@@ -73,6 +73,17 @@ def _raw(arr: np.ndarray) -> _ops.RawTensor:
     return _ops.RawTensor(_load_core().address(arr), _NAME_OF[arr.dtype], arr.shape)
 
 
+def _run(kind: int, arr: np.ndarray, out: np.ndarray | None, name: str | None, op: int = Sum,
+         prescale_factor: float = 1.0, postscale_factor: float = 1.0, root_rank: int = -1) -> None:
+    """The blocking path: one request on `arr` (result into `out`; in place if it is `arr`).
+    The engine checks that the arrays are contiguous, and writable where written."""
+    dtype = _NAME_OF.get(arr.dtype)
+    if dtype is None:
+        _dtype_name(arr, _label(_ops.KIND_NAMES[kind], name))  # raises, naming the dtype
+    _ops.run(kind, arr, out, dtype, name=name, op=op, prescale_factor=prescale_factor,
+             postscale_factor=postscale_factor, root_rank=root_rank)
+
+
 def _np_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         import ml_dtypes  # NumPy has no bfloat16; ml_dtypes (shipped with TF/JAX) does
@@ -122,11 +133,13 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     return h
 
 
-@_ops.blocking
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+    inp = _as_array(tensor, _label("allreduce", name))
+    out = np.empty_like(inp)
+    _run(_ops.ALLREDUCE, inp, out, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    return out
 
 
 def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
@@ -141,12 +154,13 @@ def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str 
     return h
 
 
-@_ops.blocking
 def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
                op: int | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce `tensor` across ranks in place and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+    arr = tensor if type(tensor) is np.ndarray else _writable(tensor, _label("allreduce", name))
+    _run(_ops.ALLREDUCE, arr, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    return arr
 
 
 def _grouped(tensors: Sequence[Any], inplace: bool, average: bool | None, name: str | None,
@@ -248,9 +262,10 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
     return h
 
 
-@_ops.blocking
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    arr = tensor if type(tensor) is np.ndarray else _writable(tensor, _label("broadcast", name))
+    _run(_ops.BROADCAST, arr, None, name, root_rank=int(root_rank))
+    return arr
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
@@ -259,9 +274,8 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Han
     return broadcast_async_(arr, root_rank, name)
 
 
-@_ops.blocking
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return broadcast_(np.array(_as_array(tensor, _label("broadcast", name)), copy=True), root_rank, name)
 
 
 def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Handle:
@@ -302,10 +316,9 @@ def reducescatter(tensor: Any, op: int = Average, name: str | None = None,
 
 # ---- synchronization ------------------------------------------------------------------
 
-@_ops.blocking
 def barrier() -> None:
     """Return once every rank has called barrier()."""
-    _ops.submit(_ops.BARRIER, _ops.EMPTY).wait()
+    _ops.run(_ops.BARRIER, None, None, "uint8")
 
 
 @_ops.blocking

@@ -176,6 +176,8 @@ _orphans: list[tuple[int, Any]] = []
 
 
 def _reap_orphans(core: Any) -> None:
+    if not _orphans:  # the common case, checked without the lock
+        return
     with _orphan_lock:
         if not _orphans:
             return
@@ -206,15 +208,7 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     """
     core = _basics.core()
     _reap_orphans(core)
-    if name is None:
-        name = auto_name(KIND_NAMES[kind])
-    if tensor.dtype not in DTYPES:
-        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unsupported dtype {tensor.dtype!r}; "
-                           f"supported: {', '.join(DTYPES)}")
-    if op == Adasum:
-        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': the Adasum op is not supported by hvdlite")
-    if op not in _OP_NAMES:
-        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unknown reduce op {op!r}")
+    name = _checked_name(kind, name, tensor.dtype, op)
     out_ptr = output.ptr if output is not None else 0
     hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
                        tensor.shape, tensor.device, op,
@@ -222,6 +216,40 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
                        splits if splits is not None else (),
                        group_id, group_size, _caller.waits)
     return Handle(hid, kind, name, keepalive)
+
+
+def _checked_name(kind: int, name: str | None, dtype: str, op: int) -> str:
+    """The request's name (generated when None), after checking dtype and op."""
+    if name is None:
+        name = auto_name(KIND_NAMES[kind])
+    if dtype not in DTYPES:
+        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unsupported dtype {dtype!r}; "
+                           f"supported: {', '.join(DTYPES)}")
+    if op == Adasum:
+        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': the Adasum op is not supported by hvdlite")
+    if op not in _OP_NAMES:
+        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unknown reduce op {op!r}")
+    return name
+
+
+def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = None,
+        op: int = Sum, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+        root_rank: int = -1) -> None:
+    """Run one request on arrays the caller owns and return when it is done: the
+    blocking twin of :func:`submit`, for ALLREDUCE (into ``output``; in place when it
+    is ``tensor``), BROADCAST (in place on ``tensor``) and BARRIER (``tensor`` None).
+    Arrays are anything exporting a C-contiguous buffer (NumPy arrays); ``dtype`` is
+    their element type's name. Raises :class:`HvdliteError` if the collective fails, or
+    if an array is not C-contiguous (or not writable where it is written).
+
+    One call into the engine instead of submit + wait: on a blocking call the Python
+    work around the collective is most of hvdlite's cost over raw MPI.
+    """
+    core = _basics.core()
+    _reap_orphans(core)
+    name = _checked_name(kind, name, dtype, op)
+    core.run(kind, name, tensor, output, DTYPES[dtype], op, float(prescale_factor),
+             float(postscale_factor), root_rank)
 
 
 class _Caller(threading.local):

@@ -133,19 +133,99 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
   return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr), caller_waits);
 }
 
-// Waits for `h`; with `release`, also forgets it (for results with no engine output).
-py::tuple Wait(int64_t h, bool release) {
-  std::string error;
+// Waits for `h` (GIL released); with `release`, also forgets it (for results with no
+// engine output). Returns whether it succeeded, with the reason in `error` if not.
+bool WaitFor(int64_t h, bool release, std::string* error) {
   bool ok;
   std::shared_ptr<Engine> engine = g_engine;
-  {
-    py::gil_scoped_release nogil;
-    // The engine may run itself on this thread while it waits (Engine::Wait).
-    ok = engine ? engine->Wait(h, &error) : g_handles.Wait(h, &error);
-    if (release) g_handles.Release(h);
-    engine.reset();  // the last owner, if another thread shut down meanwhile
-  }
+  py::gil_scoped_release nogil;
+  // The engine may run itself on this thread while it waits (Engine::Wait).
+  ok = engine ? engine->Wait(h, error) : g_handles.Wait(h, error);
+  if (release) g_handles.Release(h);
+  engine.reset();  // the last owner, if another thread shut down meanwhile
+  return ok;
+}
+
+py::tuple Wait(int64_t h, bool release) {
+  std::string error;
+  const bool ok = WaitFor(h, release, &error);
   return py::make_tuple(ok, error);
+}
+
+// Raises hvdlite.HvdliteError (a Python class) with `message`.
+[[noreturn]] void RaiseHvdliteError(const std::string& message) {
+  // Looked up on the error path only; kept for the life of the process.
+  static PyObject* cls = py::object(py::module_::import("hvdlite.common.exceptions").attr("HvdliteError")).release().ptr();
+  PyErr_SetString(cls, message.c_str());
+  throw py::error_already_set();
+}
+
+// A buffer-protocol view held for the length of one blocking call; it also keeps the
+// exporting object alive.
+class HeldBuffer {
+ public:
+  HeldBuffer() = default;
+  HeldBuffer(const HeldBuffer&) = delete;
+  HeldBuffer& operator=(const HeldBuffer&) = delete;
+  ~HeldBuffer() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  // False (with no Python error set) if `obj` is not a C-contiguous buffer, or not a
+  // writable one when `writable` is asked for.
+  bool Get(py::handle obj, bool writable) {
+    const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    held_ = true;
+    return true;
+  }
+  const Py_buffer& view() const { return view_; }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+// A blocking collective on arrays the caller owns (allreduce into `out`, or in place
+// when `out` is `in`; broadcast in place on `in`; barrier with `in` None): enqueue,
+// wait and release in one call. `dtype` is the engine's code for the arrays' element
+// type. This is the NumPy front end's path for blocking calls. Compared with
+// enqueue + wait it saves the Python handle object and several crossings into the
+// extension; right after a large collective has flushed the caches, that Python work
+// costs more than the engine's own.
+void Run(int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
+         double prescale, double postscale, int root) {
+  const auto kind = static_cast<RequestType>(type);
+  if (kind != RequestType::kAllreduce && kind != RequestType::kBroadcast && kind != RequestType::kBarrier)
+    throw std::invalid_argument("hvdlite: run() takes allreduce, broadcast and barrier requests only");
+  if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
+  auto what = [&] { return std::string(RequestTypeName(kind)) + " '" + name + "'"; };  // errors only
+  const bool in_place = kind == RequestType::kBroadcast || out.is(in) || out.is_none();
+  HeldBuffer a, b;
+  std::vector<int64_t> shape{0};
+  uintptr_t in_ptr = 0, out_ptr = 0;
+  if (kind != RequestType::kBarrier) {
+    if (!a.Get(in, in_place))
+      RaiseHvdliteError(what() + (in_place ? ": the in-place form needs a writable C-contiguous array (use the "
+                                             "out-of-place form, or make it contiguous first)"
+                                           : ": the input must be a C-contiguous array"));
+    const Py_buffer& v = a.view();
+    if (v.itemsize != DataTypeSize(static_cast<DataType>(dtype)))
+      RaiseHvdliteError(what() + ": the array's item size does not match its dtype");
+    shape.assign(v.shape, v.shape + v.ndim);
+    in_ptr = out_ptr = reinterpret_cast<uintptr_t>(v.buf);
+    if (!in_place) {
+      if (!b.Get(out, true) || b.view().len != v.len)
+        RaiseHvdliteError(what() + ": the output must be a writable C-contiguous array of the input's size");
+      out_ptr = reinterpret_cast<uintptr_t>(b.view().buf);
+    }
+  }
+  const int64_t h = Enqueue(type, name, in_ptr, kind == RequestType::kBroadcast ? 0 : out_ptr, dtype, shape,
+                            kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true);
+  std::string error;
+  if (!WaitFor(h, /*release=*/true, &error)) RaiseHvdliteError(error);
 }
 
 // The address of a C-contiguous buffer (a NumPy array), much cheaper than building
@@ -199,6 +279,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("caller_waits") = false);
   m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
   m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);
+  m.def("run", &Run);
   m.def("address", &Address);
   m.def("take_output", [](int64_t h) {
     std::unique_ptr<OutputBuffer> out = g_handles.TakeOutput(h);

@@ -261,6 +261,12 @@ def check_errors(r: int, n: int) -> None:
     np.testing.assert_allclose(a, np.full(2, n))
     still_works(n, "dup")
     expect_error(lambda: hvd.allreduce_(np.ones((4, 4))[:, ::2], name="bad.noncontig"), "C-contiguous")
+    read_only = np.ones(3)
+    read_only.flags.writeable = False
+    expect_error(lambda: hvd.allreduce_(read_only, name="bad.readonly"), "bad.readonly", "writable")
+    expect_error(lambda: hvd.broadcast_(np.ones((4, 4))[:, ::2], 0, name="bad.bcast.noncontig"),
+                 "bad.bcast.noncontig", "C-contiguous")
+    expect_error(lambda: hvd.allreduce_([1.0, 2.0], name="bad.list"), "bad.list", "NumPy array")
     expect_error(lambda: hvd.allreduce(np.ones(3, np.complex64), name="bad.dtype2"), "unsupported dtype", "complex64")
     expect_error(lambda: hvd.allreduce(np.ones(3, bool), name="bad.bool"), "unsupported dtype", "bool")
     expect_error(lambda: hvd.allreduce(np.ones(3), op=hvd.Adasum, name="bad.adasum"), "Adasum")
