@@ -245,10 +245,19 @@ def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = N
     One call into the engine instead of submit + wait: on a blocking call the Python
     work around the collective is most of hvdlite's cost over raw MPI.
     """
-    core = _basics.core()
-    _reap_orphans(core)
-    name = _checked_name(kind, name, dtype, op)
-    core.run(kind, name, tensor, output, DTYPES[dtype], op, float(prescale_factor),
+    # Written flat: right after a large collective the caches are cold, and every
+    # Python call on this path costs about a microsecond then.
+    core = _basics._core_module
+    if core is None or not core.is_initialized():
+        core = _basics.core()  # raises, saying why
+    if _orphans:
+        _reap_orphans(core)
+    if name is None:
+        name = auto_name(KIND_NAMES[kind])
+    code = DTYPES.get(dtype)
+    if code is None or op == Adasum or op not in _OP_NAMES:
+        _checked_name(kind, name, dtype, op)  # raises, naming the problem
+    core.run(kind, name, tensor, output, code, op, float(prescale_factor),
              float(postscale_factor), root_rank)
 
 

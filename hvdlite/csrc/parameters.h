@@ -25,8 +25,9 @@ struct Parameters {
   // sleeping for this long after each bit of progress, and for as long as a caller
   // is blocked waiting on a result (its core is idle then). Otherwise it sleeps
   // between polls, backing off up to the cycle time, so that it takes no time from
-  // computation. 0 turns polling without sleeping off; it is also off when this host
-  // runs more ranks than it has cores.
+  // computation. A caller that runs the engine itself (Engine::Drive) polls without
+  // even yielding for this long after progress. 0 turns polling without sleeping off;
+  // it is also off when this host runs more ranks than it has cores.
   int64_t spin_us = 50;
   // Raise glibc's malloc thresholds to the ceiling its own adaptive policy reaches
   // (see TuneHostAllocator in engine.cc). HVDLITE_MALLOC_TUNING=0 leaves malloc alone.
