@@ -197,8 +197,8 @@ def bench_large(h: Harness, hvd: Any) -> None:
         expect_equal(f"allreduce_ {tag}", x, want)
         del x, want
 
-        # Both sides reduce the same buffer (zeros stay zeros): where a buffer's pages
-        # lie (huge pages or not) changes the cost of MPI's shared-memory copies.
+        # Both sides reduce the same buffer (zeros stay zeros), so that nothing about
+        # the memory differs between them.
         a = np.zeros(n, np.float32)
         iters, reps = (1, 3) if h.quick else (iters_full, reps_full)
         h.compare(f"allreduce_{tag}_inplace",
