@@ -206,9 +206,7 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     ``group_id``/``group_size``: members of one grouped allreduce share a group id
     from :func:`new_group_id` and are negotiated and fused as a unit.
     """
-    core = _basics.core()
-    _reap_orphans(core)
-    name = _checked_name(kind, name, tensor.dtype, op)
+    core, name = _prepare(kind, name, tensor.dtype, op)
     out_ptr = output.ptr if output is not None else 0
     hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
                        tensor.shape, tensor.device, op,
@@ -218,8 +216,11 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     return Handle(hid, kind, name, keepalive)
 
 
-def _checked_name(kind: int, name: str | None, dtype: str, op: int) -> str:
-    """The request's name (generated when None), after checking dtype and op."""
+def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
+    """What submit and run do first: the initialized engine (orphaned requests reaped)
+    and the request's name (generated when None), after checking dtype and op."""
+    core = _basics.core()
+    _reap_orphans(core)
     if name is None:
         name = auto_name(KIND_NAMES[kind])
     if dtype not in DTYPES:
@@ -229,7 +230,7 @@ def _checked_name(kind: int, name: str | None, dtype: str, op: int) -> str:
         raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': the Adasum op is not supported by hvdlite")
     if op not in _OP_NAMES:
         raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unknown reduce op {op!r}")
-    return name
+    return core, name
 
 
 def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = None,
@@ -245,19 +246,8 @@ def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = N
     One call into the engine instead of submit + wait: on a blocking call the Python
     work around the collective is most of hvdlite's cost over raw MPI.
     """
-    # Written flat: right after a large collective the caches are cold, and every
-    # Python call on this path costs about a microsecond then.
-    core = _basics._core_module
-    if core is None or not core.is_initialized():
-        core = _basics.core()  # raises, saying why
-    if _orphans:
-        _reap_orphans(core)
-    if name is None:
-        name = auto_name(KIND_NAMES[kind])
-    code = DTYPES.get(dtype)
-    if code is None or op == Adasum or op not in _OP_NAMES:
-        _checked_name(kind, name, dtype, op)  # raises, naming the problem
-    core.run(kind, name, tensor, output, code, op, float(prescale_factor),
+    core, name = _prepare(kind, name, dtype, op)
+    core.run(kind, name, tensor, output, DTYPES[dtype], op, float(prescale_factor),
              float(postscale_factor), root_rank)
 
 

@@ -201,7 +201,7 @@ void Run(int type, const std::string& name, py::handle in, py::handle out, int d
   if (kind != RequestType::kAllreduce && kind != RequestType::kBroadcast && kind != RequestType::kBarrier)
     throw std::invalid_argument("hvdlite: run() takes allreduce, broadcast and barrier requests only");
   if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
-  auto what = [&] { return std::string(RequestTypeName(kind)) + " '" + name + "'"; };  // errors only
+  auto what = [&] { return RequestLabel(kind, name); };  // built on the error paths only
   const bool in_place = kind == RequestType::kBroadcast || out.is(in) || out.is_none();
   HeldBuffer a, b;
   std::vector<int64_t> shape{0};

@@ -53,6 +53,10 @@ const char* RequestTypeName(RequestType t) {
   return "unknown";
 }
 
+std::string RequestLabel(RequestType t, const std::string& name) {
+  return std::string(RequestTypeName(t)) + " '" + name + "'";
+}
+
 bool ValidDataType(int32_t code) { return code >= 0 && code < kNumDataTypes; }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {

@@ -28,6 +28,8 @@ int64_t DataTypeSize(DataType dt);
 const char* DataTypeName(DataType dt);
 const char* ReduceOpName(ReduceOp op);
 const char* RequestTypeName(RequestType t);
+// "allreduce 'name'": how messages name a request.
+std::string RequestLabel(RequestType t, const std::string& name);
 bool ValidDataType(int32_t code);
 std::string ShapeString(const std::vector<int64_t>& shape);
 int64_t NumElements(const std::vector<int64_t>& shape);

@@ -115,29 +115,25 @@ void Engine::StopTimeline() { timeline_.Stop(); }
 int64_t Engine::Enqueue(Request request, const void* input, void* output, bool caller_waits) {
   const int64_t h = handles_->Create();
   request.rank = rank_;
-  // Only built when a request is refused: this runs on every collective call.
-  auto what = [&request] { return std::string(RequestTypeName(request.type)) + " '" + request.name + "'"; };
   if (!running_) {
-    handles_->Complete(h, false, what() + ": hvdlite has been shut down" +
+    handles_->Complete(h, false, RequestLabel(request.type, request.name) + ": hvdlite has been shut down" +
                                      (shutdown_reason_.empty() ? "" : " (" + shutdown_reason_ + ")"));
     return h;
   }
   if (request.device != kCpuDevice) {
-    handles_->Complete(h, false, what() + ": the engine takes host memory only; GPU tensors must be staged through the host");
+    handles_->Complete(h, false, RequestLabel(request.type, request.name) + ": the engine takes host memory only; GPU tensors must be staged through the host");
     return h;
   }
-  const RequestType type = request.type;
   TensorEntry e;
   e.request = std::move(request);
   e.input = input;
   e.output = output;
   e.handle = h;
   e.enqueue_us = NowMicros();
-  std::string name = e.request.name;  // kept for the message below; the entry is moved
-  if (!queue_.Push(std::move(e), /*wake=*/!(caller_waits && spin_us_ > 0))) {
-    handles_->Complete(h, false, std::string(RequestTypeName(type)) + " '" + name + "': a " + RequestTypeName(type) +
-                                     " with this name is already in flight on rank " + std::to_string(rank_) +
-                                     "; wait for it to finish or use a different name");
+  if (!queue_.Push(e, /*wake=*/!(caller_waits && spin_us_ > 0))) {  // refused: `e` is intact
+    handles_->Complete(h, false, RequestLabel(e.request.type, e.request.name) + ": a " +
+                                     RequestTypeName(e.request.type) + " with this name is already in flight on rank " +
+                                     std::to_string(rank_) + "; wait for it to finish or use a different name");
   }
   return h;
 }
@@ -344,8 +340,7 @@ void Engine::Loop() {
   ReapSends(true);
   for (TensorEntry& e : queue_.TakeAll())
     handles_->Complete(e.handle, false,
-                       std::string(RequestTypeName(e.request.type)) + " '" + e.request.name +
-                           "' did not finish: " + shutdown_reason_);
+                       RequestLabel(e.request.type, e.request.name) + " did not finish: " + shutdown_reason_);
   timeline_.Flush();
 }
 
@@ -488,7 +483,7 @@ void Engine::Perform(const Response& r) {
   } catch (const std::exception& ex) {
     for (size_t i = 0; i < n; ++i)
       if (have[i]) handles_->Complete(entries[i].handle, false,
-                                      std::string(RequestTypeName(r.type)) + " '" + r.names[i] + "' failed: " + ex.what());
+                                      RequestLabel(r.type, r.names[i]) + " failed: " + ex.what());
   }
 }
 

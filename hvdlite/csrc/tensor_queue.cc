@@ -4,7 +4,7 @@
 
 namespace hvdlite {
 
-bool TensorQueue::Push(TensorEntry entry, bool wake) {
+bool TensorQueue::Push(TensorEntry& entry, bool wake) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (entry.request.type != RequestType::kJoin) {

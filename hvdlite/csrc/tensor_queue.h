@@ -23,10 +23,10 @@ struct TensorEntry {
 
 class TensorQueue {
  public:
-  // Adds the entry unless its name is already in flight (returns false then). Wakes a
-  // sleeping background thread unless `wake` is false: the caller is about to run
-  // the engine itself (Engine::Wait).
-  bool Push(TensorEntry entry, bool wake = true);
+  // Takes the entry over unless its name is already in flight (returns false then, and
+  // leaves `entry` as it was). Wakes a sleeping background thread unless `wake` is
+  // false: the caller is about to run the engine itself (Engine::Wait).
+  bool Push(TensorEntry& entry, bool wake = true);
   // Moves out the requests added since the last call.
   std::vector<Request> TakeNew();
   // Removes and returns the entry for `name` (false if this rank has none).
