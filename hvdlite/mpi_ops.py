@@ -9,7 +9,7 @@ calls agree without naming anything.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
@@ -37,34 +37,66 @@ except ImportError:  # bfloat16 arrays can only come from ml_dtypes anyway
     pass
 
 
+# The request kind of each label's operation (a grouped allreduce's members are allreduces).
+_KIND_OF = {**{v: k for k, v in _ops.KIND_NAMES.items()}, "grouped_allreduce": _ops.ALLREDUCE}
+
+
+def _reject(what: "_label", problem: str) -> NoReturn:
+    """Bad input on this rank: fail the collective on every rank (not only here, where
+    the others would wait for it forever) and raise."""
+    _ops.refuse(_KIND_OF[what.kind], what.name, problem)
+
+
 def _dtype_name(arr: np.ndarray, what: Any) -> str:
     name = _NAME_OF.get(arr.dtype)
     if name is None:
-        raise HvdliteError(f"{what}: unsupported dtype {arr.dtype}; hvdlite supports "
-                           f"{', '.join(_ops.DTYPES)}")
+        _reject(what, _unsupported(arr))
     return name
 
 
-def _as_array(tensor: Any, what: Any) -> np.ndarray:
-    """A C-contiguous NumPy view of `tensor` (copied only if it is not contiguous)."""
+def _unsupported(arr: np.ndarray) -> str:
+    return f"unsupported dtype {arr.dtype}; hvdlite supports {', '.join(_ops.DTYPES)}"
+
+
+def _view(tensor: Any, in_place: bool) -> tuple[Any, str | None]:
+    """``(array, None)``, or ``(None, problem)`` if `tensor` cannot be used. Out of
+    place: a C-contiguous NumPy view (copied only if it is not contiguous; objects
+    that only export DLPack are viewed through it). In place: `tensor` itself, which
+    must be a writable C-contiguous NumPy array."""
+    if in_place:
+        if not isinstance(tensor, np.ndarray):
+            return None, f"the in-place form needs a NumPy array, got {type(tensor).__name__}"
+        if tensor.dtype not in _NAME_OF:
+            return None, _unsupported(tensor)
+        flags = tensor.flags
+        if not flags.c_contiguous or not flags.writeable:
+            return None, ("the in-place form needs a writable C-contiguous array "
+                          "(use the out-of-place form, or np.ascontiguousarray first)")
+        return tensor, None
     try:
         arr = np.asarray(tensor)
-    except Exception as exc:  # pragma: no cover - message is what matters
-        raise HvdliteError(f"{what}: cannot view {type(tensor).__name__} as an array: {exc}") from exc
-    _dtype_name(arr, what)
+        if arr.dtype == object and hasattr(tensor, "__dlpack__"):  # DLPack only
+            arr = np.from_dlpack(tensor)
+    except Exception as exc:
+        return None, f"cannot view {type(tensor).__name__} as an array: {exc}"
+    if arr.dtype not in _NAME_OF:
+        return None, _unsupported(arr)
     # order="C" copies only when needed and, unlike ascontiguousarray, keeps 0-d shapes.
-    return np.asarray(arr, order="C")
+    return np.asarray(arr, order="C"), None
+
+
+def _as_array(tensor: Any, what: Any) -> np.ndarray:
+    arr, problem = _view(tensor, False)
+    if problem is not None:
+        _reject(what, problem)
+    return arr
 
 
 def _writable(tensor: Any, what: Any) -> np.ndarray:
-    if type(tensor) is not np.ndarray and not isinstance(tensor, np.ndarray):
-        raise HvdliteError(f"{what}: the in-place form needs a NumPy array, got {type(tensor).__name__}")
-    _dtype_name(tensor, what)
-    flags = tensor.flags
-    if not flags.c_contiguous or not flags.writeable:
-        raise HvdliteError(f"{what}: the in-place form needs a writable C-contiguous array "
-                           "(use the out-of-place form, or np.ascontiguousarray first)")
-    return tensor
+    arr, problem = _view(tensor, True)
+    if problem is not None:
+        _reject(what, problem)
+    return arr
 
 
 def _raw(arr: np.ndarray) -> _ops.RawTensor:
@@ -168,15 +200,18 @@ def _grouped(tensors: Sequence[Any], inplace: bool, average: bool | None, name: 
     op = _resolve_op(average, op)
     gid = _ops.new_group_id()
     base = name if name is not None else _ops.auto_name("grouped_allreduce")
+    views = [_view(t, inplace) for t in tensors]
+    bad = next((i for i, (_, problem) in enumerate(views) if problem is not None), None)
+    if bad is not None:
+        # The other ranks submit the whole group: fail every member everywhere.
+        problem = views[bad][1]
+        _ops.refuse_all(_ops.ALLREDUCE, [f"{base}.{i}" for i in range(len(tensors))],
+                        [problem if i == bad else f"member {bad} of its group: {problem}"
+                         for i in range(len(tensors))])
     handles = []
-    for i, t in enumerate(tensors):
+    for i, (arr, _) in enumerate(views):
         label = f"{base}.{i}"
-        if inplace:
-            arr = _writable(t, _label("grouped_allreduce", label))
-            out = arr
-        else:
-            arr = _as_array(t, _label("grouped_allreduce", label))
-            out = np.empty_like(arr)
+        out = arr if inplace else np.empty_like(arr)
         h = _ops.submit(_ops.ALLREDUCE, _raw(arr), _raw(out), name=label, op=op,
                         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                         group_id=gid, group_size=len(tensors), keepalive=(arr, out))
@@ -324,8 +359,8 @@ def barrier() -> None:
 @_ops.blocking
 def join() -> int:
     """Declare that this rank has no more data. Until every rank has joined, the other
-    ranks' allreduces go ahead with zeros from this one (Average divides by the ranks
-    that contributed). Returns the rank that joined last."""
+    ranks' allreduces go ahead with zeros from this one (Average still divides by
+    ``size()``, as in Horovod). Returns the rank that joined last."""
     h = _ops.submit(_ops.JOIN, _ops.EMPTY, name="join")
     return int(h.aux()[0])
 

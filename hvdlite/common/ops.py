@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
@@ -224,13 +224,45 @@ def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str
     if name is None:
         name = auto_name(KIND_NAMES[kind])
     if dtype not in DTYPES:
-        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unsupported dtype {dtype!r}; "
-                           f"supported: {', '.join(DTYPES)}")
+        _refuse(core, kind, name, f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
     if op == Adasum:
-        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': the Adasum op is not supported by hvdlite")
+        _refuse(core, kind, name, "the Adasum op is not supported by hvdlite")
     if op not in _OP_NAMES:
-        raise HvdliteError(f"{KIND_NAMES[kind]} '{name}': unknown reduce op {op!r}")
+        _refuse(core, kind, name, f"unknown reduce op {op!r}")
     return core, name
+
+
+def refuse(kind: int, name: str | None, problem: str) -> NoReturn:
+    """Fail a collective that this rank cannot take part in, on every rank, and raise.
+
+    For a front end whose own check of the caller's input failed (`problem` says what).
+    The other ranks may have submitted the same collective; raising only here would
+    leave them waiting for this rank forever. Instead the request goes to the
+    coordinator marked as refused (under the name it would have had, generated when
+    None, so later unnamed calls still agree), and every rank's collective fails with
+    "rank R: <kind> '<name>': <problem>". Raises that :class:`HvdliteError` here too,
+    once the other ranks have submitted it."""
+    refuse_all(kind, [name], [problem])
+
+
+def refuse_all(kind: int, names: Sequence[str | None], problems: Sequence[str]) -> NoReturn:
+    """:func:`refuse` for several requests that the other ranks submit together (the
+    members of a grouped allreduce): all are refused before any is waited for, since
+    the coordinator answers a group only once it is whole. Raises every member's
+    error, as a failed group does on the other ranks."""
+    core = _basics.core()
+    kname = KIND_NAMES[kind]
+    handles = []
+    for name, problem in zip(names, problems):
+        if name is None:
+            name = auto_name(kname)
+        handles.append(core.refuse(kind, name, f"{kname} '{name}': {problem}"))
+    raise HvdliteError("; ".join(core.wait(h, True)[1] for h in handles))
+
+
+def _refuse(core: Any, kind: int, name: str, problem: str) -> NoReturn:
+    _ok, error = core.wait(core.refuse(kind, name, f"{KIND_NAMES[kind]} '{name}': {problem}"), True)
+    raise HvdliteError(error)
 
 
 def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = None,

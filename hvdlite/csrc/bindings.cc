@@ -133,6 +133,20 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
   return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr), caller_waits);
 }
 
+// A collective this rank cannot take part in: its own check of the caller's input
+// failed with `message`. The other ranks may have submitted the same collective, so
+// instead of failing only here the request goes to the coordinator marked as refused,
+// and the collective fails on every rank with a message naming this rank.
+int64_t Refuse(int type, const std::string& name, const std::string& message) {
+  if (type < 0 || type > static_cast<int>(RequestType::kJoin))
+    throw std::invalid_argument("hvdlite: unknown request type " + std::to_string(type));
+  Request r;
+  r.type = static_cast<RequestType>(type);
+  r.name = name;
+  r.error = message.empty() ? std::string("invalid input") : message;
+  return Running().Enqueue(std::move(r), nullptr, nullptr, /*caller_waits=*/true);
+}
+
 // Waits for `h` (GIL released); with `release`, also forgets it (for results with no
 // engine output). Returns whether it succeeded, with the reason in `error` if not.
 bool WaitFor(int64_t h, bool release, std::string* error) {
@@ -201,24 +215,29 @@ void Run(int type, const std::string& name, py::handle in, py::handle out, int d
   if (kind != RequestType::kAllreduce && kind != RequestType::kBroadcast && kind != RequestType::kBarrier)
     throw std::invalid_argument("hvdlite: run() takes allreduce, broadcast and barrier requests only");
   if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
-  auto what = [&] { return RequestLabel(kind, name); };  // built on the error paths only
+  // Bad input fails the collective on every rank (see Refuse), then raises here.
+  auto refuse = [&](const std::string& problem) {
+    std::string error;
+    WaitFor(Refuse(type, name, RequestLabel(kind, name) + problem), /*release=*/true, &error);
+    RaiseHvdliteError(error);
+  };
   const bool in_place = kind == RequestType::kBroadcast || out.is(in) || out.is_none();
   HeldBuffer a, b;
   std::vector<int64_t> shape{0};
   uintptr_t in_ptr = 0, out_ptr = 0;
   if (kind != RequestType::kBarrier) {
     if (!a.Get(in, in_place))
-      RaiseHvdliteError(what() + (in_place ? ": the in-place form needs a writable C-contiguous array (use the "
-                                             "out-of-place form, or make it contiguous first)"
-                                           : ": the input must be a C-contiguous array"));
+      refuse(in_place ? ": the in-place form needs a writable C-contiguous array (use the "
+                        "out-of-place form, or make it contiguous first)"
+                      : ": the input must be a C-contiguous array");
     const Py_buffer& v = a.view();
     if (v.itemsize != DataTypeSize(static_cast<DataType>(dtype)))
-      RaiseHvdliteError(what() + ": the array's item size does not match its dtype");
+      refuse(": the array's item size does not match its dtype");
     shape.assign(v.shape, v.shape + v.ndim);
     in_ptr = out_ptr = reinterpret_cast<uintptr_t>(v.buf);
     if (!in_place) {
       if (!b.Get(out, true) || b.view().len != v.len)
-        RaiseHvdliteError(what() + ": the output must be a writable C-contiguous array of the input's size");
+        refuse(": the output must be a writable C-contiguous array of the input's size");
       out_ptr = reinterpret_cast<uintptr_t>(b.view().buf);
     }
   }
@@ -277,6 +296,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"), py::arg("prescale"),
         py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
         py::arg("caller_waits") = false);
+  m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"));
   m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
   m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);
   m.def("run", &Run);

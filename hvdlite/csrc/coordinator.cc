@@ -112,6 +112,14 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
   std::vector<int> present;
   for (int r = 0; r < size_; ++r)
     if (p.have[r]) present.push_back(r);
+  // A rank that could not take part (its own input check failed) fails it everywhere.
+  std::string refused;
+  for (int r : present) {
+    const std::string& e = p.requests[r].error;
+    if (e.empty()) continue;
+    refused += (refused.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + e;
+  }
+  if (!refused.empty()) return refused;
   const Request& first = p.requests[present.front()];
   const std::string op = RequestTypeName(first.type);
   auto differ = [&](auto get) {

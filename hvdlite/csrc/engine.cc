@@ -120,7 +120,7 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
                                      (shutdown_reason_.empty() ? "" : " (" + shutdown_reason_ + ")"));
     return h;
   }
-  if (request.device != kCpuDevice) {
+  if (request.device != kCpuDevice && request.error.empty()) {
     handles_->Complete(h, false, RequestLabel(request.type, request.name) + ": the engine takes host memory only; GPU tensors must be staged through the host");
     return h;
   }
@@ -495,9 +495,9 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
   const size_t n = r.names.size();
   const DataType dt = r.dtype;
   const int64_t es = DataTypeSize(dt);
-  const int contributors = size_ - static_cast<int>(r.joined_ranks.size());
   const double pre = r.prescale;
-  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  // Average divides by the whole world, joined ranks included: they count as zeros (as in Horovod).
+  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
   const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
   const int64_t chunk_bytes = std::max<int64_t>(es, params_.host_chunk_bytes);
   const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes / es);

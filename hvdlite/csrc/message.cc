@@ -65,7 +65,7 @@ void Put(Writer& w, const Request& r) {
   w.Pod(r.rank); w.Pod(static_cast<int32_t>(r.type)); w.Pod(static_cast<int32_t>(r.dtype));
   w.Str(r.name); w.Vec(r.shape); w.Pod(static_cast<int32_t>(r.reduce_op));
   w.Pod(r.prescale); w.Pod(r.postscale); w.Pod(r.root); w.Vec(r.splits);
-  w.Pod(r.group_id); w.Pod(r.group_size); w.Pod(r.device);
+  w.Pod(r.group_id); w.Pod(r.group_size); w.Pod(r.device); w.Str(r.error);
 }
 
 Request GetRequest(Reader& rd) {
@@ -83,6 +83,7 @@ Request GetRequest(Reader& rd) {
   r.group_id = rd.Pod<int32_t>();
   r.group_size = rd.Pod<int32_t>();
   r.device = rd.Pod<int32_t>();
+  r.error = rd.Str();
   return r;
 }
 

@@ -25,6 +25,10 @@ struct Request {
   int32_t group_id = -1;        // grouped allreduce: members share an id
   int32_t group_size = 0;
   int32_t device = kCpuDevice;
+  // Non-empty: this rank cannot take part (bad input it found itself). The request
+  // still goes to the coordinator, which fails the collective on every rank with this
+  // message, so the ranks that did submit it are not left waiting.
+  std::string error;
 };
 
 // Everything a rank says in one message to the coordinator.

@@ -49,12 +49,23 @@ _DEFAULT_BUCKET_BYTES = 1 << 20
 
 
 def bucket_bytes() -> int:
-    """Bytes per submit bucket inside graphs (``HVDLITE_TF_BUCKET_BYTES``, default 1 MiB;
-    0 submits a whole step's gradients at once, after the backward pass). hvdlite addition."""
-    try:
-        return int(os.environ.get("HVDLITE_TF_BUCKET_BYTES", _DEFAULT_BUCKET_BYTES))
-    except ValueError:
-        return _DEFAULT_BUCKET_BYTES
+    """Bytes per submit bucket inside graphs (``HVDLITE_TF_BUCKET_BYTES``; 0 submits a
+    whole step's gradients at once, after the backward pass). hvdlite addition.
+
+    Default: 1 MiB, so that buckets are submitted while the backward pass goes on -- unless
+    TensorFlow runs with a single inter-op thread. That thread runs a bucket's submit op
+    only when it has nothing else left to run, which in a backward pass is its end, so
+    every bucket is submitted at the end anyway and each extra ``py_function`` only
+    costs time (about 0.25 ms each); then the default is 0, one submit per step."""
+    value = os.environ.get("HVDLITE_TF_BUCKET_BYTES")
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    if tf.config.threading.get_inter_op_parallelism_threads() == 1:
+        return 0
+    return _DEFAULT_BUCKET_BYTES
 
 
 def _nbytes(t: tf.Tensor, limit: int) -> int:

@@ -9,7 +9,9 @@ fuses them. ``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` g
 step further inside graphs: gradients are submitted in buckets of about 1 MiB
 (``HVDLITE_TF_BUCKET_BYTES``; 0 = one bucket), last layer first, each by a small op that
 TensorFlow runs as soon as that bucket's gradients exist, and a single op at the end
-waits for all of them -- so communication overlaps the rest of the backward pass.
+waits for all of them -- so communication overlaps the rest of the backward pass. With a
+single inter-op thread TensorFlow would run every submit at the end of the backward pass
+anyway, so there the default is one bucket (see ``gradients.bucket_bytes``).
 Results land in buffers that TensorFlow takes over without a copy (DLPack).
 
 Limits that follow from this design:

@@ -185,8 +185,8 @@ def check_alltoall_reducescatter(r: int, n: int) -> None:
 
 def check_barrier_join(r: int, n: int) -> None:
     hvd.barrier()
-    # Rank q has q + 1 batches; joined ranks contribute zeros, Average divides by the
-    # ranks that contributed.
+    # Rank q has q + 1 batches; joined ranks contribute zeros, and Average divides by
+    # the whole world (Horovod's rule: a joined rank counts as a zero).
     for step in range(n):
         if step > r:
             break
@@ -195,7 +195,7 @@ def check_barrier_join(r: int, n: int) -> None:
         contributors = [q for q in range(n) if q >= step]
         np.testing.assert_allclose(got, np.full(4, sum(q + 1 for q in contributors), np.float32))
         avg = hvd.allreduce(x, op=hvd.Average, name=f"join.avg{step}")
-        np.testing.assert_allclose(avg, np.full(4, np.mean([q + 1 for q in contributors]), np.float32), rtol=1e-6)
+        np.testing.assert_allclose(avg, np.full(4, sum(q + 1 for q in contributors) / n, np.float32), rtol=1e-6)
     last = hvd.join()
     assert last == n - 1, last
     np.testing.assert_allclose(hvd.allreduce(np.ones(3), op=hvd.Sum, name="after.join"), np.full(3, n))
@@ -271,6 +271,39 @@ def check_errors(r: int, n: int) -> None:
     expect_error(lambda: hvd.allreduce(np.ones(3, bool), name="bad.bool"), "unsupported dtype", "bool")
     expect_error(lambda: hvd.allreduce(np.ones(3), op=hvd.Adasum, name="bad.adasum"), "Adasum")
     still_works(n, "local")
+    if n > 1:
+        check_bad_input_on_one_rank(r, n)
+
+
+def check_bad_input_on_one_rank(r: int, n: int) -> None:
+    """Input that only one rank finds bad fails the collective on every rank, naming
+    that rank; the others are not left waiting for it, and unnamed calls stay in step."""
+    bad = n - 1
+    good = np.ones((4, 2), np.float32)
+    expect_error(lambda: hvd.allreduce_(np.ones((4, 4), np.float32)[:, ::2] if r == bad else good,
+                                        name="one.noncontig"),
+                 f"rank {bad}: allreduce 'one.noncontig'", "C-contiguous")
+    still_works(n, "one.noncontig")
+    # Unnamed: the refused request uses the name the call would have had.
+    expect_error(lambda: hvd.synchronize(hvd.allreduce_async_(
+                     np.ones((4, 4), np.float32)[:, ::2] if r == bad else good.copy())),
+                 f"rank {bad}: allreduce 'allreduce.noname.", "C-contiguous")
+    got = hvd.allreduce(np.ones(3), op=hvd.Sum)  # the next unnamed call still matches
+    np.testing.assert_allclose(got, np.full(3, n))
+    expect_error(lambda: hvd.allreduce(np.ones(3, np.complex64 if r == bad else np.float32),
+                                       name="one.dtype"),
+                 f"rank {bad}: allreduce 'one.dtype'", "unsupported dtype complex64")
+    expect_error(lambda: hvd.allreduce(np.ones(3), op=hvd.Adasum if r == bad else hvd.Sum,
+                                       name="one.adasum"),
+                 f"rank {bad}: allreduce 'one.adasum'", "Adasum")
+    expect_error(lambda: hvd.broadcast_(np.ones((4, 4))[:, ::2] if r == bad else np.ones((4, 2)), 0,
+                                        name="one.bcast"),
+                 f"rank {bad}: broadcast 'one.bcast'", "C-contiguous")
+    # A bad member fails the whole group, on every rank.
+    members = [np.ones(3), np.ones(6)[::2] if r == bad else np.ones(3)]
+    expect_error(lambda: hvd.grouped_allreduce_(members, name="one.group"),
+                 f"rank {bad}: allreduce 'one.group.1'", "C-contiguous")
+    still_works(n, "one.group")
 
 
 def expect_not_initialized(fn, needle: str, what: str) -> None:
