@@ -28,8 +28,17 @@ def core() -> Any:
         reason = c.shutdown_reason()
         if reason:
             raise NotInitializedError(f"hvdlite is shut down: {reason}; call hvd.init() to start again")
-        raise NotInitializedError("hvdlite has not been initialized; call hvd.init() first")
+        raise NotInitializedError(_not_running())
     return c
+
+
+_shut_down_here = False  # this process called shutdown() (and not init() since)
+
+
+def _not_running() -> str:
+    if _shut_down_here:
+        return "hvdlite was shut down by this process (hvd.shutdown()); call hvd.init() to start again"
+    return "hvdlite has not been initialized; call hvd.init() first"
 
 
 def _world() -> Any:
@@ -38,7 +47,7 @@ def _world() -> Any:
     ``shutdown()`` itself (Horovod behaves the same way)."""
     c = _load_core()
     if not c.has_world():
-        raise NotInitializedError("hvdlite has not been initialized; call hvd.init() first")
+        raise NotInitializedError(_not_running())
     return c
 
 
@@ -73,6 +82,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     _tune_mpi_environment()
     from hvdlite.common import ops
     ops.reset_auto_names()
+    global _shut_down_here
+    _shut_down_here = False
     c.init(comm_handle, ranks)  # a process not among `ranks` stays uninitialized
 
 
@@ -86,9 +97,11 @@ def _tune_mpi_environment() -> None:
 
 def shutdown() -> None:
     """Stop the background thread; outstanding operations fail with an error."""
+    global _shut_down_here
     c = _core_module
     if c is not None and c.has_world():  # also after another rank stopped the job
         c.shutdown()
+        _shut_down_here = True
 
 
 def is_initialized() -> bool:

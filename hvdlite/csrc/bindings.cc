@@ -70,7 +70,18 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   MPI_Comm created = MPI_COMM_NULL;
   if (comm_handle != 0) {
     base = reinterpret_cast<MPI_Comm>(comm_handle);
+    if (base == MPI_COMM_NULL) throw std::invalid_argument("hvdlite.init: the communicator is MPI.COMM_NULL");
   } else if (!ranks.empty()) {
+    // Checked on every rank alike (the list is the same everywhere), before MPI sees it.
+    int world_size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    std::vector<char> seen(world_size, 0);
+    for (int r : ranks) {
+      if (r < 0 || r >= world_size)
+        throw std::invalid_argument("hvdlite.init: rank " + std::to_string(r) + " is outside MPI_COMM_WORLD (size " +
+                                    std::to_string(world_size) + ")");
+      if (seen[r]++) throw std::invalid_argument("hvdlite.init: rank " + std::to_string(r) + " is listed twice");
+    }
     MPI_Group world, sub;
     MPI_Comm_group(MPI_COMM_WORLD, &world);
     MPI_Group_incl(world, static_cast<int>(ranks.size()), ranks.data(), &sub);

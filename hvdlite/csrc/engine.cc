@@ -85,6 +85,9 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
     std::string err;
     if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
   }
+  HVD_INFO("engine started: rank " << rank_ << " of " << size_ << " (local " << local_rank_ << " of " << local_size_
+           << "), fusion threshold " << params_.fusion_threshold_bytes << " B, cycle time " << params_.cycle_time_ms
+           << " ms, cache capacity " << params_.cache_capacity << ", poll without yielding " << spin_us_ << " us");
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -206,9 +209,9 @@ bool Engine::CoordinatorStep() {
     const int64_t t = NowMicros();
     for (int32_t id : list.cache_hits) coordinator_->AddCacheHit(from, id, t);
     for (Request& r : list.requests) coordinator_->AddRequest(r, t);
-    if (list.shutdown) BeginShutdown("rank " + std::to_string(from) + " called shutdown()");
+    if (list.shutdown) BeginShutdown("rank " + std::to_string(from) + " shut down (it called shutdown() or its process is exiting)");
   }
-  if (stop_requested_ && !shutting_down_) BeginShutdown("rank 0 called shutdown()");
+  if (stop_requested_ && !shutting_down_) BeginShutdown("rank 0 shut down (it called shutdown() or its process is exiting)");
   if (!shutting_down_) {
     ResponseList ready = coordinator_->TakeReady();
     if (!ready.order.empty()) {
@@ -406,6 +409,8 @@ Response Engine::FromCache(const std::vector<int32_t>& ids) const {
 }
 
 void Engine::Execute(const ResponseList& list) {
+  HVD_DEBUG("executing " << list.order.size() << " collective(s): " << list.responses.size() << " negotiated, "
+                         << list.cached.size() << " agreed through the response cache");
   for (int32_t idx : list.order) {
     if (idx >= 0) Perform(list.responses[idx]);
     else Perform(FromCache(list.cached[-idx - 1]));
@@ -418,6 +423,8 @@ void Engine::Trace(const TensorEntry& e, const char* phase, int64_t start, int64
 
 void Engine::Perform(const Response& r) {
   const size_t n = r.type == RequestType::kJoin ? 1 : r.names.size();
+  HVD_LOG(0, RequestTypeName(r.type) << " of " << n << " tensor(s), first '" << (r.names.empty() ? "" : r.names[0])
+                                     << "'" << (r.error.empty() ? "" : ", failing: " + r.error));
   std::vector<TensorEntry> entries(n);
   std::vector<char> have(n, 0);
   for (size_t i = 0; i < n; ++i)

@@ -1,6 +1,9 @@
 #include "parameters.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <iostream>
 #include <cstring>
 #include <strings.h>
 #include <string>
@@ -20,30 +23,65 @@ bool Truthy(const char* v) {
   return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0);
 }
 
-int ParseLogLevel(const char* v) {
+// A value that does not parse is reported and ignored (the default stays), rather
+// than read as far as it goes: atoll("64MB") would silently mean 64 bytes.
+void Ignored(const char* suffix, const char* v, const char* expected) {
+  const char* name = std::getenv((std::string("HVDLITE_") + suffix).c_str()) ? "HVDLITE_" : "HOROVOD_";
+  std::cerr << "hvdlite: ignoring " << name << suffix << "='" << v << "': expected " << expected
+            << "; using the default\n";
+}
+
+void ReadInt(const char* suffix, int64_t* out) {
+  const char* v = GetEnv(suffix);
+  if (!v) return;
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v, &end, 10);
+  while (end && std::isspace(static_cast<unsigned char>(*end))) ++end;
+  if (end == v || *end != '\0' || errno == ERANGE) return Ignored(suffix, v, "an integer");
+  *out = x;
+}
+
+void ReadReal(const char* suffix, double* out) {
+  const char* v = GetEnv(suffix);
+  if (!v) return;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v, &end);
+  while (end && std::isspace(static_cast<unsigned char>(*end))) ++end;
+  if (end == v || *end != '\0' || errno == ERANGE) return Ignored(suffix, v, "a number");
+  *out = x;
+}
+
+void ReadLogLevel(int* out) {
+  const char* v = GetEnv("LOG_LEVEL");
+  if (!v) return;
   const char* names[] = {"trace", "debug", "info", "warning", "error", "fatal"};
   for (int i = 0; i < 6; ++i)
-    if (strcasecmp(v, names[i]) == 0) return i;
-  if (strcasecmp(v, "warn") == 0) return 3;
-  return std::atoi(v);
+    if (strcasecmp(v, names[i]) == 0) return void(*out = i);
+  if (strcasecmp(v, "warn") == 0) return void(*out = 3);
+  int64_t level = -1;
+  ReadInt("LOG_LEVEL", &level);
+  if (level >= 0 && level <= 5) *out = static_cast<int>(level);
+  else if (level != -1) Ignored("LOG_LEVEL", v, "trace, debug, info, warning, error, fatal or 0-5");
 }
 
 }  // namespace
 
 Parameters Parameters::FromEnvironment() {
   Parameters p;
-  if (const char* v = GetEnv("FUSION_THRESHOLD")) p.fusion_threshold_bytes = std::atoll(v);
-  if (const char* v = GetEnv("CYCLE_TIME")) p.cycle_time_ms = std::atof(v);
-  if (const char* v = GetEnv("CACHE_CAPACITY")) p.cache_capacity = std::atoll(v);
+  ReadInt("FUSION_THRESHOLD", &p.fusion_threshold_bytes);
+  ReadReal("CYCLE_TIME", &p.cycle_time_ms);
+  ReadInt("CACHE_CAPACITY", &p.cache_capacity);
   if (const char* v = GetEnv("TIMELINE")) p.timeline_path = v;
   p.timeline_mark_cycles = Truthy(GetEnv("TIMELINE_MARK_CYCLES"));
-  if (const char* v = GetEnv("STALL_CHECK_TIME_SECONDS")) p.stall_check_seconds = std::atof(v);
+  ReadReal("STALL_CHECK_TIME_SECONDS", &p.stall_check_seconds);
   if (Truthy(GetEnv("STALL_CHECK_DISABLE"))) p.stall_check_seconds = 0;
-  if (const char* v = GetEnv("STALL_SHUTDOWN_TIME_SECONDS")) p.stall_shutdown_seconds = std::atof(v);
-  if (const char* v = GetEnv("HOST_CHUNK_BYTES")) p.host_chunk_bytes = std::atoll(v);
-  if (const char* v = GetEnv("FUSION_DIRECT_BYTES")) p.fusion_direct_bytes = std::atoll(v);
-  if (const char* v = GetEnv("SPIN_MICROSECONDS")) p.spin_us = std::atoll(v);
-  if (const char* v = GetEnv("LOG_LEVEL")) p.log_level = ParseLogLevel(v);
+  ReadReal("STALL_SHUTDOWN_TIME_SECONDS", &p.stall_shutdown_seconds);
+  ReadInt("HOST_CHUNK_BYTES", &p.host_chunk_bytes);
+  ReadInt("FUSION_DIRECT_BYTES", &p.fusion_direct_bytes);
+  ReadInt("SPIN_MICROSECONDS", &p.spin_us);
+  ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;

@@ -341,7 +341,7 @@ def check_remote_shutdown(r: int, n: int) -> None:
         assert (hvd.rank(), hvd.size()) == (r, n)
         assert 0 <= hvd.local_rank() < hvd.local_size()
         expect_not_initialized(lambda: hvd.allreduce(np.ones(2), name="after.remote.shutdown"),
-                               "rank 0 called shutdown()", "allreduce after rank 0's shutdown")
+                               "rank 0 shut down", "allreduce after rank 0's shutdown")
         hvd.shutdown()
     expect_not_initialized(hvd.rank, "init", "rank() after this process's own shutdown")
     restart_and_check(r, n, "remote.shutdown")

@@ -26,4 +26,29 @@ if wr < 2:
 else:
     assert not hvd.is_initialized()
 world.Barrier()
+
+
+def expect_value_error(arg, needle: str) -> None:
+    try:
+        hvd.init(arg)
+    except ValueError as exc:
+        assert needle in str(exc), str(exc)
+    else:
+        raise AssertionError(f"init({arg!r}) did not raise")
+    assert not hvd.is_initialized()
+
+
+# Bad arguments raise on every rank, before MPI sees them, and hvdlite still starts.
+expect_value_error([0, wn], f"rank {wn} is outside MPI_COMM_WORLD")
+expect_value_error([0, 0], "rank 0 is listed twice")
+expect_value_error(MPI.COMM_NULL, "MPI.COMM_NULL")
+hvd.init()
+assert hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.bad.init")[0] == wn
+hvd.shutdown()
+try:
+    hvd.allreduce(np.ones(2))
+except hvd.NotInitializedError as exc:
+    assert "shut down by this process" in str(exc), str(exc)
+else:
+    raise AssertionError("allreduce after shutdown() did not raise")
 print(f"ALL CHECKS PASSED rank {wr}", flush=True)

@@ -54,6 +54,25 @@ def test_init_on_communicator_and_rank_list() -> None:
     assert_all_ranks_passed(proc, 3)
 
 
+def test_bad_environment_values_are_reported_and_log_level_applies() -> None:
+    """A value that does not parse is named and ignored (the default applies: 64MB
+    is not read as 64 bytes); HVDLITE_LOG_LEVEL=debug shows the engine's decisions."""
+    proc = run_ranks(2, "core_checks.py", "check_fusion",
+                     env={"HVDLITE_FUSION_THRESHOLD": "64MB", "HOROVOD_CYCLE_TIME": "fast",
+                          "HVDLITE_LOG_LEVEL": "debug"})
+    assert_all_ranks_passed(proc, 2)
+    err = proc.stderr
+    assert err.count("ignoring HVDLITE_FUSION_THRESHOLD='64MB': expected an integer") == 2, err[-3000:]
+    assert err.count("ignoring HOROVOD_CYCLE_TIME='fast': expected a number") == 2, err[-3000:]
+    for r in range(2):
+        assert f"[hvdlite INFO rank {r}] engine started: rank {r} of 2" in err, err[-3000:]
+        assert "fusion threshold 134217728 B" in err
+        assert f"[hvdlite DEBUG rank {r}] executing" in err, err[-3000:]
+    quiet = run_ranks(2, "core_checks.py", "check_fusion", env={"HVDLITE_LOG_LEVEL": "warning"})
+    assert_all_ranks_passed(quiet, 2)
+    assert "[hvdlite DEBUG" not in quiet.stderr and "[hvdlite INFO" not in quiet.stderr
+
+
 def test_timeline_records_every_phase(tmp_path: Path) -> None:
     trace, runtime_trace = tmp_path / "trace.json", tmp_path / "runtime.json"
     proc = run_ranks(2, "timeline_job.py", str(runtime_trace), env={"HVDLITE_TIMELINE": str(trace)})
