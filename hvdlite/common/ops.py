@@ -90,7 +90,9 @@ _name_counters: dict[str, Any] = {}
 
 
 def auto_name(kind: str) -> str:
-    """Return the next generated name for an unnamed request of this kind."""
+    """Return the next generated name for an unnamed request of this kind. Such names
+    contain ".noname." and never repeat; the engine does not cache them (names that
+    repeat, like a gradient's, must not contain ".noname.")."""
     with _name_lock:
         counter = _name_counters.setdefault(kind, itertools.count())
         return f"{kind}.noname.{next(counter)}"

@@ -31,6 +31,10 @@ const char* RequestTypeName(RequestType t);
 // "allreduce 'name'": how messages name a request.
 std::string RequestLabel(RequestType t, const std::string& name);
 bool ValidDataType(int32_t code);
+// Names the front ends generate for unnamed one-off calls ("allreduce.noname.7",
+// hvdlite.common.ops.auto_name) contain ".noname."; they never repeat, so the response
+// cache does not spend its capacity on them.
+inline bool IsOneOffName(const std::string& name) { return name.find(".noname.") != std::string::npos; }
 std::string ShapeString(const std::vector<int64_t>& shape);
 int64_t NumElements(const std::vector<int64_t>& shape);
 

@@ -3,7 +3,7 @@
 namespace hvdlite {
 
 bool ResponseCache::Cacheable(const Request& r) {
-  return r.group_id < 0 && r.error.empty() && (r.type == RequestType::kAllreduce || r.type == RequestType::kBroadcast ||
+  return r.group_id < 0 && r.error.empty() && !IsOneOffName(r.name) && (r.type == RequestType::kAllreduce || r.type == RequestType::kBroadcast ||
                             r.type == RequestType::kReducescatter);
 }
 

@@ -201,6 +201,23 @@ def check_barrier_join(r: int, n: int) -> None:
     np.testing.assert_allclose(hvd.allreduce(np.ones(3), op=hvd.Sum, name="after.join"), np.full(3, n))
 
 
+def check_response_cache(r: int, n: int) -> None:
+    """A name seen before is agreed through the response cache (sent as an id), and
+    unnamed one-off calls do not use up its capacity: after more of them than it
+    holds, a new name still gets cached."""
+    capacity = int(os.environ.get("HVDLITE_CACHE_CAPACITY", "1024"))
+    if capacity == 0:
+        return
+    core = _basics.core()
+    for _ in range(capacity + 2):
+        hvd.allreduce(np.ones(2), op=hvd.Sum)
+    before = core.stats()["requests_as_ids"]
+    for _ in range(4):
+        np.testing.assert_allclose(hvd.allreduce(np.ones(2), op=hvd.Sum, name="cache.repeat"), np.full(2, n))
+    as_ids = core.stats()["requests_as_ids"] - before
+    assert as_ids == 3, f"{as_ids} of the 3 repeats were agreed through the cache"
+
+
 def expect_error(fn, *needles: str) -> str:
     try:
         fn()
@@ -419,8 +436,8 @@ def main() -> None:
     r, n = hvd.rank(), hvd.size()
     assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
     checks = [check_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
-              check_barrier_join, check_errors, check_restart, check_caller_runs_engine,
-              check_remote_shutdown]
+              check_barrier_join, check_response_cache, check_errors, check_restart,
+              check_caller_runs_engine, check_remote_shutdown]
     for check in checks:
         if only and check.__name__ not in only:
             continue

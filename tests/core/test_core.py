@@ -19,7 +19,7 @@ def test_all_collectives_match_numpy(n: int) -> None:
     proc = run_ranks(n, "core_checks.py", timeout=300)
     assert_all_ranks_passed(proc, n)
     for check in ("check_allreduce", "check_fusion", "check_gather_bcast", "check_alltoall_reducescatter",
-                  "check_barrier_join", "check_errors", "check_restart", "check_caller_runs_engine"):
+                  "check_barrier_join", "check_response_cache", "check_errors", "check_restart", "check_caller_runs_engine"):
         for r in range(n):
             assert f"PASS {check} rank {r}" in proc.stdout
 
@@ -30,6 +30,11 @@ def test_fusion_in_small_pieces_and_without_cache() -> None:
                      env={"HVDLITE_FUSION_THRESHOLD": "65536", "HVDLITE_HOST_CHUNK_BYTES": "16384",
                           "HVDLITE_CACHE_CAPACITY": "0"})
     assert_all_ranks_passed(proc, 3)
+
+
+def test_one_off_names_leave_the_response_cache_free() -> None:
+    proc = run_ranks(2, "core_checks.py", "check_response_cache", env={"HVDLITE_CACHE_CAPACITY": "4"})
+    assert_all_ranks_passed(proc, 2)
 
 
 def test_horovod_environment_names_are_honoured() -> None:
