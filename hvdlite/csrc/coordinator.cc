@@ -296,7 +296,12 @@ ResponseList Coordinator::TakeReady() {
     table_.erase(it);
     RecordNegotiation(name, p, now);
     const Request& q = p.requests[FirstRank(p.have)];
-    if (q.type == RequestType::kAllreduce && q.group_id >= 0 && q.group_size > 1) {
+    // A member whose ranks disagree on the group's size goes ahead at once (to fail
+    // in Validate): gated, it could wait for a member some ranks never send.
+    bool sizes_agree = true;
+    for (int r = 0; r < size_; ++r)
+      if (p.have[r] && p.requests[r].group_size != q.group_size) sizes_agree = false;
+    if (q.type == RequestType::kAllreduce && q.group_id >= 0 && q.group_size > 1 && sizes_agree) {
       auto& members = groups_[q.group_id];
       members.emplace_back(name, std::move(p));
       if (static_cast<int>(members.size()) >= q.group_size) {
@@ -318,10 +323,15 @@ ResponseList Coordinator::TakeReady() {
   std::vector<Open> open;
   std::vector<bool> all_cached;  // per out.responses entry: agreed entirely through the cache
 
+  // (rank, that rank's group id) of grouped members that failed, with the reason.
+  std::vector<std::pair<std::pair<int, int32_t>, std::string>> failed_groups;
   for (auto& [name, p] : batch) {
     std::string error = Validate(name, p);
     Response resp = MakeResponse(name, p, error);
     const Request& q = p.requests[FirstRank(p.have)];
+    if (!error.empty())
+      for (int r = 0; r < size_; ++r)
+        if (p.have[r] && p.requests[r].group_id >= 0) failed_groups.push_back({{r, p.requests[r].group_id}, error});
     if (error.empty() && joined.empty() && ResponseCache::Cacheable(q)) {
       resp.cache_ids[0] = cache_->Lookup(q);
       if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
@@ -348,6 +358,36 @@ ResponseList Coordinator::TakeReady() {
     open.push_back(Open{static_cast<int>(out.responses.size()), bytes, cached});
     out.responses.push_back(std::move(resp));
     all_cached.push_back(cached);
+  }
+
+  // A failed member fails the rest of its group, including members that some ranks
+  // never sent (they disagree on the group), which would otherwise wait forever.
+  if (!failed_groups.empty()) {
+    auto failed_reason = [&](const Pending& p) -> const std::string* {
+      for (int r = 0; r < size_; ++r) {
+        if (!p.have[r] || p.requests[r].group_id < 0) continue;
+        for (const auto& [key, why] : failed_groups)
+          if (key.first == r && key.second == p.requests[r].group_id) return &why;
+      }
+      return nullptr;
+    };
+    auto fail = [&](const std::string& name, const Pending& p, const std::string& why) {
+      out.responses.push_back(MakeResponse(name, p, RequestLabel(RequestType::kAllreduce, name) +
+                                                        ": not run, another member of its group failed: " + why));
+      all_cached.push_back(false);
+    };
+    for (auto it = table_.begin(); it != table_.end();) {
+      const std::string* why = failed_reason(it->second);
+      if (!why) { ++it; continue; }
+      fail(it->first, it->second, *why);
+      it = table_.erase(it);
+    }
+    for (auto g = groups_.begin(); g != groups_.end();) {
+      const std::string* why = g->second.empty() ? nullptr : failed_reason(g->second.front().second);
+      if (!why) { ++g; continue; }
+      for (auto& [name, p] : g->second) fail(name, p, *why);
+      g = groups_.erase(g);
+    }
   }
 
   // Execution order; responses agreed entirely through the cache travel as ids.

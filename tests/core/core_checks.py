@@ -258,6 +258,12 @@ def check_errors(r: int, n: int) -> None:
                                           name="bad.splits"),
                      "bad.splits", "splits")
         still_works(n, "splits")
+        # Groups of different lengths: every member fails on every rank, including the
+        # ones the other ranks never send (in either direction).
+        for longer, tag in ((n - 1, "bad.group.last"), (0, "bad.group.first")):
+            expect_error(lambda: hvd.grouped_allreduce([np.ones(2)] * (2 + (r == longer)), name=tag),
+                         f"{tag}.0", "size of the group")
+            still_works(n, tag)
     expect_error(lambda: hvd.broadcast(np.ones(2), root_rank=n, name="bad.rootrange"),
                  "bad.rootrange", f"root rank {n} is outside")
     still_works(n, "rootrange")
