@@ -45,6 +45,8 @@ def _group_index(n_dense: int, dense_vars: Sequence[Any] | None, groups: Any) ->
     return out
 
 
+_GRADIENT_OPS = (Average, Sum, _ops.Min, _ops.Max, _ops.Product)
+
 _DEFAULT_BUCKET_BYTES = 1 << 20
 
 
@@ -121,7 +123,7 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
     ``groups``: an int (number of contiguous groups) or lists of variables whose
     gradients form one grouped allreduce each. With one rank nothing is communicated.
     Not differentiable (no second-order gradients through the communication)."""
-    if op not in (Average, Sum, _ops.Min, _ops.Max, _ops.Product):
+    if op not in _GRADIENT_OPS:
         raise ValueError(f"unsupported op {op!r} for gradients")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op == Average")
@@ -225,6 +227,12 @@ def check_reduction_options(op: int, gradient_predivide_factor: float, num_group
     """Validate the options that DistributedGradientTape and the Keras
     DistributedOptimizer share; returns ``groups`` (``num_groups`` is its older name)."""
     _mpi.check_process_set(process_set)
+    if op == _ops.Adasum:
+        raise ValueError("op=Adasum is not supported by hvdlite; use Average (the default) "
+                         "or Sum, Min, Max, Product")
+    if op not in _GRADIENT_OPS:
+        raise ValueError(f"unsupported op {op!r} for gradients; use Average, Sum, Min, Max "
+                         f"or Product")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op == Average")
     if groups is None and num_groups:

@@ -38,16 +38,20 @@ CHECKS = [
     "indexed_slices_and_compression",
     "variables_and_objects",
     "errors_are_raised_and_recoverable",
+    "gradient_tape_rejects_unsupported_ops",
     "distributed_gradient_tape_matches_single_process",
     "embedding_indexed_slices_gradients",
     "fit_with_distributed_optimizer_matches_single_process",
     "fit_sparse_embedding_gradients",
     "metric_average_callback_averages_logs",
     "warmup_callback_learning_rates_and_momentum_correction",
+    "schedule_callback_rmsprop_momentum_correction",
     "schedule_callback_staircase",
     "load_model_wraps_restored_optimizer",
     "backward_passes_per_step_accumulates",
     "distributed_optimizer_keeps_state_of_built_optimizer",
+    "distributed_optimizer_rejects_unsupported_ops",
+    "distributed_optimizer_keeps_weight_decay_exclusions",
 ]
 
 pytestmark = [

@@ -186,6 +186,57 @@ def warmup_callback_learning_rates_and_momentum_correction():
 
 
 @check
+def schedule_callback_rmsprop_momentum_correction():
+    """Momentum correction also scales RMSprop's momentum buffers (Keras 3 keeps them in
+    ``_momentums``): fit with a per-batch schedule equals a hand-written RMSprop whose
+    buffer is scaled by new/old rate whenever the rate changes, as for SGD."""
+    steps_per_epoch, epochs = 3, 2
+    x, y = global_data(steps_per_epoch, seed=6, outputs=1)
+    base_lr, momentum, rho, eps = 0.05, 0.9, 0.9, 1e-7
+    keras.utils.set_random_seed(450)
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1)])
+    init = root_weights(model)
+    model.compile(optimizer=hvdk.DistributedOptimizer(
+        keras.optimizers.RMSprop(base_lr, rho=rho, momentum=momentum, epsilon=eps)), loss="mse")
+    probe = _LogProbe()
+    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvdk.callbacks.LearningRateScheduleCallback(
+                             initial_lr=base_lr, multiplier=0.5, staircase=False,
+                             steps_per_epoch=steps_per_epoch),
+                         probe])
+    expected_lr = [base_lr * 0.5 ** (e + b / steps_per_epoch)
+                   for e in range(epochs) for b in range(steps_per_epoch)]
+    expect_close(probe.batch_lr, expected_lr, "RMSprop schedule rates", rtol=1e-6)
+
+    def reference(corrected):
+        w, bias = tf.Variable(init[0]), tf.Variable(init[1])
+        v = [np.zeros_like(init[0]), np.zeros_like(init[1])]
+        m = [np.zeros_like(init[0]), np.zeros_like(init[1])]
+        prev = base_lr
+        for t, lr in enumerate(expected_lr):
+            if corrected and lr != prev:
+                m = [mi * np.float32(lr / prev) for mi in m]
+            prev = lr
+            k = t % steps_per_epoch
+            xb, yb = x[k * B * N:(k + 1) * B * N], y[k * B * N:(k + 1) * B * N]
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((tf.matmul(xb, w) + bias - yb) ** 2)
+            grads = [g.numpy() for g in tape.gradient(loss, [w, bias])]
+            for i, (var, g) in enumerate(zip((w, bias), grads)):
+                v[i] = np.float32(rho) * v[i] + np.float32(1 - rho) * g * g
+                m[i] = np.float32(momentum) * m[i] + np.float32(lr) * g / np.sqrt(v[i] + np.float32(eps))
+                var.assign_sub(m[i])
+        return [w.numpy(), bias.numpy()]
+
+    want, uncorrected = reference(True), reference(False)
+    expect(not np.allclose(want[0], uncorrected[0], rtol=1e-3, atol=1e-5),
+           "the reference does not depend on the correction; the check would prove nothing")
+    for i, (g, r) in enumerate(zip(model.get_weights(), want)):
+        expect_close(g, r, f"RMSprop momentum-corrected weight {i}", rtol=1e-4, atol=1e-5)
+
+
+@check
 def schedule_callback_staircase():
     steps_per_epoch, epochs = 2, 4
     x, y = global_data(steps_per_epoch, seed=3)
@@ -195,8 +246,15 @@ def schedule_callback_staircase():
     model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=epochs, shuffle=False, verbose=0,
               callbacks=[hvdk.LearningRateScheduleCallback(initial_lr=0.08, multiplier=0.5, start_epoch=1,
                                                            end_epoch=3), probe])
-    want = [0.1] * 2 + [0.04] * 2 + [0.02] * 4
+    # a constant multiplier m gives initial_lr * m ** (epoch - start_epoch), as in Horovod
+    want = [0.1] * 2 + [0.08] * 2 + [0.04] * 4
     expect_close(probe.batch_lr, want, "staircase schedule", rtol=1e-6)
+    late = hvdk.LearningRateScheduleCallback(initial_lr=1.0, multiplier=0.1, start_epoch=30)
+    expect_close(late.multiplier(30), 1.0, "constant multiplier at start_epoch=30")
+    expect_close(late.multiplier(32), 0.01, "constant multiplier two epochs after start_epoch")
+    smooth = hvdk.LearningRateScheduleCallback(initial_lr=1.0, multiplier=0.25, start_epoch=2,
+                                               staircase=False, steps_per_epoch=2)
+    expect_close(smooth.multiplier(2.5), 0.5, "non-staircase constant multiplier at epoch 2.5")
     fn = hvdk.LearningRateScheduleCallback(initial_lr=1.0, multiplier=lambda e: 1.0 / (1 + e),
                                            staircase=False, steps_per_epoch=4)
     expect_close(fn.multiplier(1.5), 0.4, "callable multiplier")
@@ -279,3 +337,68 @@ def distributed_optimizer_keeps_state_of_built_optimizer():
         FAILURES.append("predivide with op=Sum should raise")
     except ValueError:
         pass
+
+
+@check
+def distributed_optimizer_rejects_unsupported_ops():
+    """op=Adasum (or an unknown op) is refused when the optimizer is wrapped, naming it,
+    rather than at the first training step."""
+    for op, word in ((hvdk.Adasum, "Adasum"), (17, "17")):
+        try:
+            hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=op)
+            FAILURES.append(f"DistributedOptimizer(op={op}) did not raise")
+        except ValueError as e:
+            expect(word in str(e), f"op={op} error message does not name it: {e}")
+            if op == hvdk.Adasum:
+                expect("not supported by hvdlite" in str(e), f"Adasum error message: {e}")
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvdk.Max)
+    expect(opt._hvd_options["op"] == hvdk.Max, "op=Max should be accepted")
+
+
+@check
+def distributed_optimizer_keeps_weight_decay_exclusions():
+    """State that get_config does not record survives wrapping: AdamW with the biases
+    excluded from weight decay leaves them decay-free, exactly as the unwrapped AdamW
+    does in one process; a from_config copy of the wrapped optimizer still trains."""
+    x, y = global_data(1, seed=7)  # the same batch on every rank: averaging changes nothing
+
+    def train(make_opt, steps=3):
+        model = make_model(900)
+        opt = make_opt(model)
+        for _ in range(steps):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        return model.get_weights(), opt
+
+    def adamw(exclude):
+        o = keras.optimizers.AdamW(0.05, weight_decay=0.5)
+        if exclude:
+            o.exclude_from_weight_decay(var_names=["bias"])
+        return o
+
+    plain, _ = train(lambda m: adamw(True))
+    decayed, _ = train(lambda m: adamw(False))
+    wrapped, opt = train(lambda m: hvdk.DistributedOptimizer(adamw(True)))
+    expect(getattr(opt, "_exclude_from_weight_decay_pattern", None) is not None,
+           "the wrapped AdamW lost exclude_from_weight_decay(var_names=['bias'])")
+    expect(not np.allclose(plain[1], decayed[1], rtol=1e-4, atol=1e-6),
+           "excluding the bias should change it; the check would prove nothing")
+    for i, (g, r) in enumerate(zip(wrapped, plain)):
+        expect_close(g, r, f"wrapped AdamW with bias excluded, weight {i}", rtol=1e-6, atol=1e-7)
+    # the same with exclusion by variable list, and for an optimizer wrapped after build
+    def by_list(m):
+        o = keras.optimizers.AdamW(0.05, weight_decay=0.5)
+        o.exclude_from_weight_decay(var_list=[v for v in m.trainable_variables if "bias" in v.name])
+        o.build(m.trainable_variables)
+        return hvdk.DistributedOptimizer(o)
+    listed, _ = train(by_list)
+    for i, (g, r) in enumerate(zip(listed, plain)):
+        expect_close(g, r, f"wrapped built AdamW with var_list exclusion, weight {i}", rtol=1e-6, atol=1e-7)
+    # an instance of the wrapped class made from its config has default options
+    copy = type(opt).from_config(opt.get_config())
+    expect(copy._hvd_options["op"] == hvdk.Average, "from_config copy should average by default")
+    copied, _ = train(lambda m: type(opt).from_config(adamw(False).get_config()))
+    for i, (g, r) in enumerate(zip(copied, decayed)):
+        expect_close(g, r, f"from_config copy of the wrapped class, weight {i}", rtol=1e-6, atol=1e-7)

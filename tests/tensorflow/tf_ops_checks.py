@@ -350,6 +350,30 @@ def errors_are_raised_and_recoverable():
 
 
 @check
+def gradient_tape_rejects_unsupported_ops():
+    """Adasum (and any op that is not Average/Sum/Min/Max/Product) is refused when the
+    tape is wrapped, with a message naming it, not at the first gradient() call."""
+    v = tf.Variable([1.0, 2.0])
+    for op, word in ((hvd.Adasum, "Adasum"), (17, "17")):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * v)
+        try:
+            hvd.DistributedGradientTape(tape, op=op)
+            FAILURES.append(f"DistributedGradientTape(op={op}) did not raise")
+        except ValueError as e:
+            expect(word in str(e), f"op={op} error message does not name it: {e}")
+            if op == hvd.Adasum:
+                expect("not supported by hvdlite" in str(e), f"Adasum error message: {e}")
+    for op in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * v)
+        grads = hvd.DistributedGradientTape(tape, op=op).gradient(loss, [v])
+        g = np.array([2.0, 4.0])  # the same on every rank
+        want = {hvd.Sum: g * N, hvd.Product: g ** N}.get(op, g)
+        expect_close(grads[0], want, f"tape gradient with op={op}")
+
+
+@check
 def distributed_gradient_tape_matches_single_process():
     """k steps of a custom tf.function loop on rank-local batches == single-process
     training on the global batch, for several tape options."""

@@ -95,7 +95,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in
     ``[start_epoch, end_epoch)``.
 
-    ``multiplier`` is a function of the epoch, or a number m meaning ``m ** epoch``.
+    ``multiplier`` is a function of the epoch, or a number m meaning
+    ``m ** (epoch - start_epoch)`` (so the rate is ``initial_lr`` at ``start_epoch``).
     With ``staircase=True`` the rate changes at the start of each epoch (integer epoch);
     otherwise before every batch, with the fractional epoch
     ``epoch + batch / steps_per_epoch`` (``steps_per_epoch`` is read from ``fit`` when not
@@ -105,9 +106,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     ``new``, the optimizer's momentum buffers are scaled by ``new / old`` so that the
     momentum keeps the step size it had. Horovod does this by changing the momentum
     coefficient for one batch; Keras 3 compiles the coefficient of its ``SGD`` and
-    ``RMSprop`` into the training step, so hvdlite scales their ``momentums`` buffers
-    instead -- the same update for plain momentum (for Nesterov momentum the look-ahead
-    term keeps the unscaled coefficient). Optimizers without momentum are left alone.
+    ``RMSprop`` into the training step, so hvdlite scales their momentum buffers
+    (``SGD.momentums``, ``RMSprop._momentums``) instead -- the same update for plain
+    momentum (for Nesterov momentum the look-ahead term keeps the unscaled coefficient).
+    Optimizers without momentum are left alone.
     The current rate is written to ``logs['lr']`` at the end of each epoch.
     """
 
@@ -125,8 +127,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if callable(multiplier):
             self.multiplier = multiplier
         else:
+            # exponential decay counted from start_epoch: the rate is initial_lr at start_epoch
             factor = float(multiplier)
-            self.multiplier = lambda epoch: factor ** epoch
+            first = start_epoch
+            self.multiplier = lambda epoch: factor ** (epoch - first)
 
     def _autodetect_steps_per_epoch(self) -> int:
         params = self.params or {}
@@ -142,7 +146,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         momentum = getattr(opt, "momentum", None)
         if momentum is None or not _is_number(momentum) or float(momentum) == 0.0:
             return []
-        return [m for m in (getattr(opt, "momentums", None) or []) if m is not None]
+        # SGD keeps its buffers in ``momentums``, RMSprop in ``_momentums``
+        buffers = getattr(opt, "momentums", None) or getattr(opt, "_momentums", None) or []
+        return [m for m in buffers if m is not None]
 
     def _adjust_learning_rate(self, epoch: float) -> None:
         opt = self.model.optimizer

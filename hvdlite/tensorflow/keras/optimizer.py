@@ -1,6 +1,7 @@
 """``DistributedOptimizer`` for Keras 3 optimizers (TensorFlow backend)."""
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import keras
@@ -13,9 +14,18 @@ from hvdlite.tensorflow.mpi_ops import Average, global_process_set
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 
+_DEFAULT_OPTIONS: dict[str, Any] = dict(
+    compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+    op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, groups=None)
+
+
 class _DistributedOptimizerMixin:
     """Placed in front of the wrapped optimizer's class: gradients handed to ``apply`` /
     ``apply_gradients`` are first combined over all ranks (one batch per step)."""
+
+    # Instances made without DistributedOptimizer (``type(opt).from_config(...)``,
+    # ``copy``) average with the default options instead of failing.
+    _hvd_options: dict[str, Any] = _DEFAULT_OPTIONS
 
     @_no_autograph
     def apply(self, grads, trainable_variables=None):
@@ -141,8 +151,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     ``apply_gradients`` yourself.
 
     The result is an instance of a subclass of ``type(optimizer)`` with the same config
-    (and the same state if ``optimizer`` was already built). A whole step's gradients are
-    submitted together so the engine fuses them. Each rank computes its loss on its own
+    (and the same state if ``optimizer`` was already built), and the instance attributes
+    that the config does not record, such as ``exclude_from_weight_decay()``'s
+    exclusions. An op other than Average, Sum, Min, Max or Product (Adasum) is refused
+    here. A whole step's gradients are submitted together so the engine fuses them. Each rank computes its loss on its own
     batch; with ``op=Average`` (default) the update equals single-process training on the
     union of the batches. ``tf.IndexedSlices`` gradients are allgathered (or allreduced
     dense with ``sparse_as_dense=True``). ``backward_passes_per_step`` k > 1 sums k
@@ -175,7 +187,32 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         old_vars = list(optimizer.variables)
         for target, source in zip(new.variables, old_vars):
             target.assign(source)
+    _copy_unconfigured_state(optimizer, new)
     return new
+
+
+def _holds_variables(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_variables(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_variables(v) for v in value.values())
+    return isinstance(value, (keras.Variable, tf.Variable))
+
+
+def _copy_unconfigured_state(source: Any, target: Any) -> None:
+    """Give ``target`` (made by ``from_config`` and, if ``source`` was built, built) the
+    instance attributes of ``source`` that neither did set -- state such as
+    ``exclude_from_weight_decay()``'s exclusions, which ``get_config`` does not record.
+    Optimizer variables are not shared (build made the target its own), hvdlite's own
+    attributes are the target's, and look-up caches start empty."""
+    for key, value in source.__dict__.items():
+        if key in target.__dict__ or key.startswith("_hvd_") or _holds_variables(value):
+            continue
+        if key.endswith("_cache") and isinstance(value, dict):
+            value = {}
+        elif isinstance(value, (list, dict, set)):
+            value = copy.copy(value)
+        object.__setattr__(target, key, value)
 
 
 def wrap_in_place(optimizer: keras.optimizers.Optimizer, **options: Any) -> keras.optimizers.Optimizer:
