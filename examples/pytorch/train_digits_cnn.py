@@ -20,15 +20,19 @@ bits, and over many steps a ReLU or max-pool decision can flip, so long runs dri
 slightly; ``--float64`` makes that negligible.) Because the global batch stays fixed, the
 learning rate is not scaled with the number of ranks here.
 
-Rank 0 shows a progress bar, prints metrics averaged over all ranks, and writes a
-checkpoint after every epoch (``--checkpoint``); ``--resume`` continues from it.
+Rank 0 shows a progress bar on stderr (its loss is the average over all ranks), prints
+metrics averaged over all ranks, and writes a checkpoint after every epoch
+(``--checkpoint``); ``--resume`` continues from it.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, TextIO
 
 import numpy as np
 import torch
@@ -100,6 +104,31 @@ class Comm:
         return self.hvd.allreduce(torch.tensor(values, dtype=torch.float64),
                                   op=self.hvd.Sum).tolist()
 
+    def average_later(self, value: torch.Tensor) -> Callable[[], float]:
+        """Start averaging a scalar over the ranks without waiting; the returned function
+        waits for the result. (Every rank must call it, in the same order.)"""
+        if self.hvd is None:
+            v = float(value)
+            return lambda: v
+        handle = self.hvd.allreduce_async(value.detach().reshape(1).to(torch.float64),
+                                          name="progress.loss", op=self.hvd.Average)
+        return lambda: float(self.hvd.synchronize(handle)[0])
+
+
+def bar_size(stream: TextIO) -> dict[str, Any]:
+    """tqdm size arguments for ``stream``. Under mpirun (and hvdlite-run) a rank's output
+    can be a pseudo-terminal of size 0x0, or a pipe; tqdm then thinks there are no rows
+    to draw on and prints no bar at all. Give it a definite size in that case."""
+    try:
+        cols, rows = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        cols = rows = 0
+    if cols > 0 and rows > 0:
+        return {}  # a real terminal: tqdm follows its size
+    fallback = shutil.get_terminal_size((80, 24))  # $COLUMNS/$LINES if set
+    return {"ncols": fallback.columns if fallback.columns > 0 else 80,
+            "nrows": fallback.lines if fallback.lines > 0 else 24}
+
 
 def load_data(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     digits = load_digits()
@@ -146,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)
 
     steps = len(x_tr) // args.batch_size  # incomplete global batches are dropped
-    show = rank == 0 and not args.no_progress
+    progress = not args.no_progress  # the same on every rank: all average the bar's loss
+    show = rank == 0 and progress
     if show:
         from tqdm import tqdm
     t0 = time.perf_counter()
@@ -155,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         order = torch.from_numpy(np.random.default_rng(args.seed + epoch).permutation(len(x_tr)))
         loss_sum = correct = seen = 0.0
         bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{args.epochs}", leave=False,
-                   file=sys.stdout) if show else None
+                   file=sys.stderr, **bar_size(sys.stderr)) if show else None
         for step in range(steps):
             idx = order[step * args.batch_size + rank * local_batch:
                         step * args.batch_size + (rank + 1) * local_batch]
@@ -163,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.zero_grad()
             logits = model(x)
             loss = F.cross_entropy(logits, y)
+            # The bar's loss is averaged over the ranks; the allreduce of this one number
+            # runs alongside backward and the gradient allreduces.
+            bar_loss = comm.average_later(loss) if progress else None
             loss.backward()
             optimizer.step()
             loss_sum += loss.item() * len(y)
@@ -170,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             seen += len(y)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+                bar.set_postfix(loss=f"{bar_loss():.3f}")
+            elif bar_loss is not None:
+                bar_loss()
         if bar is not None:
             bar.close()
         loss_sum, correct, seen = comm.sum([loss_sum, correct, seen])

@@ -36,28 +36,38 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
     ``root_rank``, in place.
 
     ``params`` is a ``model.state_dict()``, the result of ``model.named_parameters()``,
-    or any dict or sequence of ``(name, tensor)`` pairs; tensors are matched across ranks
-    by name. Typical use, right after building the model::
+    any dict or sequence of ``(name, tensor)`` pairs, or a sequence of tensors such as
+    ``list(model.parameters())``. Named tensors are matched across ranks by name, bare
+    tensors by their position in the sequence. Typical use, right after building the
+    model::
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
     check_process_set(process_set)
     if isinstance(params, dict):
-        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+        items = [(f"broadcast_parameters.{k}", v)
+                 for k, v in sorted(params.items(), key=lambda kv: str(kv[0]))]
     else:
-        items = list(params)
-        if any(not (isinstance(it, tuple) and len(it) == 2) for it in items):
-            raise ValueError("broadcast_parameters expects a dict or a sequence of "
-                             "(name, tensor) pairs, e.g. model.state_dict() or "
-                             "model.named_parameters()")
+        items = []
+        for i, it in enumerate(params):
+            if isinstance(it, tuple) and len(it) == 2:
+                items.append((f"broadcast_parameters.{it[0]}", it[1]))
+            elif isinstance(it, torch.Tensor) or it is None:
+                items.append((f"broadcast_parameters[{i}]", it))
+            else:
+                raise ValueError("broadcast_parameters expects a dict, a sequence of "
+                                 "(name, tensor) pairs or a sequence of tensors, e.g. "
+                                 "model.state_dict(), model.named_parameters() or "
+                                 f"list(model.parameters()); item {i} is a {type(it).__name__}")
     handles = []
     for name, p in items:
         if p is None:
             continue
         if not isinstance(p, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: {name!r} is a {type(p).__name__}, not a tensor")
+            label = name[len("broadcast_parameters"):].lstrip(".")
+            raise ValueError(f"broadcast_parameters: {label!r} is a {type(p).__name__}, not a tensor")
         handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
-                                        root_rank, name=f"broadcast_parameters.{name}"))
+                                        root_rank, name=name))
     for h in handles:
         synchronize(h)
 

@@ -95,6 +95,14 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _modified(t: torch.Tensor) -> torch.Tensor:
+    """Tell autograd that an in-place collective changed ``t`` (the engine wrote into its
+    memory behind PyTorch's back), so that a backward pass that saved ``t`` before the
+    change raises instead of silently using the new values."""
+    torch.autograd.graph.increment_version(t)
+    return t
+
+
 def _stage_move(t: torch.Tensor) -> _Stage:
     """Stage for operations that only move data (broadcast, allgather, alltoall): any
     dtype works, since bytes are bytes. A 0-d tensor is treated as shape (1,)."""
@@ -108,7 +116,17 @@ def _stage_move(t: torch.Tensor) -> _Stage:
     if dtype == torch.bool:
         eng = host.view(torch.uint8)
         return _Stage(t, eng, "uint8", shares, lambda r: r.view(torch.bool))
-    # Reinterpret as bytes: the last dimension grows by the element size; dim 0 stays.
+    if host.stride(-1) != 1:
+        # Contiguous but with an odd stride on a dimension of size 0 or 1 (as from
+        # NumPy): viewing it as bytes needs the canonical strides.
+        host = torch.empty(host.shape, dtype=dtype).copy_(host)
+        shares = False
+    # Reinterpret as bytes: the last dimension grows by the element size, so dimension 0
+    # (the rows that allgather and alltoall count) stays. A 1-D tensor gets a trailing
+    # byte dimension, (rows,) -> (rows, itemsize), rather than becoming a row of bytes.
+    if host.dim() == 1:
+        eng = host.view(torch.uint8).reshape(host.shape[0], host.element_size())
+        return _Stage(t, eng, "uint8", shares, lambda r: r.view(dtype).squeeze(-1))
     eng = host.view(torch.uint8)
     return _Stage(t, eng, "uint8", shares, lambda r: r.view(dtype))
 
@@ -276,6 +294,8 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
             part = _ops.submit(_ops.ALLREDUCE, raw, out_raw, name=base, op=op,
                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                keepalive=(t, out))
+            if inplace:
+                return Handle([part], lambda _: _modified(out), base, plain=True)
             return Handle([part], lambda _: out, base, plain=True)
     names = [f"{base}.{i}" for i in range(len(tensors))] if grouped else [base]
     stages = [_stage_reduce(t, op, f"{kind} '{n}'") for t, n in zip(tensors, names)]
@@ -294,7 +314,7 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
             if inplace:
                 if not st.shares:
                     st.src.copy_(st.to_user_device(st.back(out)))
-                results.append(st.src)
+                results.append(_modified(st.src))
             else:
                 results.append(st.to_user_device(st.back(out)))
         return results if grouped else results[0]
@@ -548,7 +568,7 @@ def _broadcast_impl(tensor: torch.Tensor, root_rank: int, name: str | None, inpl
         if inplace:
             if not (st.shares and buf is st.eng):
                 st.src.copy_(st.to_user_device(result))
-            return st.src
+            return _modified(st.src)
         return st.to_user_device(result)
 
     return Handle([part], finish, nm)

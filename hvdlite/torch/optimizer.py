@@ -23,14 +23,30 @@ from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
                                    allreduce_async, allreduce_async_, sparse_allreduce_async,
                                    synchronize)
 
+# Each DistributedOptimizer gets the next index at construction; every rank builds its
+# optimizers in the same order, so the index (part of the default allreduce names) agrees
+# across ranks and two optimizers' unnamed gradients never share a name.
+_optimizer_count = 0
+
+
+def _next_optimizer_index() -> int:
+    global _optimizer_count
+    index = _optimizer_count
+    _optimizer_count += 1
+    return index
+
+
 class _Pending:
     """One submitted allreduce of the optimizer: a parameter or a group of them."""
 
-    __slots__ = ("params", "handle", "ctxs", "sent", "kind")
+    __slots__ = ("params", "handle", "ctxs", "sent", "kind", "grads")
 
     def __init__(self, params: tuple[torch.Tensor, ...], handle: Handle, ctxs: list[Any],
                  sent: list[torch.Tensor], kind: str) -> None:
         self.params, self.handle, self.ctxs, self.sent, self.kind = params, handle, ctxs, sent, kind
+        # The gradient tensors as submitted: the result is written back into them, so a
+        # parameter whose ``.grad`` was meanwhile cleared or replaced is detected.
+        self.grads = [p.grad for p in params]
 
 
 def _remove_hooks(hooks: dict[torch.Tensor, Any]) -> None:
@@ -62,6 +78,7 @@ class _DistributedOptimizer:
             self._hvd_prescale = self._hvd_postscale = 1.0
 
         all_params = [p for g in self.param_groups for p in g["params"]]
+        self._hvd_index = _next_optimizer_index()
         self._hvd_names: dict[torch.Tensor, str] = {}
         if named_parameters is not None:
             named = list(named_parameters)
@@ -85,7 +102,7 @@ class _DistributedOptimizer:
         else:
             for gi, g in enumerate(self.param_groups):
                 for j, p in enumerate(g["params"]):
-                    self._hvd_names[p] = f"allreduce.noname.{gi}.{j}"
+                    self._hvd_names[p] = self._hvd_default_name(gi, j)
 
         self._hvd_delay: dict[torch.Tensor, int] = {p: self.backward_passes_per_step
                                                     for p in all_params}
@@ -110,6 +127,12 @@ class _DistributedOptimizer:
         if self._hvd_active:
             for p in all_params:
                 self._hvd_hook(p)
+
+    def _hvd_default_name(self, gi: int, j: int) -> str:
+        """Name of the allreduce of parameter ``j`` of group ``gi`` when no names were
+        given; includes this optimizer's index so that several optimizers can have
+        gradients in flight at once."""
+        return f"allreduce.param.{self._hvd_index}.{gi}.{j}"
 
     def _hvd_make_groups(self, groups: Any, params: list[torch.Tensor]) -> None:
         units: list[tuple[torch.Tensor, ...]] = []
@@ -268,9 +291,16 @@ class _DistributedOptimizer:
                     # get ``grad = None`` back afterwards.
                     absent.extend(p for p, h in zip(unit, have) if not h)
         try:
+            error: BaseException | None = None
             for pending in self._hvd_pending.values():
-                self._hvd_finish(pending)
+                try:
+                    self._hvd_finish(pending)
+                except Exception as e:  # noqa: BLE001 - finish the others, then raise
+                    if error is None:
+                        error = e
             synchronize(flag_handle)
+            if error is not None:
+                raise error
         finally:
             self._hvd_reset()
         for p in absent:
@@ -281,6 +311,15 @@ class _DistributedOptimizer:
 
     def _hvd_finish(self, pending: _Pending) -> None:
         result = synchronize(pending.handle)
+        for p, g in zip(pending.params, pending.grads):
+            if p.grad is not g:
+                raise RuntimeError(
+                    f"hvdlite: the gradient of '{self._hvd_names.get(p)}' was "
+                    f"{'set to None' if p.grad is None else 'replaced'} (e.g. by "
+                    f"model.zero_grad()) after loss.backward() but before optimizer.step() or "
+                    f"optimizer.synchronize(), while the gradient allreduces are still in "
+                    f"flight; call optimizer.step() (or optimizer.synchronize()) before "
+                    f"zero_grad()")
         with torch.no_grad():
             if pending.kind == "sparse":
                 pending.params[0].grad = result.coalesce()
@@ -313,16 +352,32 @@ class _DistributedOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the outstanding gradient allreduces, then take the wrapped optimizer's
-        step."""
-        if self._hvd_should_sync:
-            if self._hvd_synchronized:
-                warnings.warn("optimizer.step() was called after optimizer.synchronize() "
-                              "outside optimizer.skip_synchronize(); the gradients are reduced "
-                              "a second time, which is slow. Wrap step() in "
-                              "`with optimizer.skip_synchronize():`.", stacklevel=2)
-            self.synchronize()
-        self._hvd_synchronized = False
-        return super().step(closure)  # type: ignore[misc]
+        step.
+
+        With a ``closure`` (which computes the loss and calls ``backward()``), the wrapped
+        optimizer gets a closure that runs it and then waits for its gradients'
+        allreduces, so every evaluation -- one for SGD or Adam, several per step for
+        LBFGS -- sees gradients averaged across ranks."""
+        if self._hvd_should_sync and self._hvd_synchronized:
+            warnings.warn("optimizer.step() was called after optimizer.synchronize() "
+                          "outside optimizer.skip_synchronize(); the gradients are reduced "
+                          "a second time, which is slow. Wrap step() in "
+                          "`with optimizer.skip_synchronize():`.", stacklevel=2)
+        try:
+            if closure is None:
+                if self._hvd_should_sync:
+                    self.synchronize()
+                return super().step()  # type: ignore[misc]
+
+            def averaged_closure() -> Any:
+                with torch.enable_grad():
+                    loss = closure()
+                if self._hvd_should_sync:
+                    self.synchronize()
+                return loss
+            return super().step(averaged_closure)  # type: ignore[misc]
+        finally:
+            self._hvd_synchronized = False
 
     step.hooked = True  # type: ignore[attr-defined]  # torch wraps the wrapped class's step already
 
@@ -351,7 +406,7 @@ class _DistributedOptimizer:
         gi = len(self.param_groups) - 1
         for j, p in enumerate(self.param_groups[gi]["params"]):
             if p not in self._hvd_names:
-                self._hvd_names[p] = f"allreduce.noname.{gi}.{j}"
+                self._hvd_names[p] = self._hvd_default_name(gi, j)
             self._hvd_delay.setdefault(p, self.backward_passes_per_step)
             if self._hvd_active:
                 self._hvd_hook(p)

@@ -13,6 +13,7 @@ OPS_CASES = ["allreduce_float_ops", "allreduce_with_compression", "allreduce_int
              "allreduce_scaling_and_deprecated_average",
              "allreduce_inplace_async_and_noncontiguous", "allreduce_other_dtypes",
              "grouped_allreduce_ops", "allgather_ops", "broadcast_ops", "alltoall_ops",
+             "alltoall_non_native_1d", "inplace_ops_bump_autograd_version",
              "reducescatter_ops", "barrier_and_join", "join_with_uneven_work",
              "mismatch_errors_then_recovers"]
 GRAD_CASES = ["allreduce_grad", "allgather_grad", "broadcast_grad", "alltoall_grad",

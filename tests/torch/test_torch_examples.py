@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.launch import REPO, job_env
+from tests.launch import REPO, job_env, run_job
 from tests.torch.torch_mp import run_ranks
 
 EXAMPLES = REPO / "examples" / "pytorch"
@@ -58,6 +58,25 @@ def test_digits_cnn_resumes_from_checkpoint(tmp_path: Path) -> None:
     out = run_ranks(2, DIGITS, "--epochs", "2", "--checkpoint", str(ckpt), "--resume",
                     "--no-progress", timeout=200)
     assert "epoch   1:" not in out and "epoch   2:" in out, out
+
+
+@pytest.mark.timeout(300)
+def test_digits_cnn_shows_progress_bar_on_rank_0(tmp_path: Path) -> None:
+    # Under the launcher a rank's stdout is a 0x0 pseudo-terminal and its stderr a pipe;
+    # the bar must still be drawn (on stderr), by rank 0 alone. (The job's output is read
+    # as text, so the bar's carriage returns arrive here as newlines.)
+    proc = run_job(2, DIGITS, "--epochs", "2", "--checkpoint", "", cwd=tmp_path, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    err = proc.stderr
+    steps = int(1797 * 0.8) // 64  # training images // global batch
+    for epoch in (1, 2):
+        assert re.search(rf"(?m)^epoch {epoch}/2: +\d+%\|.*\| \d+/{steps} ", err), err[-3000:]
+        assert f"epoch {epoch}/2: 100%" in err, err[-3000:]
+    losses = [float(v) for v in re.findall(r"loss=([0-9.]+)", err)]
+    assert losses and all(0.0 < v < 10.0 for v in losses), err[-3000:]
+    # One bar: each step of each epoch is drawn once (a second rank would double it).
+    assert err.count(f" 1/{steps} ") == 2, err[-3000:]
+    assert "epoch 1/2" not in proc.stdout, "the bar belongs on stderr"
 
 
 @pytest.mark.timeout(300)

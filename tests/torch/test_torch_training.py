@@ -15,7 +15,9 @@ OPTIMIZER_CASES = [
     "adam_matches_global_batch", "adamw_groups_match_global_batch", "explicit_groups_and_unnamed",
     "sum_op_and_predivide", "backward_passes_per_step_equals_4x_batch", "compression_fp16_bf16",
     "unused_parameters_on_some_ranks", "synchronize_clip_skip_synchronize",
-    "zero_grad_while_in_flight_is_an_error", "frozen_then_unfrozen_and_added_group",
+    "zero_grad_while_in_flight_is_an_error", "model_zero_grad_while_in_flight_is_an_error",
+    "step_with_closure_averages_gradients", "lbfgs_closure_is_averaged_every_evaluation", "two_unnamed_optimizers_one_loss",
+    "frozen_then_unfrozen_and_added_group",
     "lr_scheduler_and_state_dict", "sparse_embedding_gradients", "wrong_arguments_raise"]
 FUNCTION_CASES = ["broadcast_parameters_forms", "optimizer_state_makes_fresh_rank_identical",
                   "optimizer_state_cleared_when_root_has_none", "objects"]

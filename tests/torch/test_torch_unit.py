@@ -2,6 +2,7 @@
 surface Horovod scripts use, and argument errors raised before anything is sent."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -67,6 +68,15 @@ def test_staging_is_zero_copy_for_contiguous_tensors() -> None:
     st = _stage_move(c)
     assert st.dtype == "uint8" and st.eng.shape == (3, 16)
     assert torch.equal(st.back(st.eng.clone()), c)
+    # 1-D tensors keep their rows: (rows,) -> (rows, itemsize) bytes, not (rows * itemsize,).
+    for one_d in (torch.arange(3, dtype=torch.int16), torch.tensor([1j, 2.0, 3j]),
+                  torch.zeros(0, dtype=torch.int16),
+                  torch.from_numpy(np.zeros(0, dtype=np.int16))):  # stride (0,) from NumPy
+        st = _stage_move(one_d)
+        assert st.dtype == "uint8" and (st.shares or one_d.numel() == 0)
+        assert st.eng.shape == (one_d.shape[0], one_d.element_size())
+        back = st.back(st.eng.clone())
+        assert back.dtype == one_d.dtype and torch.equal(back, one_d)
 
 
 def test_unsupported_reductions_raise_type_error() -> None:

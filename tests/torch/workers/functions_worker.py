@@ -59,12 +59,21 @@ def broadcast_parameters_forms() -> None:
     want2 = dict(make_model(seed=10).named_parameters())
     for k, p in model2.named_parameters():
         assert p.requires_grad and torch.equal(p, want2[k]), f"parameter {k} differs"
+    # A plain list of tensors (Horovod accepts it): matched by position.
+    model3 = make_model(seed=20 + r)
+    hvd.broadcast_parameters(list(model3.parameters()), root_rank=root)
+    want3 = list(make_model(seed=20 + root).parameters())
+    for k, (p, q) in enumerate(zip(model3.parameters(), want3)):
+        assert p.requires_grad and torch.equal(p, q), f"parameter #{k} of a plain list differs"
+    t = torch.full((2,), float(r))
+    hvd.broadcast_parameters([t, ("named", torch.full((3,), float(r)))], root_rank=0)
+    assert torch.equal(t, torch.zeros(2)), "a bare tensor in a mixed list"
     try:
-        hvd.broadcast_parameters([torch.zeros(2)], root_rank=0)
+        hvd.broadcast_parameters([torch.zeros(2), 3], root_rank=0)
     except ValueError:
         pass
     else:
-        raise AssertionError("a plain list of tensors must raise ValueError")
+        raise AssertionError("a list item that is neither a tensor nor a pair must raise")
 
 
 @case

@@ -279,6 +279,71 @@ def alltoall_ops() -> None:
 
 
 @case
+def alltoall_non_native_1d() -> None:
+    # int16 and complex64 are moved as bytes; rows (not bytes) must still be what splits
+    # and received splits count, for 1-D tensors too.
+    r, n = hvd.rank(), hvd.size()
+    for dtype in (torch.int16, torch.complex64):
+        def vals(k: int, m: int) -> np.ndarray:
+            return 100 * k + np.arange(m)
+
+        def tens(a: np.ndarray) -> torch.Tensor:
+            if dtype.is_complex:
+                return torch.from_numpy((a + 0.5j * a).astype(np.complex64))
+            return torch.from_numpy(a.astype(np.int16))
+
+        xs = [vals(k, 2 * n) for k in range(n)]
+        out = hvd.alltoall(tens(xs[r]))
+        want = np.concatenate([xs[k][2 * r:2 * r + 2] for k in range(n)])
+        assert out.dtype == dtype and out.shape == (2 * n,), (dtype, out.shape)
+        assert torch.equal(out, tens(want)), f"alltoall even 1-D {dtype}"
+        h = hvd.alltoall_async(tens(xs[r]), splits=[2] * n)
+        out, received = hvd.synchronize(h)
+        assert torch.equal(out, tens(want)) and received.tolist() == [2] * n, \
+            f"alltoall_async 1-D {dtype}: received splits {received.tolist()}"
+        splits = [[(k + j) % 3 for j in range(n)] for k in range(n)]
+        data = [vals(k, sum(splits[k])) for k in range(n)]
+        out, received = hvd.alltoall(tens(data[r]), splits=splits[r])
+        pieces = [data[k][sum(splits[k][:r]):sum(splits[k][:r + 1])] for k in range(n)]
+        assert out.dtype == dtype and torch.equal(out, tens(np.concatenate(pieces))), \
+            f"alltoall 1-D {dtype} with splits"
+        assert received.tolist() == [splits[k][r] for k in range(n)], \
+            f"received splits {received.tolist()} for 1-D {dtype}"
+    # allgather of 1-D int16 still concatenates rows.
+    out = hvd.allgather(torch.full((r + 1,), r, dtype=torch.int16))
+    assert out.dtype == torch.int16 and out.tolist() == [k for k in range(n) for _ in range(k + 1)]
+
+
+@case
+def inplace_ops_bump_autograd_version() -> None:
+    # A backward pass that saved a tensor must notice that an in-place collective
+    # overwrote it (as for any in-place torch op) instead of using the new values.
+    r, n = hvd.rank(), hvd.size()
+    ops = {
+        "allreduce_": lambda b: hvd.allreduce_(b, op=hvd.Sum),
+        "allreduce_async_": lambda b: hvd.synchronize(hvd.allreduce_async_(b, op=hvd.Sum)),
+        "grouped_allreduce_": lambda b: hvd.grouped_allreduce_([b], op=hvd.Sum),
+        "broadcast_": lambda b: hvd.broadcast_(b, root_rank=n - 1),
+        "broadcast_async_": lambda b: hvd.synchronize(hvd.broadcast_async_(b, root_rank=n - 1)),
+    }
+    for what, op in ops.items():
+        for dtype in (torch.float32, torch.float64):
+            x = torch.ones(3, dtype=dtype, requires_grad=True)
+            buf = torch.full((3,), float(r + 1), dtype=dtype)
+            assert buf.is_contiguous()
+            y = (x * buf).sum()  # saves buf for the backward pass
+            version = buf._version
+            op(buf)
+            assert buf._version > version, f"{what} did not bump the version counter"
+            try:
+                y.backward()
+            except RuntimeError as e:
+                assert "inplace" in str(e) or "in-place" in str(e), str(e)
+            else:
+                raise AssertionError(f"backward after {what} on a saved tensor must raise")
+
+
+@case
 def reducescatter_ops() -> None:
     r, n = hvd.rank(), hvd.size()
     for rows in (2 * n, 2 * n + 1, 7):

@@ -279,6 +279,124 @@ def zero_grad_while_in_flight_is_an_error() -> None:
 
 
 @case
+def model_zero_grad_while_in_flight_is_an_error() -> None:
+    # model.zero_grad() (grad -> None) or replacing a gradient while its allreduce is in
+    # flight gives the same clear error as optimizer.zero_grad(); training then goes on.
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    ref_opt = sgd(ref)
+    clears = {"model.zero_grad()": lambda: model.zero_grad(),
+              "a replaced .grad": lambda: setattr(model.fc1.weight, "grad",
+                                                  torch.zeros_like(model.fc1.weight))}
+    for what, clear in clears.items():
+        opt.zero_grad()
+        x, y = batch(0, r)
+        F.mse_loss(model(x), y).backward()
+        clear()
+        try:
+            opt.step()
+        except RuntimeError as e:
+            assert "zero_grad" in str(e) and "step()" in str(e), str(e)
+        else:
+            if n > 1:
+                raise AssertionError(f"step() after {what} with allreduces in flight must "
+                                     f"raise RuntimeError")
+    if n == 1:
+        return  # nothing was in flight: those steps were taken, unlike the reference's
+    for step in range(2):
+        opt.zero_grad()
+        x, y = batch(step, r)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        ref_opt.step()
+    check_params(model, ref, "training after the failed steps")
+
+
+@case
+def step_with_closure_averages_gradients() -> None:
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    ref_opt = sgd(ref)
+    for step in range(3):
+        x, y = batch(step, r)
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        with torch.no_grad():
+            want = F.mse_loss(model(x), y)
+            # The closure still gets gradients under no_grad, as in plain PyTorch.
+            loss = opt.step(closure)
+        assert isinstance(loss, torch.Tensor) and torch.equal(loss.detach(), want), \
+            "step(closure) returns the closure's loss"
+        ref_opt.zero_grad()
+        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        ref_opt.step()
+    check_params(model, ref, "step(closure)")
+
+
+@case
+def lbfgs_closure_is_averaged_every_evaluation() -> None:
+    # LBFGS evaluates the closure several times per step: each evaluation's gradients
+    # must be averaged, or the ranks' line searches (and parameters) drift apart.
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    opt = hvd.DistributedOptimizer(torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.LBFGS(ref.parameters(), lr=0.5, max_iter=4)
+    for step in range(2):
+        x, y = batch(step, r)
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        def ref_closure() -> torch.Tensor:
+            ref_opt.zero_grad()
+            loss = sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        ref_opt.step(ref_closure)
+    check_params(model, ref, "LBFGS step(closure)")
+
+
+@case
+def two_unnamed_optimizers_one_loss() -> None:
+    # Two models, each with its own DistributedOptimizer built without names, trained on
+    # one loss: both optimizers' gradients are in flight together.
+    r, n = hvd.rank(), hvd.size()
+    models, refs = zip(*[make_replicas() for _ in range(2)])
+    opts = [hvd.DistributedOptimizer(sgd(m)) for m in models]
+    ref_opts = [sgd(m) for m in refs]
+    for step in range(3):
+        for o in opts:
+            o.zero_grad()
+        x, y = batch(step, r)
+        F.mse_loss(models[0](x) + models[1](x), y).backward()
+        for o in opts:
+            o.step()
+        for o in ref_opts:
+            o.zero_grad()
+        (sum(F.mse_loss(refs[0](batch(step, k)[0]) + refs[1](batch(step, k)[0]), batch(step, k)[1])
+             for k in range(n)) / n).backward()
+        for o in ref_opts:
+            o.step()
+    for m, q in zip(models, refs):
+        check_params(m, q, "two unnamed optimizers on one loss")
+
+
+@case
 def frozen_then_unfrozen_and_added_group() -> None:
     r, n = hvd.rank(), hvd.size()
     model, ref = make_replicas()
