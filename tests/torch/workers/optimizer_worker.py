@@ -9,7 +9,7 @@ so up to rounding) and be bit-identical across ranks.
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -51,6 +51,21 @@ def batch(step: int, k: int, n: int = B, dtype: torch.dtype = torch.float64):
 
 def never(step: int, k: int) -> bool:
     return False
+
+
+def global_batch_loss(ref: nn.Module, step: int, n: int) -> torch.Tensor:
+    """The single-process reference's loss on the union of the n ranks' batches."""
+    return sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n
+
+
+def loss_closure(opt: Any, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
+    """An ``optimizer.step(closure)`` closure: clear, compute this rank's loss, backward."""
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    return closure
 
 
 def make_replicas(dtype: torch.dtype = torch.float64) -> tuple[Net, Net]:
@@ -238,7 +253,7 @@ def synchronize_clip_skip_synchronize() -> None:
         with opt.skip_synchronize():
             opt.step()
         ref_opt.zero_grad()
-        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        global_batch_loss(ref, step, n).backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
         ref_opt.step()
     check_params(model, ref, "synchronize + clip + skip_synchronize")
@@ -310,7 +325,7 @@ def model_zero_grad_while_in_flight_is_an_error() -> None:
         F.mse_loss(model(x), y).backward()
         opt.step()
         ref_opt.zero_grad()
-        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        global_batch_loss(ref, step, n).backward()
         ref_opt.step()
     check_params(model, ref, "training after the failed steps")
 
@@ -323,13 +338,7 @@ def step_with_closure_averages_gradients() -> None:
     ref_opt = sgd(ref)
     for step in range(3):
         x, y = batch(step, r)
-
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            return loss
-
+        closure = loss_closure(opt, model, x, y)
         with torch.no_grad():
             want = F.mse_loss(model(x), y)
             # The closure still gets gradients under no_grad, as in plain PyTorch.
@@ -337,7 +346,7 @@ def step_with_closure_averages_gradients() -> None:
         assert isinstance(loss, torch.Tensor) and torch.equal(loss.detach(), want), \
             "step(closure) returns the closure's loss"
         ref_opt.zero_grad()
-        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        global_batch_loss(ref, step, n).backward()
         ref_opt.step()
     check_params(model, ref, "step(closure)")
 
@@ -352,21 +361,13 @@ def lbfgs_closure_is_averaged_every_evaluation() -> None:
                                    named_parameters=model.named_parameters())
     ref_opt = torch.optim.LBFGS(ref.parameters(), lr=0.5, max_iter=4)
     for step in range(2):
-        x, y = batch(step, r)
-
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            return loss
+        opt.step(loss_closure(opt, model, *batch(step, r)))
 
         def ref_closure() -> torch.Tensor:
             ref_opt.zero_grad()
-            loss = sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n
+            loss = global_batch_loss(ref, step, n)
             loss.backward()
             return loss
-
-        opt.step(closure)
         ref_opt.step(ref_closure)
     check_params(model, ref, "LBFGS step(closure)")
 
@@ -444,7 +445,7 @@ def lr_scheduler_and_state_dict() -> None:
         opt.step()
         sched.step()
         ref_opt.zero_grad()
-        (sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n).backward()
+        global_batch_loss(ref, step, n).backward()
         ref_opt.step()
         ref_sched.step()
     assert abs(opt.param_groups[0]["lr"] - 0.1 * 0.5 ** 3) < 1e-12
