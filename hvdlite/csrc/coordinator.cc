@@ -86,7 +86,26 @@ void Coordinator::AddRequest(const Request& r, int64_t now_us, bool from_cache) 
   p.arrival_us[r.rank] = now_us;
   p.all_from_cache = p.all_from_cache && from_cache;
   ++p.count;
+  if (p.doomed.empty()) {
+    if (const std::string* why = FailedGroup(p)) Doom(r.name, p, *why);
+  }
   MarkReadyIfComplete(r.name);
+}
+
+const std::string* Coordinator::FailedGroup(const Pending& p) const {
+  if (failed_groups_.empty()) return nullptr;
+  for (int r = 0; r < size_; ++r) {
+    if (!p.have[r] || p.requests[r].group_id < 0) continue;
+    auto it = failed_groups_.find({r, p.requests[r].group_id});
+    if (it != failed_groups_.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+// Fails `name` at the next TakeReady, whether or not every rank has sent it.
+void Coordinator::Doom(const std::string& name, Pending& p, const std::string& why) {
+  p.doomed = RequestLabel(RequestType::kAllreduce, name) + ": not run, another member of its group failed: " + why;
+  if (std::find(ready_.begin(), ready_.end(), name) == ready_.end()) ready_.push_back(name);
 }
 
 void Coordinator::AddCacheHit(int rank, int32_t cache_id, int64_t now_us) {
@@ -104,7 +123,7 @@ bool Coordinator::Complete(const Pending& p) const {
 
 void Coordinator::MarkReadyIfComplete(const std::string& name) {
   const Pending& p = table_.at(name);
-  if (!Complete(p)) return;
+  if (!Complete(p) || !p.doomed.empty()) return;
   if (std::find(ready_.begin(), ready_.end(), name) == ready_.end()) ready_.push_back(name);
 }
 
@@ -301,7 +320,8 @@ ResponseList Coordinator::TakeReady() {
     bool sizes_agree = true;
     for (int r = 0; r < size_; ++r)
       if (p.have[r] && p.requests[r].group_size != q.group_size) sizes_agree = false;
-    if (q.type == RequestType::kAllreduce && q.group_id >= 0 && q.group_size > 1 && sizes_agree) {
+    if (q.type == RequestType::kAllreduce && q.group_id >= 0 && q.group_size > 1 && sizes_agree &&
+        p.doomed.empty()) {
       auto& members = groups_[q.group_id];
       members.emplace_back(name, std::move(p));
       if (static_cast<int>(members.size()) >= q.group_size) {
@@ -326,7 +346,7 @@ ResponseList Coordinator::TakeReady() {
   // (rank, that rank's group id) of grouped members that failed, with the reason.
   std::vector<std::pair<std::pair<int, int32_t>, std::string>> failed_groups;
   for (auto& [name, p] : batch) {
-    std::string error = Validate(name, p);
+    std::string error = p.doomed.empty() ? Validate(name, p) : p.doomed;
     Response resp = MakeResponse(name, p, error);
     const Request& q = p.requests[FirstRank(p.have)];
     if (!error.empty())
@@ -360,32 +380,22 @@ ResponseList Coordinator::TakeReady() {
     all_cached.push_back(cached);
   }
 
-  // A failed member fails the rest of its group, including members that some ranks
-  // never sent (they disagree on the group), which would otherwise wait forever.
+  // A failed member fails the rest of its group: members waiting for their group,
+  // members some ranks have not sent (they may never, if the ranks disagree on the
+  // group), and members that reach rank 0 later (AddRequest dooms those). They are
+  // answered in the next response list.
   if (!failed_groups.empty()) {
-    auto failed_reason = [&](const Pending& p) -> const std::string* {
-      for (int r = 0; r < size_; ++r) {
-        if (!p.have[r] || p.requests[r].group_id < 0) continue;
-        for (const auto& [key, why] : failed_groups)
-          if (key.first == r && key.second == p.requests[r].group_id) return &why;
-      }
-      return nullptr;
-    };
-    auto fail = [&](const std::string& name, const Pending& p, const std::string& why) {
-      out.responses.push_back(MakeResponse(name, p, RequestLabel(RequestType::kAllreduce, name) +
-                                                        ": not run, another member of its group failed: " + why));
-      all_cached.push_back(false);
-    };
-    for (auto it = table_.begin(); it != table_.end();) {
-      const std::string* why = failed_reason(it->second);
-      if (!why) { ++it; continue; }
-      fail(it->first, it->second, *why);
-      it = table_.erase(it);
-    }
+    for (const auto& [key, why] : failed_groups) failed_groups_.emplace(key, why);
+    for (auto& [name, p] : table_)
+      if (p.doomed.empty())
+        if (const std::string* why = FailedGroup(p)) Doom(name, p, *why);
     for (auto g = groups_.begin(); g != groups_.end();) {
-      const std::string* why = g->second.empty() ? nullptr : failed_reason(g->second.front().second);
+      const std::string* why = g->second.empty() ? nullptr : FailedGroup(g->second.front().second);
       if (!why) { ++g; continue; }
-      for (auto& [name, p] : g->second) fail(name, p, *why);
+      for (auto& [name, p] : g->second) {
+        Doom(name, p, *why);
+        table_.emplace(name, std::move(p));
+      }
       g = groups_.erase(g);
     }
   }

@@ -41,6 +41,7 @@ class Coordinator {
     int64_t first_us = 0;
     int64_t last_warn_us = 0;
     bool all_from_cache = true;
+    std::string doomed;  // a member of a group that failed: fail it as soon as it arrives
   };
 
   void MarkReadyIfComplete(const std::string& name);
@@ -57,6 +58,11 @@ class Coordinator {
   std::vector<std::string> ready_;  // names, in the order they became ready
   // Grouped allreduce: ready members wait here until the whole group is ready.
   std::map<int32_t, std::vector<std::pair<std::string, Pending>>> groups_;
+  // Groups with a failed member, as (rank, that rank's group id) -> the failure. Their
+  // other members fail too, including ones that reach rank 0 only later.
+  std::map<std::pair<int, int32_t>, std::string> failed_groups_;
+  const std::string* FailedGroup(const Pending& p) const;
+  void Doom(const std::string& name, Pending& p, const std::string& why);
   std::vector<char> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

@@ -246,8 +246,14 @@ def check_errors(r: int, n: int) -> None:
                      "bad.op", "reduce op", "Max", "Sum")
         still_works(n, "op")
         expect_error(lambda: hvd.broadcast(np.ones(2), root_rank=min(r, 1), name="bad.root"),
-                     "bad.root", "root rank")
+                     "bad.root", "root rank", "rank 0 sent 0", "sent 1")
         still_works(n, "rootmismatch")
+        expect_error(lambda: hvd.broadcast(np.ones((2, 2 + (r == 1))), 0, name="bad.bcast.shape"),
+                     "bad.bcast.shape", "shape", "rank 1 sent [2, 3]", "sent [2, 2]")
+        still_works(n, "bcastshape")
+        expect_error(lambda: hvd.reducescatter(np.ones((4, 2 + (r == 1))), name="bad.rs.shape"),
+                     "bad.rs.shape", "shape", "rank 1 sent [4, 3]", "sent [4, 2]")
+        still_works(n, "rsshape")
         expect_error(lambda: (hvd.allgather(np.ones((2, 3)), name="bad.kind") if r == 0
                               else hvd.broadcast(np.ones((2, 3)), 0, name="bad.kind")),
                      "bad.kind", "operation", "allgather", "broadcast")
