@@ -207,7 +207,7 @@ def _grouped(tensors: Sequence[Any], inplace: bool, average: bool | None, name: 
         problem = views[bad][1]
         _ops.refuse_all(_ops.ALLREDUCE, [f"{base}.{i}" for i in range(len(tensors))],
                         [problem if i == bad else f"member {bad} of its group: {problem}"
-                         for i in range(len(tensors))])
+                         for i in range(len(tensors))], group_id=gid)
     handles = []
     for i, (arr, _) in enumerate(views):
         label = f"{base}.{i}"

@@ -247,18 +247,20 @@ def refuse(kind: int, name: str | None, problem: str) -> NoReturn:
     refuse_all(kind, [name], [problem])
 
 
-def refuse_all(kind: int, names: Sequence[str | None], problems: Sequence[str]) -> NoReturn:
+def refuse_all(kind: int, names: Sequence[str | None], problems: Sequence[str],
+               group_id: int = -1) -> NoReturn:
     """:func:`refuse` for several requests that the other ranks submit together (the
-    members of a grouped allreduce): all are refused before any is waited for, since
-    the coordinator answers a group only once it is whole. Raises every member's
-    error, as a failed group does on the other ranks."""
+    members of a grouped allreduce, `group_id` from :func:`new_group_id`): all are
+    refused before any is waited for, since the coordinator answers a group only once
+    it is whole. Raises every member's error, as a failed group does on the other ranks."""
     core = _basics.core()
     kname = KIND_NAMES[kind]
     handles = []
     for name, problem in zip(names, problems):
         if name is None:
             name = auto_name(kname)
-        handles.append(core.refuse(kind, name, f"{kname} '{name}': {problem}"))
+        handles.append(core.refuse(kind, name, f"{kname} '{name}': {problem}", group_id,
+                                   len(names) if group_id >= 0 else 0))
     raise HvdliteError("; ".join(core.wait(h, True)[1] for h in handles))
 
 

@@ -148,13 +148,17 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
 // failed with `message`. The other ranks may have submitted the same collective, so
 // instead of failing only here the request goes to the coordinator marked as refused,
 // and the collective fails on every rank with a message naming this rank.
-int64_t Refuse(int type, const std::string& name, const std::string& message) {
+// `group_id`/`group_size`: the grouped allreduce the request belongs to, so that rank 0
+// can fail its other members too (-1/0: none).
+int64_t Refuse(int type, const std::string& name, const std::string& message, int group_id, int group_size) {
   if (type < 0 || type > static_cast<int>(RequestType::kJoin))
     throw std::invalid_argument("hvdlite: unknown request type " + std::to_string(type));
   Request r;
   r.type = static_cast<RequestType>(type);
   r.name = name;
   r.error = message.empty() ? std::string("invalid input") : message;
+  r.group_id = group_id;
+  r.group_size = group_size;
   return Running().Enqueue(std::move(r), nullptr, nullptr, /*caller_waits=*/true);
 }
 
@@ -229,7 +233,7 @@ void Run(int type, const std::string& name, py::handle in, py::handle out, int d
   // Bad input fails the collective on every rank (see Refuse), then raises here.
   auto refuse = [&](const std::string& problem) {
     std::string error;
-    WaitFor(Refuse(type, name, RequestLabel(kind, name) + problem), /*release=*/true, &error);
+    WaitFor(Refuse(type, name, RequestLabel(kind, name) + problem, -1, 0), /*release=*/true, &error);
     RaiseHvdliteError(error);
   };
   const bool in_place = kind == RequestType::kBroadcast || out.is(in) || out.is_none();
@@ -307,7 +311,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"), py::arg("prescale"),
         py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
         py::arg("caller_waits") = false);
-  m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"));
+  m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"), py::arg("group_id") = -1,
+        py::arg("group_size") = 0);
   m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
   m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);
   m.def("run", &Run);

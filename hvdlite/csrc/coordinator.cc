@@ -346,7 +346,10 @@ ResponseList Coordinator::TakeReady() {
   // (rank, that rank's group id) of grouped members that failed, with the reason.
   std::vector<std::pair<std::pair<int, int32_t>, std::string>> failed_groups;
   for (auto& [name, p] : batch) {
-    std::string error = p.doomed.empty() ? Validate(name, p) : p.doomed;
+    // A doomed member that every rank sent keeps its own error if it has one (a rank
+    // refused it); otherwise it fails for its group.
+    std::string error = p.doomed.empty() || Complete(p) ? Validate(name, p) : p.doomed;
+    if (error.empty()) error = p.doomed;
     Response resp = MakeResponse(name, p, error);
     const Request& q = p.requests[FirstRank(p.have)];
     if (!error.empty())
