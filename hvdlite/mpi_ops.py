@@ -85,15 +85,9 @@ def _view(tensor: Any, in_place: bool) -> tuple[Any, str | None]:
     return np.asarray(arr, order="C"), None
 
 
-def _as_array(tensor: Any, what: Any) -> np.ndarray:
-    arr, problem = _view(tensor, False)
-    if problem is not None:
-        _reject(what, problem)
-    return arr
-
-
-def _writable(tensor: Any, what: Any) -> np.ndarray:
-    arr, problem = _view(tensor, True)
+def _checked(tensor: Any, what: Any, in_place: bool = False) -> np.ndarray:
+    """:func:`_view`, failing the collective on every rank if `tensor` cannot be used."""
+    arr, problem = _view(tensor, in_place)
     if problem is not None:
         _reject(what, problem)
     return arr
@@ -156,7 +150,7 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
                     postscale_factor: float = 1.0) -> Handle:
     """Start reducing `tensor` across ranks; `synchronize(handle)` returns a new array.
     The default op is Average, as in Horovod."""
-    inp = _as_array(tensor, _label("allreduce", name))
+    inp = _checked(tensor, _label("allreduce", name))
     out = np.empty_like(inp)
     h = _ops.submit(_ops.ALLREDUCE, _raw(inp), _raw(out), name=name, op=_resolve_op(average, op),
                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -168,7 +162,7 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
-    inp = _as_array(tensor, _label("allreduce", name))
+    inp = _checked(tensor, _label("allreduce", name))
     out = np.empty_like(inp)
     _run(_ops.ALLREDUCE, inp, out, name, _resolve_op(average, op), prescale_factor, postscale_factor)
     return out
@@ -178,7 +172,7 @@ def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str 
                      op: int | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0) -> Handle:
     """In-place form of :func:`allreduce_async`: the result overwrites `tensor`."""
-    arr = _writable(tensor, _label("allreduce", name))
+    arr = _checked(tensor, _label("allreduce", name), in_place=True)
     raw = _raw(arr)
     h = _ops.submit(_ops.ALLREDUCE, raw, raw, name=name, op=_resolve_op(average, op),
                     prescale_factor=prescale_factor, postscale_factor=postscale_factor, keepalive=arr)
@@ -190,7 +184,7 @@ def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None
                op: int | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce `tensor` across ranks in place and return it."""
-    arr = tensor if type(tensor) is np.ndarray else _writable(tensor, _label("allreduce", name))
+    arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("allreduce", name), in_place=True)
     _run(_ops.ALLREDUCE, arr, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
     return arr
 
@@ -278,7 +272,7 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = Non
 
 def allgather_async(tensor: Any, name: str | None = None) -> Handle:
     """Concatenate every rank's `tensor` along the first dimension (which may differ)."""
-    inp = _as_array(tensor, _label("allgather", name))
+    inp = _checked(tensor, _label("allgather", name))
     h = _ops.submit(_ops.ALLGATHER, _raw(inp), name=name, keepalive=inp)
     h.result_fn = _engine_output
     return h
@@ -291,32 +285,32 @@ def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
 
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> Handle:
     """Overwrite `tensor` with root_rank's value, in place."""
-    arr = _writable(tensor, _label("broadcast", name))
+    arr = _checked(tensor, _label("broadcast", name), in_place=True)
     h = _ops.submit(_ops.BROADCAST, _raw(arr), name=name, root_rank=int(root_rank), keepalive=arr)
     h.result_fn = lambda _h, arr=arr: arr
     return h
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
-    arr = tensor if type(tensor) is np.ndarray else _writable(tensor, _label("broadcast", name))
+    arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("broadcast", name), in_place=True)
     _run(_ops.BROADCAST, arr, None, name, root_rank=int(root_rank))
     return arr
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
     """Return root_rank's value of `tensor` as a new array; `tensor` is not modified."""
-    arr = np.array(_as_array(tensor, _label("broadcast", name)), copy=True)
+    arr = np.array(_checked(tensor, _label("broadcast", name)), copy=True)
     return broadcast_async_(arr, root_rank, name)
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
-    return broadcast_(np.array(_as_array(tensor, _label("broadcast", name)), copy=True), root_rank, name)
+    return broadcast_(np.array(_checked(tensor, _label("broadcast", name)), copy=True), root_rank, name)
 
 
 def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Handle:
     """Send rows of `tensor` to every rank: ``splits[r]`` rows to rank r (default: equal
     parts) and receive theirs, concatenated in rank order."""
-    inp = _as_array(tensor, _label("alltoall", name))
+    inp = _checked(tensor, _label("alltoall", name))
     sp = None if splits is None else [int(s) for s in np.asarray(splits).reshape(-1)]
     h = _ops.submit(_ops.ALLTOALL, _raw(inp), name=name, splits=sp, keepalive=inp)
     if splits is None:
@@ -336,7 +330,7 @@ def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Reduce `tensor` across ranks and give each rank one slice of the first dimension:
     rank r gets dim0 // size rows, plus one if r < dim0 % size."""
-    inp = _as_array(tensor, _label("reducescatter", name))
+    inp = _checked(tensor, _label("reducescatter", name))
     h = _ops.submit(_ops.REDUCESCATTER, _raw(inp), name=name, op=op, prescale_factor=prescale_factor,
                     postscale_factor=postscale_factor, keepalive=inp)
     h.result_fn = _engine_output

@@ -226,11 +226,11 @@ def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str
     if name is None:
         name = auto_name(KIND_NAMES[kind])
     if dtype not in DTYPES:
-        _refuse(core, kind, name, f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+        refuse_all(kind, [name], [f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}"])
     if op == Adasum:
-        _refuse(core, kind, name, "the Adasum op is not supported by hvdlite")
+        refuse_all(kind, [name], ["the Adasum op is not supported by hvdlite"])
     if op not in _OP_NAMES:
-        _refuse(core, kind, name, f"unknown reduce op {op!r}")
+        refuse_all(kind, [name], [f"unknown reduce op {op!r}"])
     return core, name
 
 
@@ -262,11 +262,6 @@ def refuse_all(kind: int, names: Sequence[str | None], problems: Sequence[str],
         handles.append(core.refuse(kind, name, f"{kname} '{name}': {problem}", group_id,
                                    len(names) if group_id >= 0 else 0))
     raise HvdliteError("; ".join(core.wait(h, True)[1] for h in handles))
-
-
-def _refuse(core: Any, kind: int, name: str, problem: str) -> NoReturn:
-    _ok, error = core.wait(core.refuse(kind, name, f"{KIND_NAMES[kind]} '{name}': {problem}"), True)
-    raise HvdliteError(error)
 
 
 def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = None,

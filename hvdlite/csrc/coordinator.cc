@@ -343,8 +343,7 @@ ResponseList Coordinator::TakeReady() {
   std::vector<Open> open;
   std::vector<bool> all_cached;  // per out.responses entry: agreed entirely through the cache
 
-  // (rank, that rank's group id) of grouped members that failed, with the reason.
-  std::vector<std::pair<std::pair<int, int32_t>, std::string>> failed_groups;
+  bool group_failed = false;
   for (auto& [name, p] : batch) {
     // A doomed member that every rank sent keeps its own error if it has one (a rank
     // refused it); otherwise it fails for its group.
@@ -354,7 +353,10 @@ ResponseList Coordinator::TakeReady() {
     const Request& q = p.requests[FirstRank(p.have)];
     if (!error.empty())
       for (int r = 0; r < size_; ++r)
-        if (p.have[r] && p.requests[r].group_id >= 0) failed_groups.push_back({{r, p.requests[r].group_id}, error});
+        if (p.have[r] && p.requests[r].group_id >= 0) {
+          failed_groups_.emplace(std::make_pair(r, p.requests[r].group_id), error);
+          group_failed = true;
+        }
     if (error.empty() && joined.empty() && ResponseCache::Cacheable(q)) {
       resp.cache_ids[0] = cache_->Lookup(q);
       if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
@@ -387,8 +389,7 @@ ResponseList Coordinator::TakeReady() {
   // members some ranks have not sent (they may never, if the ranks disagree on the
   // group), and members that reach rank 0 later (AddRequest dooms those). They are
   // answered in the next response list.
-  if (!failed_groups.empty()) {
-    for (const auto& [key, why] : failed_groups) failed_groups_.emplace(key, why);
+  if (group_failed) {
     for (auto& [name, p] : table_)
       if (p.doomed.empty())
         if (const std::string* why = FailedGroup(p)) Doom(name, p, *why);

@@ -31,15 +31,20 @@ void Ignored(const char* suffix, const char* v, const char* expected) {
             << "; using the default\n";
 }
 
-void ReadInt(const char* suffix, int64_t* out) {
-  const char* v = GetEnv(suffix);
-  if (!v) return;
+// The whole of `v` as an integer (trailing spaces allowed), or false.
+bool ParseInt(const char* v, int64_t* out) {
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v, &end, 10);
   while (end && std::isspace(static_cast<unsigned char>(*end))) ++end;
-  if (end == v || *end != '\0' || errno == ERANGE) return Ignored(suffix, v, "an integer");
+  if (end == v || *end != '\0' || errno == ERANGE) return false;
   *out = x;
+  return true;
+}
+
+void ReadInt(const char* suffix, int64_t* out) {
+  const char* v = GetEnv(suffix);
+  if (v && !ParseInt(v, out)) Ignored(suffix, v, "an integer");
 }
 
 void ReadReal(const char* suffix, double* out) {
@@ -61,9 +66,8 @@ void ReadLogLevel(int* out) {
     if (strcasecmp(v, names[i]) == 0) return void(*out = i);
   if (strcasecmp(v, "warn") == 0) return void(*out = 3);
   int64_t level = -1;
-  ReadInt("LOG_LEVEL", &level);
-  if (level >= 0 && level <= 5) *out = static_cast<int>(level);
-  else if (level != -1) Ignored("LOG_LEVEL", v, "trace, debug, info, warning, error, fatal or 0-5");
+  if (ParseInt(v, &level) && level >= 0 && level <= 5) *out = static_cast<int>(level);
+  else Ignored("LOG_LEVEL", v, "trace, debug, info, warning, error, fatal or 0-5");
 }
 
 }  // namespace

@@ -45,15 +45,14 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
     """
     check_process_set(process_set)
     if isinstance(params, dict):
-        items = [(f"broadcast_parameters.{k}", v)
-                 for k, v in sorted(params.items(), key=lambda kv: str(kv[0]))]
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
     else:
         items = []
         for i, it in enumerate(params):
             if isinstance(it, tuple) and len(it) == 2:
-                items.append((f"broadcast_parameters.{it[0]}", it[1]))
+                items.append(it)
             elif isinstance(it, torch.Tensor) or it is None:
-                items.append((f"broadcast_parameters[{i}]", it))
+                items.append((f"[{i}]", it))  # a bare tensor is named by its position
             else:
                 raise ValueError("broadcast_parameters expects a dict, a sequence of "
                                  "(name, tensor) pairs or a sequence of tensors, e.g. "
@@ -64,10 +63,9 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
         if p is None:
             continue
         if not isinstance(p, torch.Tensor):
-            label = name[len("broadcast_parameters"):].lstrip(".")
-            raise ValueError(f"broadcast_parameters: {label!r} is a {type(p).__name__}, not a tensor")
+            raise ValueError(f"broadcast_parameters: {name!r} is a {type(p).__name__}, not a tensor")
         handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
-                                        root_rank, name=name))
+                                        root_rank, name=f"broadcast_parameters.{name}"))
     for h in handles:
         synchronize(h)
 

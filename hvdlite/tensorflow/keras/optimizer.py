@@ -154,8 +154,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     (and the same state if ``optimizer`` was already built), and the instance attributes
     that the config does not record, such as ``exclude_from_weight_decay()``'s
     exclusions. An op other than Average, Sum, Min, Max or Product (Adasum) is refused
-    here. A whole step's gradients are submitted together so the engine fuses them. Each rank computes its loss on its own
-    batch; with ``op=Average`` (default) the update equals single-process training on the
+    here. A whole step's gradients are submitted together so the engine fuses them.
+    Each rank computes its loss on its own batch; with ``op=Average`` (default) the update equals single-process training on the
     union of the batches. ``tf.IndexedSlices`` gradients are allgathered (or allreduced
     dense with ``sparse_as_dense=True``). ``backward_passes_per_step`` k > 1 sums k
     local gradients (averages them with ``average_aggregated_gradients=True``) and
