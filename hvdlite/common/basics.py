@@ -5,7 +5,7 @@ import atexit
 import os
 from typing import Any
 
-from hvdlite.common.exceptions import NotInitializedError
+from hvdlite.common.exceptions import HvdliteError, NotInitializedError
 
 _core_module: Any = None
 
@@ -25,6 +25,9 @@ def core() -> Any:
     """The engine module, checked to be initialized."""
     c = _load_core()
     if not c.is_initialized():
+        forked = c.forked_reason()
+        if forked:
+            raise HvdliteError(forked)
         reason = c.shutdown_reason()
         if reason:
             raise NotInitializedError(f"hvdlite is shut down: {reason}; call hvd.init() to start again")
@@ -68,6 +71,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     """
     if process_sets is not None:
         raise NotImplementedError("hvdlite does not implement process sets yet")
+    _check_not_a_child()
     c = _load_core()
     if c.is_initialized():
         return
@@ -85,6 +89,38 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     global _shut_down_here
     _shut_down_here = False
     c.init(comm_handle, ranks)  # a process not among `ranks` stays uninitialized
+    if c.is_initialized():
+        os.environ[_OWNER_ENV] = _owner_mark(os.getpid())
+
+
+# Set by init() to the initializing process's pid and launcher job, and inherited by
+# every process it starts. A process of the same job that finds another pid here is a
+# child of a rank (a multiprocessing worker, a subprocess): its MPI_Init would pose as
+# that rank, and MPI crashes or hangs. A job launched from inside a rank is a new job.
+_OWNER_ENV = "HVDLITE_INIT_PID"
+_LAUNCHER_RANK_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def _owner_mark(pid: int) -> str:
+    return f"{pid}:{os.environ.get('PMIX_NAMESPACE', '')}"
+
+
+def _check_not_a_child() -> None:
+    """Refuse init() in a child of an initialized rank, before MPI can crash or hang."""
+    mark = os.environ.get(_OWNER_ENV)
+    if not mark or mark == _owner_mark(os.getpid()):
+        return
+    if _core_module is not None and _core_module.forked_reason():
+        raise HvdliteError(_core_module.forked_reason())
+    owner, _, job = mark.partition(":")
+    if not any(v in os.environ for v in _LAUNCHER_RANK_ENV) or job != os.environ.get("PMIX_NAMESPACE", ""):
+        return  # no launcher (the parent ran alone, and so may this process), or a new job
+    raise HvdliteError(
+        f"hvd.init() was called in process {os.getpid()}, a child of process {owner}, which "
+        f"already runs hvdlite as a rank of this job; a child cannot join its parent's job. "
+        "multiprocessing's 'spawn' and 'forkserver' workers (a DataLoader's, for example) "
+        "re-run the script's top level: put the training code under "
+        "`if __name__ == '__main__':`")
 
 
 def _tune_mpi_environment() -> None:

@@ -2,7 +2,9 @@
 // process info, enqueue / poll / wait / take_output / release, and the timeline.
 // Tensors arrive as raw pointers with dtype and shape; no framework header is used.
 #include <mpi.h>
+#include <pthread.h>
 #include <pybind11/pybind11.h>
+#include <unistd.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
@@ -28,7 +30,25 @@ std::shared_ptr<Engine> g_engine;
 bool g_mpi_owned = false;          // we called MPI_Init, so we call MPI_Finalize
 int g_thread_level = 0;
 
+// A process forked after init() (a DataLoader worker started with "fork", say) holds a
+// copy of the engine whose background thread and MPI connections exist only in its
+// parent. It keeps the process info, but must never touch MPI or the engine's locks:
+// every other entry point fails with this message, and shutdown abandons the copy.
+bool g_forked = false;
+pid_t g_engine_pid = 0;  // the process that started g_engine
+void MarkForked() { g_forked = true; }  // pthread_atfork child handler
+
+std::string ForkedMessage() {
+  return "hvdlite: this process (pid " + std::to_string(getpid()) + ") was forked from the process of rank " +
+         std::to_string(g_engine ? g_engine->rank() : -1) + " (pid " + std::to_string(g_engine_pid) +
+         ") after hvd.init(); only that process can run collectives. hvd.rank(), hvd.size() and the other "
+         "process-info calls still answer here (in a DataLoader worker, for example)";
+}
+
+[[noreturn]] void RaiseHvdliteError(const std::string& message);
+
 Engine& Running() {
+  if (g_forked && g_engine) RaiseHvdliteError(ForkedMessage());
   if (!g_engine || !g_engine->Running())
     throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
   return *g_engine;
@@ -59,6 +79,7 @@ void EnsureMpi() {
 }
 
 void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
+  if (g_forked && g_engine) RaiseHvdliteError(ForkedMessage());
   if (g_engine && g_engine->Running()) return;
   if (g_engine) {
     std::shared_ptr<Engine> old = std::move(g_engine);  // stopped by a remote shutdown
@@ -98,12 +119,19 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
     engine = std::make_shared<Engine>(base, params, &g_handles);
   }
   g_engine = std::move(engine);
+  g_engine_pid = getpid();
   if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
 }
 
 void Shutdown() {
   std::shared_ptr<Engine> e = std::move(g_engine);
   if (!e) return;
+  if (g_forked) {
+    // The parent's engine: stopping it would join a thread this process does not
+    // have, and freeing it would call MPI. Abandon the copy.
+    new std::shared_ptr<Engine>(std::move(e));
+    return;
+  }
   py::gil_scoped_release nogil;
   e->Stop();
   e.reset();
@@ -111,6 +139,7 @@ void Shutdown() {
 
 void Finalize() {
   Shutdown();
+  if (g_forked) return;  // MPI belongs to the parent process
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -165,6 +194,10 @@ int64_t Refuse(int type, const std::string& name, const std::string& message, in
 // Waits for `h` (GIL released); with `release`, also forgets it (for results with no
 // engine output). Returns whether it succeeded, with the reason in `error` if not.
 bool WaitFor(int64_t h, bool release, std::string* error) {
+  if (g_forked && g_engine) {  // the request was the parent's; nothing here completes it
+    *error = ForkedMessage();
+    return false;
+  }
   bool ok;
   std::shared_ptr<Engine> engine = g_engine;
   py::gil_scoped_release nogil;
@@ -284,12 +317,16 @@ PYBIND11_MODULE(_core, m) {
       })
       .def("__len__", [](const OutputBuffer& b) { return b.bytes; });
 
-  m.def("init", &Init, py::arg("comm_handle") = 0, py::arg("ranks") = std::vector<int>{});
   m.def("shutdown", &Shutdown);
   m.def("finalize", &Finalize);
-  m.def("is_initialized", [] { return g_engine && g_engine->Running(); });
+  pthread_atfork(nullptr, nullptr, &MarkForked);
+
+  m.def("init", &Init, py::arg("comm_handle") = 0, py::arg("ranks") = std::vector<int>{});
+  m.def("is_initialized", [] { return g_engine && !g_forked && g_engine->Running(); });
   m.def("has_world", [] { return static_cast<bool>(g_engine); });
   m.def("shutdown_reason", [] { return g_engine ? g_engine->ShutdownReason() : std::string(); });
+  // Non-empty in a process forked from an initialized one: why it cannot run collectives.
+  m.def("forked_reason", [] { return g_forked && g_engine ? ForkedMessage() : std::string(); });
   m.def("rank", [] { return Known().rank(); });
   m.def("size", [] { return Known().size(); });
   m.def("local_rank", [] { return Known().local_rank(); });
@@ -313,7 +350,10 @@ PYBIND11_MODULE(_core, m) {
         py::arg("caller_waits") = false);
   m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"), py::arg("group_id") = -1,
         py::arg("group_size") = 0);
-  m.def("poll", [](int64_t h) { return g_handles.Poll(h); });
+  m.def("poll", [](int64_t h) {
+    if (g_forked && g_engine) RaiseHvdliteError(ForkedMessage());
+    return g_handles.Poll(h);
+  });
   m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);
   m.def("run", &Run);
   m.def("address", &Address);

@@ -59,6 +59,15 @@ def test_init_on_communicator_and_rank_list() -> None:
     assert_all_ranks_passed(proc, 3)
 
 
+def test_children_of_a_rank_get_a_clear_error() -> None:
+    """A forked child cannot run collectives, and a spawned child that re-runs the
+    script's top level cannot init; both say why, and the ranks carry on."""
+    proc = run_ranks(2, "child_job.py")
+    assert_all_ranks_passed(proc, 2)
+    assert proc.stderr.count("a child cannot join its parent's job") == 2, proc.stderr[-3000:]
+    assert "if __name__ == '__main__':" in proc.stderr
+
+
 def test_bad_environment_values_are_reported_and_log_level_applies() -> None:
     """A value that does not parse is named and ignored (the default applies: 64MB
     is not read as 64 bytes); HVDLITE_LOG_LEVEL=debug shows the engine's decisions."""
