@@ -70,7 +70,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     after ``shutdown()`` it starts the engine afresh.
     """
     if process_sets is not None:
-        raise NotImplementedError("hvdlite does not implement process sets yet")
+        from hvdlite.common.process_sets import _UNSUPPORTED
+        raise NotImplementedError(_UNSUPPORTED)
     _check_not_a_child()
     c = _load_core()
     if c.is_initialized():

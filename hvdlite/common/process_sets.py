@@ -2,28 +2,43 @@
 The collectives accept ``process_set=global_process_set`` (or None) for compatibility."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from hvdlite.common.basics import rank, size
 
+_UNSUPPORTED = ("hvdlite implements only the global process set (all ranks); to run on a "
+                "subset of the ranks, call hvd.init() with that list of ranks or an mpi4py "
+                "communicator")
+
 
 class ProcessSet:
-    """The global process set (all ranks). hvdlite does not implement other process
-    sets yet."""
+    """A set of ranks, as in Horovod. hvdlite runs collectives on the global set only:
+    ``ProcessSet(ranks)`` can be built (as a Horovod script does before ``init``), but
+    registering or using any set other than :data:`global_process_set` raises
+    ``NotImplementedError``."""
 
-    process_set_id = 0
+    def __init__(self, ranks: Sequence[int] | None = None) -> None:
+        self.ranks = None if ranks is None else [int(r) for r in ranks]
+        self.process_set_id = 0 if ranks is None else None
 
     def size(self) -> int:
+        self._check_global()
         return size()
 
     def rank(self) -> int:
+        self._check_global()
         return rank()
 
     def included(self) -> bool:
+        self._check_global()
         return True
 
+    def _check_global(self) -> None:
+        if self is not global_process_set:
+            raise NotImplementedError(_UNSUPPORTED)
+
     def __repr__(self) -> str:
-        return "ProcessSet(global)"
+        return "ProcessSet(global)" if self is global_process_set else f"ProcessSet({self.ranks})"
 
 
 global_process_set = ProcessSet()
@@ -32,4 +47,14 @@ global_process_set = ProcessSet()
 def check_process_set(process_set: Any) -> None:
     """Raise unless ``process_set`` is None or the global process set."""
     if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("hvdlite supports only the global process set")
+        raise NotImplementedError(_UNSUPPORTED)
+
+
+def add_process_set(process_set: Any) -> None:
+    """Horovod's dynamic process sets; not implemented by hvdlite (raises)."""
+    raise NotImplementedError(_UNSUPPORTED)
+
+
+def remove_process_set(process_set: Any) -> None:
+    """Horovod's dynamic process sets; not implemented by hvdlite (raises)."""
+    raise NotImplementedError(_UNSUPPORTED)

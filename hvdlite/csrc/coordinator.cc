@@ -168,7 +168,8 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
     if (joined_[r]) joined.push_back(r);
   if (!joined.empty() && first.type != RequestType::kAllreduce)
     return op + " '" + name + "' cannot run while ranks " + RankList(joined) +
-           " have joined; only allreduce proceeds with zeros from joined ranks";
+           " have joined; only allreduce proceeds with zeros from joined ranks (sparse gradients "
+           "are allgathered: pass sparse_as_dense=True to the DistributedOptimizer or gradient tape)";
 
   auto shape_str = [](const Request& r) { return ShapeString(r.shape); };
   auto tail_str = [](const Request& r) {

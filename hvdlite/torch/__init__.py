@@ -22,7 +22,8 @@ from hvdlite.common.exceptions import HorovodInternalError, HvdliteError, NotIni
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
-from hvdlite.common.process_sets import ProcessSet, global_process_set
+from hvdlite.common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                         remove_process_set)
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, Max, Min, Product, Sum,
                                    allgather, allgather_async, allreduce, allreduce_,
                                    allreduce_async, allreduce_async_, alltoall, alltoall_async,
@@ -49,7 +50,8 @@ __all__ = [
     "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
     "HorovodInternalError", "HvdliteError", "NotInitializedError",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "Handle", "ProcessSet", "global_process_set", "poll", "synchronize",
+    "Handle", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "poll", "synchronize",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "sparse_allreduce_async",

@@ -199,6 +199,16 @@ def check_barrier_join(r: int, n: int) -> None:
     last = hvd.join()
     assert last == n - 1, last
     np.testing.assert_allclose(hvd.allreduce(np.ones(3), op=hvd.Sum, name="after.join"), np.full(3, n))
+    # Only allreduce runs while a rank has joined: anything else fails on the ranks that
+    # submitted it (the message says what to do about sparse gradients), and join ends.
+    if n > 1:
+        if r > 0:
+            expect_error(lambda: hvd.allgather(np.ones(2), name="gather.while.joined"),
+                         "allgather 'gather.while.joined' cannot run while ranks [0] have joined",
+                         "sparse_as_dense=True")
+        last = hvd.join()
+        assert 1 <= last < n, last  # ranks 1.. join in whatever order they arrive
+        np.testing.assert_allclose(hvd.allreduce(np.ones(3), op=hvd.Sum, name="after.join"), np.full(3, n))
 
 
 def check_response_cache(r: int, n: int) -> None:

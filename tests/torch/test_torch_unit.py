@@ -20,7 +20,8 @@ HOROVOD_NAMES = [
     "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
     "reducescatter_async", "barrier", "join", "poll", "synchronize", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "Compression",
-    "DistributedOptimizer", "SyncBatchNorm", "global_process_set"]
+    "DistributedOptimizer", "SyncBatchNorm", "global_process_set", "ProcessSet",
+    "add_process_set", "remove_process_set"]
 
 
 def test_horovod_api_names_exist() -> None:
@@ -28,6 +29,16 @@ def test_horovod_api_names_exist() -> None:
     assert not missing, f"missing from hvdlite.torch: {missing}"
     assert hvd.HorovodInternalError is hvd.HvdliteError
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+
+
+def test_process_sets_other_than_the_global_one_say_they_are_unsupported() -> None:
+    subset = hvd.ProcessSet([0, 1])  # building one is fine, as before Horovod's init
+    assert subset.ranks == [0, 1] and "[0, 1]" in repr(subset)
+    for call in (lambda: hvd.init(process_sets=[subset]), lambda: hvd.add_process_set(subset),
+                 lambda: hvd.remove_process_set(subset), subset.size, subset.included,
+                 lambda: hvd.allreduce(torch.ones(2), process_set=subset)):
+        with pytest.raises(NotImplementedError, match="only the global process set"):
+            call()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
