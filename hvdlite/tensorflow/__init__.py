@@ -32,7 +32,8 @@ from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, l
                                    start_timeline, stop_timeline)
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
 from hvdlite.tensorflow.compression import Compression, Compressor
-from hvdlite.common.process_sets import ProcessSet, global_process_set
+from hvdlite.common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                         remove_process_set)
 from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
                                         allreduce, grouped_allreduce, allgather, grouped_allgather,
                                         broadcast, broadcast_, alltoall, reducescatter,
@@ -40,7 +41,14 @@ from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
                                         size_op, rank_op, local_size_op, local_rank_op)
 from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_object,
                                           broadcast_object_fn, allgather_object)
-from hvdlite.tensorflow.gradients import DistributedGradientTape, allreduce_gradients
+from hvdlite.tensorflow.gradients import (DistributedGradientTape, PartialDistributedGradientTape,
+                                          allreduce_gradients)
+
+
+def is_homogeneous() -> bool:
+    """True if every host runs the same number of ranks."""
+    return size() == local_size() * cross_size()
+
 
 def DistributedOptimizer(optimizer, *args, **kwargs):
     """Horovod's ``hvd.DistributedOptimizer`` of the TensorFlow module: for a Keras 3
@@ -57,15 +65,17 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "start_timeline", "stop_timeline",
     "HvdliteError", "HorovodInternalError", "NotInitializedError",
     "Compression", "Compressor",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+    "add_process_set", "remove_process_set",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
     "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
-    "DistributedGradientTape", "DistributedOptimizer", "allreduce_gradients",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+    "allreduce_gradients",
 ]

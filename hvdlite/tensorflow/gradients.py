@@ -200,8 +200,77 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
     return result
 
 
+def _variable_keys(variable: Any) -> list[int]:
+    """Identities under which a registered local variable is recognised: the object
+    itself and, for a Keras 3 variable, the ``tf.Variable`` it wraps."""
+    keys = [id(variable)]
+    import keras  # TensorFlow 2.21 brings Keras 3
+    if isinstance(variable, keras.Variable):
+        inner = getattr(variable, "_value", None)
+        if isinstance(inner, tf.Variable):
+            keys.append(id(inner))
+    return keys
+
+
+class LocalVariables:
+    """Variables registered as local to their rank (``register_local_source`` /
+    ``register_local_var``): their gradients are not combined over ranks."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[int, Any] = {}  # holds the variables, so their ids stay theirs
+
+    def add(self, variable: Any) -> None:
+        for key in _variable_keys(variable):
+            self._by_key[key] = variable
+
+    def __contains__(self, variable: Any) -> bool:
+        return any(key in self._by_key for key in _variable_keys(variable))
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+@_no_autograph
+def reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any] | None,
+                                  local: LocalVariables | None, scale_local_gradients: bool,
+                                  **options: Any) -> list[Any]:
+    """:func:`allreduce_gradients` for the gradients of every variable that is not in
+    ``local``; the gradients of local variables are not communicated, only divided by
+    the number of ranks when ``scale_local_gradients`` (as Horovod does, so that they
+    keep the scale of the averaged ones)."""
+    grads = list(grads)
+    if not local or variables is None or len(variables) != len(grads):
+        return allreduce_gradients(grads, variables, **options)
+    variables = list(variables)
+    is_local = [v in local for v in variables]
+    shared = [i for i, loc in enumerate(is_local) if not loc]
+    reduced = allreduce_gradients([grads[i] for i in shared], [variables[i] for i in shared],
+                                  **options)
+    out = list(grads)
+    for i, g in zip(shared, reduced):
+        out[i] = g
+    n = _basics.size()
+    if scale_local_gradients and n > 1:
+        for i, loc in enumerate(is_local):
+            g = out[i]
+            if not loc or g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices,
+                                          dense_shape=g.dense_shape)
+            else:
+                out[i] = g / tf.cast(n, g.dtype)
+    return out
+
+
 class _DistributedGradientTapeMixin:
     """Methods added to the class of the wrapped tape."""
+
+    def register_local_source(self, source: Any) -> None:
+        """Make ``source`` (a variable) local to this rank: its gradient is returned
+        without being combined over ranks (divided by the number of ranks unless the
+        tape was made with ``scale_local_gradients=False``)."""
+        self._hvd_options["local_sources"].add(source)
 
     @_no_autograph
     def gradient(self, target, sources, output_gradients=None,
@@ -211,8 +280,9 @@ class _DistributedGradientTapeMixin:
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         flat_sources = tf.nest.flatten(sources, expand_composites=False)
         o = self._hvd_options
-        reduced = allreduce_gradients(
+        reduced = reduce_gradients_except_local(
             flat_grads, flat_sources if len(flat_sources) == len(flat_grads) else None,
+            o["local_sources"], o["scale_local_gradients"],
             op=o["op"], compression=o["compression"], sparse_as_dense=o["sparse_as_dense"],
             gradient_predivide_factor=o["gradient_predivide_factor"], groups=o["groups"],
             name="DistributedGradientTape")
@@ -262,7 +332,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     divide by f before the sum and by size/f after (needs ``op=Average``).
     ``groups`` (or the older ``num_groups``): an int splits the gradients into that many
     grouped allreduces; lists of variables group those variables' gradients.
-    ``device_*`` and ``scale_local_gradients`` are accepted for compatibility.
+    ``tape.register_local_source(v)`` keeps the gradient of ``v`` local to each rank;
+    ``scale_local_gradients`` (default True) divides such gradients by the number of
+    ranks, as Horovod does. ``device_*`` are accepted for compatibility.
     """
     groups = check_reduction_options(op, gradient_predivide_factor, num_groups, groups,
                                      process_set)
@@ -278,6 +350,43 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     # Share the wrapped tape's state: recording, watched variables and the tape itself.
     tape.__dict__ = gradtape.__dict__
     options = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                   gradient_predivide_factor=gradient_predivide_factor, groups=groups)
+                   gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                   scale_local_gradients=bool(scale_local_gradients),
+                   local_sources=LocalVariables())
     object.__setattr__(tape, "_hvd_options", options)
+    return tape
+
+
+def trainable_weights_of_layers(local_layers: Any) -> list[Any]:
+    """The trainable weights of ``local_layers`` (one Keras layer or several)."""
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers must be Keras layers (keras.layers.Layer)")
+    return [w for layer in local_layers for w in layer.trainable_weights]
+
+
+@_no_autograph
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "",
+                                   compression: type[Compressor] = Compression.none,
+                                   sparse_as_dense: bool = False, op: int = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: Any = None, process_set: Any = global_process_set,
+                                   local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """:func:`DistributedGradientTape` whose gradients for the trainable weights of
+    ``local_layers`` (Keras layers) stay local to each rank, as if each weight had been
+    passed to ``register_local_source``. The other arguments are those of
+    :func:`DistributedGradientTape`."""
+    local = trainable_weights_of_layers(local_layers)
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for w in local:
+        tape.register_local_source(w)
     return tape

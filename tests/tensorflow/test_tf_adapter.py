@@ -41,6 +41,7 @@ CHECKS = [
     "gradient_tape_rejects_unsupported_ops",
     "distributed_gradient_tape_matches_single_process",
     "embedding_indexed_slices_gradients",
+    "local_sources_keep_their_gradients",
     "fit_with_distributed_optimizer_matches_single_process",
     "fit_sparse_embedding_gradients",
     "metric_average_callback_averages_logs",
@@ -49,9 +50,11 @@ CHECKS = [
     "schedule_callback_staircase",
     "load_model_wraps_restored_optimizer",
     "backward_passes_per_step_accumulates",
+    "backward_passes_per_step_builds_the_optimizer",
     "distributed_optimizer_keeps_state_of_built_optimizer",
     "distributed_optimizer_rejects_unsupported_ops",
     "distributed_optimizer_keeps_weight_decay_exclusions",
+    "local_variables_of_distributed_optimizer",
 ]
 
 pytestmark = [

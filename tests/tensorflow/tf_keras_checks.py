@@ -402,3 +402,63 @@ def distributed_optimizer_keeps_weight_decay_exclusions():
     copied, _ = train(lambda m: type(opt).from_config(adamw(False).get_config()))
     for i, (g, r) in enumerate(zip(copied, decayed)):
         expect_close(g, r, f"from_config copy of the wrapped class, weight {i}", rtol=1e-6, atol=1e-7)
+
+
+@check
+def local_variables_of_distributed_optimizer():
+    """register_local_var and PartialDistributedOptimizer(local_layers=...) under
+    model.fit: local weights move by this rank's gradient divided by the number of ranks
+    (by the gradient itself with scale_local_gradients=False); the others by the average."""
+    lr = 0.1
+    x, y = global_data(1, seed=9)
+    xl, yl = local_slice(x), local_slice(y)
+    for variant in ("partial", "register", "register_unscaled"):
+        model = make_model(3)  # the same initial weights on every rank
+        init = [w.copy() for w in model.get_weights()]
+        with tf.GradientTape() as tape:
+            loss = keras.losses.MeanSquaredError()(yl, model(xl))
+        mine = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+        mean = [np.mean(gs, axis=0) for gs in zip(*hvd.allgather_object(mine))]
+        first = model.layers[0]
+        if variant == "partial":
+            opt = hvdk.PartialDistributedOptimizer(keras.optimizers.SGD(lr), local_layers=first)
+        else:
+            opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(lr),
+                                            scale_local_gradients=variant == "register")
+            for w in first.trainable_weights:
+                opt.register_local_var(w)
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(xl, yl, batch_size=B, epochs=1, shuffle=False, verbose=0)
+        div = 1 if variant == "register_unscaled" else N
+        n_first = len(first.trainable_weights)
+        for i, (got, w0) in enumerate(zip(model.get_weights(), init)):
+            step = mine[i] / div if i < n_first else mean[i]
+            expect_close(got, w0 - lr * step, f"{variant}: weight {i}", rtol=1e-5, atol=1e-6)
+        weights_equal_everywhere(model.get_weights()[n_first:], f"{variant}: shared weights")
+
+
+@check
+def backward_passes_per_step_builds_the_optimizer():
+    """backward_passes_per_step > 1 with an optimizer that is first built by its first
+    update (no BroadcastGlobalVariablesCallback to build it), in a compiled and in an
+    eager fit: every update is the average of the summed local gradients."""
+    passes, lr = 2, 0.1
+    x, y = global_data(passes, seed=11)
+    for run_eagerly in (False, True):
+        model = make_model(4)  # the same initial weights on every rank
+        init = [w.copy() for w in model.get_weights()]
+        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(lr), backward_passes_per_step=passes)
+        model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
+        model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0)
+        expect(int(opt.iterations.numpy()) == 1, f"eager={run_eagerly}: applied updates "
+                                                 f"{int(opt.iterations.numpy())}")
+        ref = make_model(4)
+        ref.set_weights(init)
+        total = [np.zeros_like(w) for w in init]
+        for t in range(passes):
+            xb, yb = x[t * B * N:(t + 1) * B * N], y[t * B * N:(t + 1) * B * N]
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((ref(xb) - yb) ** 2)
+            total = [a + g.numpy() for a, g in zip(total, tape.gradient(loss, ref.trainable_variables))]
+        for i, (got, w0, g) in enumerate(zip(model.get_weights(), init, total)):
+            expect_close(got, w0 - lr * g, f"eager={run_eagerly}: weight {i}", rtol=1e-5, atol=1e-6)

@@ -474,3 +474,68 @@ def embedding_indexed_slices_gradients():
                 expect(bool(was_sparse) == (not sad), f"embedding gradient type sparse_as_dense={sad}")
 
 
+
+
+@check
+def local_sources_keep_their_gradients():
+    """tape.register_local_source(v) and PartialDistributedGradientTape(local_layers=...):
+    the gradients of local variables are not combined over ranks, only divided by the
+    number of ranks (unless scale_local_gradients=False); the others are averaged."""
+    import keras
+
+    x = float(R + 1)
+    mean_x = np.mean([r + 1.0 for r in range(N)])
+    for scale in (True, False):
+        for mode, wrap in MODES.items():
+            shared = tf.Variable([1.0, 2.0])
+            local = tf.Variable([3.0, 4.0])
+            emb = tf.Variable(np.ones((4, 2), np.float32))
+
+            def f():
+                with tf.GradientTape() as tape:
+                    loss = (tf.reduce_sum(shared * x) + tf.reduce_sum(local * 2.0 * x)
+                            + tf.reduce_sum(tf.gather(emb, [R % 4]) * x))
+                tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale)
+                tape.register_local_source(local)
+                tape.register_local_source(emb)
+                gs, gl, ge = tape.gradient(loss, [shared, local, emb])
+                return gs, gl, tf.convert_to_tensor(ge), isinstance(ge, tf.IndexedSlices)
+
+            gs, gl, ge, sparse = wrap(f)()
+            div = N if scale else 1
+            want_emb = np.zeros((4, 2))
+            want_emb[R % 4] = x / div
+            expect_close(gs, [mean_x, mean_x], f"{mode} scale={scale}: shared gradient")
+            expect_close(gl, [2.0 * x / div] * 2, f"{mode} scale={scale}: local gradient")
+            expect_close(ge, want_emb, f"{mode} scale={scale}: local embedding gradient")
+            expect(bool(sparse), f"{mode}: a local IndexedSlices gradient stays IndexedSlices")
+
+    # PartialDistributedGradientTape: the weights of the local layers stay local
+    keras.utils.set_random_seed(7)
+    first, second = keras.layers.Dense(3), keras.layers.Dense(2)
+    model = keras.Sequential([keras.Input((4,)), first, second])
+    xb = data(R, (5, 4), np.float32, seed=40)
+
+    def loss_of():
+        return tf.reduce_mean(model(xb) ** 2)
+
+    with tf.GradientTape() as plain:
+        loss = loss_of()
+    mine = [g.numpy() for g in plain.gradient(loss, model.trainable_variables)]
+    everyone = hvd.allgather_object(mine)
+    with tf.GradientTape() as tape:
+        loss = loss_of()
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[first])
+    got = tape.gradient(loss, model.trainable_variables)
+    n_first = len(first.trainable_weights)
+    for i, g in enumerate(got):
+        if i < n_first:
+            want = mine[i] / N
+        else:
+            want = np.mean([e[i] for e in everyone], axis=0)
+        expect_close(g, want, f"PartialDistributedGradientTape gradient {i}", rtol=1e-5)
+    try:
+        hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[shared])
+        FAILURES.append("PartialDistributedGradientTape accepted a non-layer in local_layers")
+    except ValueError:
+        pass

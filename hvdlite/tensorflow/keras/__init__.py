@@ -40,7 +40,8 @@ from hvdlite.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback
                                                 MetricAverageCallback,
                                                 LearningRateScheduleCallback,
                                                 LearningRateWarmupCallback)
-from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer, wrap_in_place as _wrap_in_place
+from hvdlite.tensorflow.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
+                                                wrap_in_place as _wrap_in_place)
 
 
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
@@ -101,7 +102,7 @@ __all__ = [
     "Compression", "Compressor", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "global_process_set", "allreduce", "allgather", "broadcast", "reducescatter",
     "broadcast_object", "allgather_object", "broadcast_variables",
-    "DistributedOptimizer", "load_model", "callbacks",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
     "LearningRateScheduleCallback", "LearningRateWarmupCallback",
 ]

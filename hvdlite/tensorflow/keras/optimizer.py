@@ -8,7 +8,9 @@ import keras
 import tensorflow as tf
 
 from hvdlite.tensorflow.compression import Compression, Compressor
-from hvdlite.tensorflow.gradients import allreduce_gradients, check_reduction_options
+from hvdlite.tensorflow.gradients import (LocalVariables, check_reduction_options,
+                                          reduce_gradients_except_local,
+                                          trainable_weights_of_layers)
 from hvdlite.tensorflow.mpi_ops import Average, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -16,7 +18,8 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 
 _DEFAULT_OPTIONS: dict[str, Any] = dict(
     compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
-    op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, groups=None)
+    op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, groups=None,
+    scale_local_gradients=True)
 
 
 class _DistributedOptimizerMixin:
@@ -26,6 +29,16 @@ class _DistributedOptimizerMixin:
     # Instances made without DistributedOptimizer (``type(opt).from_config(...)``,
     # ``copy``) average with the default options instead of failing.
     _hvd_options: dict[str, Any] = _DEFAULT_OPTIONS
+
+    def register_local_var(self, var: Any) -> None:
+        """Make ``var`` local to this rank: its gradient is applied without being combined
+        over ranks (divided by the number of ranks unless ``scale_local_gradients=False``
+        was given)."""
+        local = self.__dict__.get("_hvd_local_vars")
+        if local is None:
+            local = LocalVariables()
+            object.__setattr__(self, "_hvd_local_vars", local)
+        local.add(var)
 
     @_no_autograph
     def apply(self, grads, trainable_variables=None):
@@ -43,8 +56,10 @@ class _DistributedOptimizerMixin:
 
     def _hvd_reduce(self, grads, var_list):
         opts = self._hvd_options
-        return allreduce_gradients(
-            grads, var_list if len(var_list) == len(grads) else None, op=opts["op"],
+        return reduce_gradients_except_local(
+            grads, var_list if len(var_list) == len(grads) else None,
+            self.__dict__.get("_hvd_local_vars"), opts.get("scale_local_gradients", True),
+            op=opts["op"],
             compression=opts["compression"], sparse_as_dense=opts["sparse_as_dense"],
             gradient_predivide_factor=opts["gradient_predivide_factor"], groups=opts["groups"],
             name="DistributedOptimizer")
@@ -69,7 +84,7 @@ class _DistributedOptimizerMixin:
         if not self.built:
             if trainable_variables is None:
                 raise ValueError("the optimizer is not built; pass the variables")
-            with keras.backend.name_scope(self.name, caller=self):
+            with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
         if "_hvd_accumulators" not in self.__dict__:
@@ -127,7 +142,7 @@ def _distributed_class(base: type) -> type:
 
 def _options(compression, sparse_as_dense, gradient_predivide_factor, op,
              backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
-             process_set) -> dict[str, Any]:
+             process_set, scale_local_gradients=True) -> dict[str, Any]:
     groups = check_reduction_options(op, gradient_predivide_factor, num_groups, groups,
                                      process_set)
     if int(backward_passes_per_step) < 1:
@@ -135,7 +150,8 @@ def _options(compression, sparse_as_dense, gradient_predivide_factor, op,
     return dict(compression=compression, sparse_as_dense=bool(sparse_as_dense),
                 gradient_predivide_factor=float(gradient_predivide_factor), op=op,
                 backward_passes_per_step=int(backward_passes_per_step),
-                average_aggregated_gradients=bool(average_aggregated_gradients), groups=groups)
+                average_aggregated_gradients=bool(average_aggregated_gradients), groups=groups,
+                scale_local_gradients=bool(scale_local_gradients))
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
@@ -162,13 +178,15 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     communicates and applies once every k calls; ``optimizer.iterations`` then counts
     applied updates. ``compression``, ``gradient_predivide_factor``, ``groups`` /
     ``num_groups`` mean what they mean for :func:`hvdlite.tensorflow.DistributedGradientTape`.
+    ``register_local_var(v)`` on the result keeps the gradient of ``v`` local to each
+    rank (divided by the number of ranks while ``scale_local_gradients`` is True).
     Compile without XLA (Keras does that by itself on CPU; on GPU pass
-    ``jit_compile=False``). ``name`` renames the optimizer; ``device_*`` and
-    ``scale_local_gradients`` are accepted for compatibility.
+    ``jit_compile=False``). ``name`` renames the optimizer; ``device_*`` are accepted
+    for compatibility.
     """
     opts = _options(compression, sparse_as_dense, gradient_predivide_factor, op,
                     backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
-                    process_set)
+                    process_set, scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer needs a Keras 3 optimizer, got {type(optimizer)!r}")
     base = type(optimizer)
@@ -188,6 +206,30 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         for target, source in zip(new.variables, old_vars):
             target.assign(source)
     _copy_unconfigured_state(optimizer, new)
+    return new
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                                device_dense: str = "", device_sparse: str = "",
+                                compression: type[Compressor] = Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: int = Average,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, num_groups: int = 0,
+                                groups: Any = None, process_set: Any = global_process_set,
+                                local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+    """:func:`DistributedOptimizer` whose gradients for the trainable weights of
+    ``local_layers`` (Keras layers) stay local to each rank, as if each weight had been
+    passed to ``register_local_var``. The other arguments are those of
+    :func:`DistributedOptimizer`."""
+    local = trainable_weights_of_layers(local_layers)
+    new = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                               sparse_as_dense, gradient_predivide_factor, op,
+                               backward_passes_per_step, average_aggregated_gradients,
+                               num_groups, groups, process_set, scale_local_gradients)
+    for w in local:
+        new.register_local_var(w)
     return new
 
 
