@@ -111,8 +111,9 @@ def _check_not_a_child() -> None:
     mark = os.environ.get(_OWNER_ENV)
     if not mark or mark == _owner_mark(os.getpid()):
         return
-    if _core_module is not None and _core_module.forked_reason():
-        raise HvdliteError(_core_module.forked_reason())
+    forked = _core_module.forked_reason() if _core_module is not None else ""
+    if forked:
+        raise HvdliteError(forked)
     owner, _, job = mark.partition(":")
     if not any(v in os.environ for v in _LAUNCHER_RANK_ENV) or job != os.environ.get("PMIX_NAMESPACE", ""):
         return  # no launcher (the parent ran alone, and so may this process), or a new job

@@ -47,8 +47,21 @@ std::string ForkedMessage() {
 
 [[noreturn]] void RaiseHvdliteError(const std::string& message);
 
+// True in a forked child that holds a copy of its parent's engine.
+bool ForkedCopy() { return g_forked && g_engine; }
+void RaiseIfForkedCopy() {
+  if (ForkedCopy()) RaiseHvdliteError(ForkedMessage());
+}
+
+// The request type code from Python, checked.
+RequestType CheckedType(int type) {
+  if (type < 0 || type > static_cast<int>(RequestType::kJoin))
+    throw std::invalid_argument("hvdlite: unknown request type " + std::to_string(type));
+  return static_cast<RequestType>(type);
+}
+
 Engine& Running() {
-  if (g_forked && g_engine) RaiseHvdliteError(ForkedMessage());
+  RaiseIfForkedCopy();
   if (!g_engine || !g_engine->Running())
     throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
   return *g_engine;
@@ -79,7 +92,7 @@ void EnsureMpi() {
 }
 
 void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
-  if (g_forked && g_engine) RaiseHvdliteError(ForkedMessage());
+  RaiseIfForkedCopy();
   if (g_engine && g_engine->Running()) return;
   if (g_engine) {
     std::shared_ptr<Engine> old = std::move(g_engine);  // stopped by a remote shutdown
@@ -153,12 +166,11 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
                 int root, const std::vector<int64_t>& splits, int group_id, int group_size, bool caller_waits) {
   Engine& e = Running();
   if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
-  if (type < 0 || type > static_cast<int>(RequestType::kJoin))
-    throw std::invalid_argument("hvdlite: unknown request type " + std::to_string(type));
+  const RequestType kind = CheckedType(type);
   for (int64_t d : shape)
     if (d < 0) throw std::invalid_argument("hvdlite: negative dimension in shape of '" + name + "'");
   Request r;
-  r.type = static_cast<RequestType>(type);
+  r.type = kind;
   r.name = name;
   r.dtype = static_cast<DataType>(dtype);
   r.shape = shape;
@@ -180,10 +192,8 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
 // `group_id`/`group_size`: the grouped allreduce the request belongs to, so that rank 0
 // can fail its other members too (-1/0: none).
 int64_t Refuse(int type, const std::string& name, const std::string& message, int group_id, int group_size) {
-  if (type < 0 || type > static_cast<int>(RequestType::kJoin))
-    throw std::invalid_argument("hvdlite: unknown request type " + std::to_string(type));
   Request r;
-  r.type = static_cast<RequestType>(type);
+  r.type = CheckedType(type);
   r.name = name;
   r.error = message.empty() ? std::string("invalid input") : message;
   r.group_id = group_id;
@@ -194,7 +204,7 @@ int64_t Refuse(int type, const std::string& name, const std::string& message, in
 // Waits for `h` (GIL released); with `release`, also forgets it (for results with no
 // engine output). Returns whether it succeeded, with the reason in `error` if not.
 bool WaitFor(int64_t h, bool release, std::string* error) {
-  if (g_forked && g_engine) {  // the request was the parent's; nothing here completes it
+  if (ForkedCopy()) {  // the request was the parent's; nothing here completes it
     *error = ForkedMessage();
     return false;
   }
@@ -326,7 +336,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("has_world", [] { return static_cast<bool>(g_engine); });
   m.def("shutdown_reason", [] { return g_engine ? g_engine->ShutdownReason() : std::string(); });
   // Non-empty in a process forked from an initialized one: why it cannot run collectives.
-  m.def("forked_reason", [] { return g_forked && g_engine ? ForkedMessage() : std::string(); });
+  m.def("forked_reason", [] { return ForkedCopy() ? ForkedMessage() : std::string(); });
   m.def("rank", [] { return Known().rank(); });
   m.def("size", [] { return Known().size(); });
   m.def("local_rank", [] { return Known().local_rank(); });
@@ -351,7 +361,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"), py::arg("group_id") = -1,
         py::arg("group_size") = 0);
   m.def("poll", [](int64_t h) {
-    if (g_forked && g_engine) RaiseHvdliteError(ForkedMessage());
+    RaiseIfForkedCopy();
     return g_handles.Poll(h);
   });
   m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);

@@ -16,10 +16,23 @@ from hvdlite.tensorflow.mpi_ops import Average, global_process_set
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 
-_DEFAULT_OPTIONS: dict[str, Any] = dict(
-    compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
-    op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, groups=None,
-    scale_local_gradients=True)
+def _options(compression, sparse_as_dense, gradient_predivide_factor, op,
+             backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
+             process_set, scale_local_gradients=True) -> dict[str, Any]:
+    groups = check_reduction_options(op, gradient_predivide_factor, num_groups, groups,
+                                     process_set)
+    if int(backward_passes_per_step) < 1:
+        raise ValueError("backward_passes_per_step must be >= 1")
+    return dict(compression=compression, sparse_as_dense=bool(sparse_as_dense),
+                gradient_predivide_factor=float(gradient_predivide_factor), op=op,
+                backward_passes_per_step=int(backward_passes_per_step),
+                average_aggregated_gradients=bool(average_aggregated_gradients), groups=groups,
+                scale_local_gradients=bool(scale_local_gradients))
+
+
+# What DistributedOptimizer's own defaults give.
+_DEFAULT_OPTIONS: dict[str, Any] = _options(Compression.none, False, 1.0, Average, 1, False, 0,
+                                            None, global_process_set)
 
 
 class _DistributedOptimizerMixin:
@@ -58,7 +71,7 @@ class _DistributedOptimizerMixin:
         opts = self._hvd_options
         return reduce_gradients_except_local(
             grads, var_list if len(var_list) == len(grads) else None,
-            self.__dict__.get("_hvd_local_vars"), opts.get("scale_local_gradients", True),
+            self.__dict__.get("_hvd_local_vars"), opts["scale_local_gradients"],
             op=opts["op"],
             compression=opts["compression"], sparse_as_dense=opts["sparse_as_dense"],
             gradient_predivide_factor=opts["gradient_predivide_factor"], groups=opts["groups"],
@@ -138,20 +151,6 @@ def _distributed_class(base: type) -> type:
             pass
         _classes[base] = cls
     return cls
-
-
-def _options(compression, sparse_as_dense, gradient_predivide_factor, op,
-             backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
-             process_set, scale_local_gradients=True) -> dict[str, Any]:
-    groups = check_reduction_options(op, gradient_predivide_factor, num_groups, groups,
-                                     process_set)
-    if int(backward_passes_per_step) < 1:
-        raise ValueError("backward_passes_per_step must be >= 1")
-    return dict(compression=compression, sparse_as_dense=bool(sparse_as_dense),
-                gradient_predivide_factor=float(gradient_predivide_factor), op=op,
-                backward_passes_per_step=int(backward_passes_per_step),
-                average_aggregated_gradients=bool(average_aggregated_gradients), groups=groups,
-                scale_local_gradients=bool(scale_local_gradients))
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,

@@ -58,6 +58,13 @@ def global_batch_loss(ref: nn.Module, step: int, n: int) -> torch.Tensor:
     return sum(F.mse_loss(ref(batch(step, k)[0]), batch(step, k)[1]) for k in range(n)) / n
 
 
+def reference_step(ref: nn.Module, ref_opt: Any, step: int, n: int) -> None:
+    """One step of the single-process reference on the global batch."""
+    ref_opt.zero_grad()
+    global_batch_loss(ref, step, n).backward()
+    ref_opt.step()
+
+
 def loss_closure(opt: Any, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
     """An ``optimizer.step(closure)`` closure: clear, compute this rank's loss, backward."""
     def closure() -> torch.Tensor:
@@ -324,9 +331,7 @@ def model_zero_grad_while_in_flight_is_an_error() -> None:
         x, y = batch(step, r)
         F.mse_loss(model(x), y).backward()
         opt.step()
-        ref_opt.zero_grad()
-        global_batch_loss(ref, step, n).backward()
-        ref_opt.step()
+        reference_step(ref, ref_opt, step, n)
     check_params(model, ref, "training after the failed steps")
 
 
@@ -345,9 +350,7 @@ def step_with_closure_averages_gradients() -> None:
             loss = opt.step(closure)
         assert isinstance(loss, torch.Tensor) and torch.equal(loss.detach(), want), \
             "step(closure) returns the closure's loss"
-        ref_opt.zero_grad()
-        global_batch_loss(ref, step, n).backward()
-        ref_opt.step()
+        reference_step(ref, ref_opt, step, n)
     check_params(model, ref, "step(closure)")
 
 
@@ -444,9 +447,7 @@ def lr_scheduler_and_state_dict() -> None:
         F.mse_loss(model(x), y).backward()
         opt.step()
         sched.step()
-        ref_opt.zero_grad()
-        global_batch_loss(ref, step, n).backward()
-        ref_opt.step()
+        reference_step(ref, ref_opt, step, n)
         ref_sched.step()
     assert abs(opt.param_groups[0]["lr"] - 0.1 * 0.5 ** 3) < 1e-12
     check_params(model, ref, "with an LR scheduler")
