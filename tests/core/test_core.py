@@ -68,6 +68,25 @@ def test_children_of_a_rank_get_a_clear_error() -> None:
     assert "if __name__ == '__main__':" in proc.stderr
 
 
+def _faults_per_round(proc: subprocess.CompletedProcess, n: int) -> list[list[int]]:
+    assert_all_ranks_passed(proc, n)
+    rows = [ln.split(" ", 3)[3] for ln in proc.stdout.splitlines() if ln.startswith("FAULTS rank ")]
+    assert len(rows) == n, proc.stdout
+    return [json.loads(r) for r in rows]
+
+
+def test_memory_freed_between_steps_is_not_faulted_back_in() -> None:
+    """A thread that allocates and frees 81 MB per step keeps its memory after init().
+    The control run sets the malloc thresholds hvdlite used to set (its own tuning is
+    then off): glibc unmaps one heap per step there, and every later step faults 18 MB
+    back in. That shows the check can fail."""
+    for per_rank in _faults_per_round(run_ranks(2, "malloc_job.py"), 2):
+        assert max(per_rank[1:]) < 256, per_rank  # first round: ~20,700 faults
+    control = run_ranks(1, "malloc_job.py", env={"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                                 "MALLOC_TRIM_THRESHOLD_": str(64 << 20)})
+    assert min(_faults_per_round(control, 1)[0][1:]) > 2000
+
+
 def test_bad_environment_values_are_reported_and_log_level_applies() -> None:
     """A value that does not parse is named and ignored (the default applies: 64MB
     is not read as 64 bytes); HVDLITE_LOG_LEVEL=debug shows the engine's decisions."""
