@@ -43,6 +43,7 @@ CHECKS = [
     "embedding_indexed_slices_gradients",
     "local_sources_keep_their_gradients",
     "fit_with_distributed_optimizer_matches_single_process",
+    "mixed_float16_fit_skips_a_non_finite_step_on_every_rank",
     "fit_sparse_embedding_gradients",
     "metric_average_callback_averages_logs",
     "warmup_callback_learning_rates_and_momentum_correction",

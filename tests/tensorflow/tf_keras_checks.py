@@ -73,6 +73,40 @@ def fit_with_distributed_optimizer_matches_single_process():
 
 
 @check
+def mixed_float16_fit_skips_a_non_finite_step_on_every_rank():
+    """Under the mixed_float16 policy, compile wraps DistributedOptimizer in Keras's
+    LossScaleOptimizer, which skips a step whose gradients are not finite. Only the last
+    rank's part of the first global batch holds an inf, so only that rank's own gradients
+    are non-finite; every rank must still skip that step (a rank skipping alone would
+    leave the others waiting in the gradient allreduce), and training must match one
+    process on the global batch."""
+    steps = 3
+    x, y = global_data(steps, seed=4)
+    x[(N - 1) * B, 0] = np.inf  # first global batch, last rank's rows
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        model = make_model(300 + R)
+        init = root_weights(model)
+        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+        model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
+                  callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
+        ref = make_model(1)
+        ref.set_weights(init)
+        ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    opt = model.optimizer
+    expect(isinstance(opt, keras.optimizers.LossScaleOptimizer), f"compile made {type(opt)}")
+    scale, ref_scale = float(opt.dynamic_scale.numpy()), float(ref.optimizer.dynamic_scale.numpy())
+    expect(scale == ref_scale == 2.0 ** 14, f"loss scale {scale}, single process {ref_scale}")
+    expect(int(opt.iterations.numpy()) == steps - 1, f"iterations {int(opt.iterations.numpy())}")
+    for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(g, r, f"mixed_float16 fit weight {i} vs single process", rtol=2e-3, atol=2e-4)
+    weights_equal_everywhere(model.get_weights(), "mixed_float16 fit")
+
+
+@check
 def fit_sparse_embedding_gradients():
     """Embedding gradients are tf.IndexedSlices inside fit: allgathered by default,
     allreduced dense with sparse_as_dense; both equal single-process training."""

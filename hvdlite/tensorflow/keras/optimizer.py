@@ -11,7 +11,8 @@ from hvdlite.tensorflow.compression import Compression, Compressor
 from hvdlite.tensorflow.gradients import (LocalVariables, check_reduction_options,
                                           reduce_gradients_except_local,
                                           trainable_weights_of_layers)
-from hvdlite.tensorflow.mpi_ops import Average, global_process_set
+from hvdlite.common import basics as _basics
+from hvdlite.tensorflow.mpi_ops import Average, Min, allreduce, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -127,6 +128,41 @@ class _DistributedOptimizerMixin:
                 update()
         else:
             tf.cond(is_update, update, lambda: tf.constant(False))
+
+
+def _make_loss_scaling_agree() -> None:
+    """Make Keras's ``LossScaleOptimizer`` take the same branch on every rank when it
+    wraps a distributed optimizer.
+
+    ``model.compile`` under the ``mixed_float16`` policy wraps the optimizer it is given
+    in a ``LossScaleOptimizer``, which checks the *local* gradients for inf/NaN and calls
+    the inner optimizer's ``apply`` only if they are finite. With a
+    ``DistributedOptimizer`` inside, a rank whose own gradients overflowed would skip the
+    gradient allreduce while the others wait in it forever. So when the inner optimizer
+    is distributed, the finiteness flag is combined over ranks (Min) first: if any rank's
+    gradients are not finite, every rank skips the step and lowers its loss scale, which
+    is what one process training on the global batch does. Wrapping the other way round,
+    ``DistributedOptimizer(LossScaleOptimizer(opt))``, needs nothing: the gradients are
+    combined before the check."""
+    lso = keras.optimizers.LossScaleOptimizer
+    local_check = lso.check_finite
+    if getattr(local_check, "_hvdlite_agreed", False):
+        return
+
+    def check_finite(self, grads):
+        finite = local_check(self, grads)
+        if isinstance(self.inner_optimizer, _DistributedOptimizerMixin) and _basics.size() > 1:
+            votes = allreduce(tf.cast(finite, tf.int32), op=Min,
+                              name=f"{self.name}.gradients_finite")
+            finite = tf.greater(votes, 0)
+        return finite
+
+    check_finite._hvdlite_agreed = True
+    check_finite.__doc__ = local_check.__doc__
+    lso.check_finite = check_finite
+
+
+_make_loss_scaling_agree()
 
 
 _classes: dict[type, type] = {}
