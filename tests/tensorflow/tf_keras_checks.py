@@ -48,21 +48,31 @@ def root_weights(model):
     return hvd.broadcast_object([w.copy() for w in model.get_weights()], root_rank=0)
 
 
+def fit_against_single_process(build, make_opt, x, y, seed, **options):
+    """``build(seed + rank)`` (different weights on every rank) trained with ``model.fit``
+    and ``hvdk.DistributedOptimizer(make_opt(), **options)`` on this rank's rows of every
+    global batch, from rank 0's weights; and ``build`` trained in this process alone on
+    the global batches with ``make_opt()``, from the same weights. Returns both models."""
+    model = build(seed + R)
+    init = root_weights(model)
+    model.compile(optimizer=hvdk.DistributedOptimizer(make_opt(), **options), loss="mse")
+    model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
+              callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
+    ref = build(1)
+    ref.set_weights(init)
+    ref.compile(optimizer=make_opt(), loss="mse")
+    ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
+    return model, ref
+
+
 @check
 def fit_with_distributed_optimizer_matches_single_process():
     steps = 3
     x, y = global_data(steps)
-    model = make_model(100 + R)  # different initial weights on every rank
-    init = root_weights(model)
-    opt = hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    model, ref = fit_against_single_process(make_model, lambda: keras.optimizers.Adam(0.01), x, y,
+                                            seed=100)
+    opt = model.optimizer
     expect(isinstance(opt, keras.optimizers.Adam), "DistributedOptimizer is not an Adam")
-    model.compile(optimizer=opt, loss="mse")
-    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=1, shuffle=False, verbose=0,
-              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
-    ref = make_model(1)
-    ref.set_weights(init)
-    ref.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-    ref.fit(x, y, batch_size=B * N, epochs=1, shuffle=False, verbose=0)
     for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
         expect_close(g, r, f"fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
     weights_equal_everywhere(model.get_weights(), "fit")
@@ -85,15 +95,8 @@ def mixed_float16_fit_skips_a_non_finite_step_on_every_rank():
     x[(N - 1) * B, 0] = np.inf  # first global batch, last rank's rows
     keras.mixed_precision.set_dtype_policy("mixed_float16")
     try:
-        model = make_model(300 + R)
-        init = root_weights(model)
-        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
-        model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
-                  callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
-        ref = make_model(1)
-        ref.set_weights(init)
-        ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-        ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
+        model, ref = fit_against_single_process(make_model, lambda: keras.optimizers.SGD(0.1), x, y,
+                                                seed=300)
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
     opt = model.optimizer
@@ -120,16 +123,8 @@ def fit_sparse_embedding_gradients():
         return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(V, 4),
                                  keras.layers.Flatten(), keras.layers.Dense(1)])
     for sad in (False, True):
-        model = build(200 + R)
-        init = root_weights(model)
-        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.2), sparse_as_dense=sad),
-                      loss="mse")
-        model.fit(local_slice(ids), local_slice(y), batch_size=B, shuffle=False, verbose=0,
-                  callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
-        ref = build(1)
-        ref.set_weights(init)
-        ref.compile(optimizer=keras.optimizers.SGD(0.2), loss="mse")
-        ref.fit(ids, y, batch_size=B * N, shuffle=False, verbose=0)
+        model, ref = fit_against_single_process(build, lambda: keras.optimizers.SGD(0.2), ids, y,
+                                                seed=200, sparse_as_dense=sad)
         for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
             expect_close(g, r, f"embedding fit sparse_as_dense={sad} weight {i}", rtol=1e-5, atol=1e-6)
 
