@@ -7,6 +7,11 @@ Run it with plain ``python`` (not under mpirun): it starts every configuration i
 each in fresh processes with one TensorFlow intra-op and one inter-op thread:
 
 * ``single``: one process, plain Keras optimizer;
+* ``single_tuned``: the same, with the glibc malloc settings that hvdlite's engine makes
+  in its own processes (``MALLOC_*_`` variables, values of ``TuneHostAllocator`` in
+  ``hvdlite/csrc/engine.cc``). A control: plain TensorFlow gives memory back to the
+  kernel and faults it in again every step, which those settings stop. Efficiency
+  against it is what communication alone costs;
 * ``hvdlite``: 2 ranks started by ``hvdlite-run`` (``python -m hvdlite.runner``; plain
   ``mpirun`` if that is missing): ``hvd.DistributedGradientTape`` in the custom loop,
   ``hvd.DistributedOptimizer`` with ``model.fit``;
@@ -31,8 +36,10 @@ Timing: ``--warmup`` steps, then ``--windows`` windows of ``--steps`` steps each
 rank 0 (every step synchronises the ranks); a configuration's throughput is its median
 window in samples/s over all ranks. Scaling efficiency = 2-rank samples/s /
 (2 x single-process samples/s); targets: >= 0.75 on the MLP, >= 0.95 on the CNN.
-Output: one JSON line per measurement, then a table. ``--quick`` makes everything short:
-it checks that all of it runs, the numbers are only indicative.
+Each round runs every configuration of one model back to back, then the next model.
+Output: one JSON line per measurement (with rank 0's minor page faults per timed step:
+memory that went back to the kernel and was touched again), then a table. ``--quick``
+makes everything short: it checks that all of it runs, the numbers are only indicative.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -57,7 +65,10 @@ EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.p
 BATCH = {"mlp": 64, "resnet": 32}
 TARGET = {"mlp": 0.75, "resnet": 0.95}
 PARAMS = {"mlp": 9_557_110, "resnet": 2_777_674}
-MODES = ("single", "hvdlite", "mwms")
+MODES = ("single", "single_tuned", "hvdlite", "mwms")
+# What hvdlite's engine sets with mallopt() at init (TuneHostAllocator in engine.cc).
+HVDLITE_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
+                      "MALLOC_TOP_PAD_": str(64 << 20)}
 
 
 # ------------------------------------------------------------------ worker side
@@ -104,19 +115,29 @@ def make_optimizer(lr: float = 0.01, momentum: float = 0.9) -> Any:
     return keras.optimizers.SGD(lr, momentum=momentum)
 
 
+def minor_faults() -> int:
+    """Page faults of this process so far that needed no I/O: memory handed back to the
+    kernel and touched again shows up here."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def batch_clock() -> Any:
-    """A Keras callback recording the time at the start of every batch and at the end."""
+    """A Keras callback recording the time (and the minor page faults so far) at the
+    start of every batch and at the end."""
     import keras
 
     class Clock(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
             self.stamps: list[float] = []
+            self.faults: list[int] = []
 
         def on_train_batch_begin(self, b, logs=None):
+            self.faults.append(minor_faults())
             self.stamps.append(time.perf_counter())
 
         def on_train_end(self, logs=None):
+            self.faults.append(minor_faults())
             self.stamps.append(time.perf_counter())
 
     return Clock()
@@ -202,10 +223,12 @@ def worker(args: argparse.Namespace) -> None:
             if api == "loop":
                 step = make_loop_step(tf, model, opt, loss_fn, mode, strategy, hvd)
                 xt, yt = tf.constant(x), tf.constant(y)
-                stamps = []
+                stamps, faults = [], []
                 for _ in range(total):
+                    faults.append(minor_faults())
                     stamps.append(time.perf_counter())
                     step(xt, yt).numpy()
+                faults.append(minor_faults())
                 stamps.append(time.perf_counter())
             else:
                 with scope():
@@ -218,9 +241,11 @@ def worker(args: argparse.Namespace) -> None:
                     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
                 clock = batch_clock()
                 model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[clock])
-                stamps = clock.stamps
+                stamps, faults = clock.stamps, clock.faults
             times = window_times(stamps, args.warmup, args.steps, args.windows)
-            emit({"model": name, "api": api, "mode": mode, "ranks": nranks, "times": times})
+            timed_steps = args.steps * args.windows
+            emit({"model": name, "api": api, "mode": mode, "ranks": nranks, "times": times,
+                  "minflt_per_step": (faults[args.warmup + timed_steps] - faults[args.warmup]) / timed_steps})
     if hvd is not None:
         hvd.shutdown()
 
@@ -309,8 +334,12 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd_tail = [sys.executable] + worker_args(args, mode, verify_dir)
-    if mode == "single":
+    if mode == "single_tuned":
+        env.update(HVDLITE_MALLOC_ENV)
+        cmd_tail = [sys.executable] + worker_args(args, "single", "")
+    else:
+        cmd_tail = [sys.executable] + worker_args(args, mode, verify_dir)
+    if mode in ("single", "single_tuned"):
         procs = [subprocess.Popen(cmd_tail, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
     elif mode == "hvdlite":
         procs = [subprocess.Popen(launcher(args.ranks) + cmd_tail, env=env, stdout=subprocess.PIPE,
@@ -381,28 +410,38 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     verify_dir = tempfile.mkdtemp(prefix="hvdlite_bench_tf_")
     collected: dict[tuple[str, str, str], list[float]] = {}
+
+    def record(res: list[dict], mode: str, rnd: int) -> None:
+        for r in res:
+            samples = BATCH[r["model"]] * r["ranks"] * args.steps
+            rate = statistics.median(samples / t for t in r["times"])
+            rec = {"model": r["model"], "api": r["api"], "mode": mode, "ranks": r["ranks"],
+                   "batch_per_rank": BATCH[r["model"]], "samples_per_s": rate,
+                   "step_ms": 1000 * statistics.median(r["times"]) / args.steps,
+                   "rank0_minflt_per_step": round(r["minflt_per_step"], 1), "round": rnd,
+                   "threads_per_rank": 1}
+            print(json.dumps(rec), flush=True)
+            collected.setdefault((r["model"], r["api"], mode), []).append(rate)
+
+    # Each model's configurations run back to back, so that the host's drift over the
+    # minutes a model takes does not fall between its single and distributed runs.
     for rnd in range(args.rounds):
-        for mode in modes:
-            res = run_mode(mode, args, verify_dir if rnd == 0 else "")
-            for r in res:
-                samples = BATCH[r["model"]] * r["ranks"] * args.steps
-                rate = statistics.median(samples / t for t in r["times"])
-                rec = {"model": r["model"], "api": r["api"], "mode": mode, "ranks": r["ranks"],
-                       "batch_per_rank": BATCH[r["model"]], "samples_per_s": rate,
-                       "step_ms": 1000 * statistics.median(r["times"]) / args.steps, "round": rnd,
-                       "threads_per_rank": 1}
-                print(json.dumps(rec), flush=True)
-                collected.setdefault((r["model"], r["api"], mode), []).append(rate)
-        if rnd == 0 and "single" in modes:
-            errors = check_verification(verify_dir, args.apis)
-            print(json.dumps({"verification_max_rel_error": errors}), flush=True)
-            bad = {k: v for k, v in errors.items() if not v < 1e-4}
-            if bad:
-                sys.exit(f"distributed step differs from the single-process step on the global batch: {bad}")
+        for k, model in enumerate(args.models):
+            verify = rnd == 0 and k == 0
+            for mode in modes:
+                res = run_mode(mode, argparse.Namespace(**dict(vars(args), models=[model])),
+                               verify_dir if verify else "")
+                record(res, mode, rnd)
+            if verify and "single" in modes:
+                errors = check_verification(verify_dir, args.apis)
+                print(json.dumps({"verification_max_rel_error": errors}), flush=True)
+                bad = {key: v for key, v in errors.items() if not v < 1e-4}
+                if bad:
+                    sys.exit(f"distributed step differs from the single-process step on the global batch: {bad}")
 
     print()
-    head = (f"{'model':7} {'api':5} {'single/s':>9} {'hvdlite/s':>10} {'MWMS/s':>9} "
-            f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'eff MWMS':>9} {'target':>7}")
+    head = (f"{'model':7} {'api':5} {'single/s':>9} {'tuned/s':>8} {'hvdlite/s':>10} {'MWMS/s':>9} "
+            f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'vs tuned':>9} {'eff MWMS':>9} {'target':>7}")
     print(head)
     print("-" * len(head))
     table = []
@@ -411,22 +450,26 @@ def main(argv: list[str] | None = None) -> int:
             med = {m: statistics.median(collected[(model, api, m)]) for m in modes
                    if (model, api, m) in collected}
             s, h, w = med.get("single"), med.get("hvdlite"), med.get("mwms")
-            row = {"model": model, "api": api, "single": s, "hvdlite": h, "mwms": w,
+            st = med.get("single_tuned")
+            row = {"model": model, "api": api, "single": s, "single_tuned": st, "hvdlite": h, "mwms": w,
                    "hvdlite_over_mwms": h / w if h and w else None,
                    "efficiency_hvdlite": h / (args.ranks * s) if h and s else None,
+                   "efficiency_hvdlite_vs_tuned_single": h / (args.ranks * st) if h and st else None,
                    "efficiency_mwms": w / (args.ranks * s) if w and s else None,
                    "target": TARGET[model]}
             table.append(row)
 
             def fmt(v, spec):
                 return format(v, spec) if v is not None else "-".rjust(int(spec.split(".")[0]))
-            print(f"{model:7} {api:5} {fmt(s, '9.1f')} {fmt(h, '10.1f')} {fmt(w, '9.1f')} "
+            print(f"{model:7} {api:5} {fmt(s, '9.1f')} {fmt(st, '8.1f')} {fmt(h, '10.1f')} {fmt(w, '9.1f')} "
                   f"{fmt(row['hvdlite_over_mwms'], '13.3f')} {fmt(row['efficiency_hvdlite'], '12.3f')} "
+                  f"{fmt(row['efficiency_hvdlite_vs_tuned_single'], '9.3f')} "
                   f"{fmt(row['efficiency_mwms'], '9.3f')} {TARGET[model]:7.2f}")
             print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} windows of "
           f"{args.steps} steps; 1 intra-op + 1 inter-op thread per process; "
-          f"efficiency = {args.ranks}-rank / ({args.ranks} x single))")
+          f"efficiency = {args.ranks}-rank / ({args.ranks} x single); 'vs tuned': against single_tuned, "
+          f"the single process with hvdlite's malloc settings)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"summary": table}, indent=1))
     return 0
