@@ -89,24 +89,27 @@ def mixed_float16_fit_skips_a_non_finite_step_on_every_rank():
     rank's part of the first global batch holds an inf, so only that rank's own gradients
     are non-finite; every rank must still skip that step (a rank skipping alone would
     leave the others waiting in the gradient allreduce), and training must match one
-    process on the global batch."""
+    process on the global batch. Also with the wrapping the other way round,
+    DistributedOptimizer(LossScaleOptimizer(opt))."""
     steps = 3
     x, y = global_data(steps, seed=4)
     x[(N - 1) * B, 0] = np.inf  # first global batch, last rank's rows
-    keras.mixed_precision.set_dtype_policy("mixed_float16")
-    try:
-        model, ref = fit_against_single_process(make_model, lambda: keras.optimizers.SGD(0.1), x, y,
-                                                seed=300)
-    finally:
-        keras.mixed_precision.set_dtype_policy("float32")
-    opt = model.optimizer
-    expect(isinstance(opt, keras.optimizers.LossScaleOptimizer), f"compile made {type(opt)}")
-    scale, ref_scale = float(opt.dynamic_scale.numpy()), float(ref.optimizer.dynamic_scale.numpy())
-    expect(scale == ref_scale == 2.0 ** 14, f"loss scale {scale}, single process {ref_scale}")
-    expect(int(opt.iterations.numpy()) == steps - 1, f"iterations {int(opt.iterations.numpy())}")
-    for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
-        expect_close(g, r, f"mixed_float16 fit weight {i} vs single process", rtol=2e-3, atol=2e-4)
-    weights_equal_everywhere(model.get_weights(), "mixed_float16 fit")
+    for order, make_opt in (("compile wraps", lambda: keras.optimizers.SGD(0.1)),
+                            ("wrapped by the user", lambda: keras.optimizers.LossScaleOptimizer(
+                                keras.optimizers.SGD(0.1)))):
+        keras.mixed_precision.set_dtype_policy("mixed_float16")
+        try:
+            model, ref = fit_against_single_process(make_model, make_opt, x, y, seed=300)
+        finally:
+            keras.mixed_precision.set_dtype_policy("float32")
+        opt = model.optimizer
+        expect(isinstance(opt, keras.optimizers.LossScaleOptimizer), f"{order}: optimizer is {type(opt)}")
+        scale, ref_scale = float(opt.dynamic_scale.numpy()), float(ref.optimizer.dynamic_scale.numpy())
+        expect(scale == ref_scale == 2.0 ** 14, f"{order}: loss scale {scale}, single process {ref_scale}")
+        expect(int(opt.iterations.numpy()) == steps - 1, f"{order}: iterations {int(opt.iterations.numpy())}")
+        for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+            expect_close(g, r, f"{order}: mixed_float16 fit weight {i} vs single process", rtol=2e-3, atol=2e-4)
+        weights_equal_everywhere(model.get_weights(), f"{order}: mixed_float16 fit")
 
 
 @check
