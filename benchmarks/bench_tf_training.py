@@ -115,30 +115,30 @@ def make_optimizer(lr: float = 0.01, momentum: float = 0.9) -> Any:
     return keras.optimizers.SGD(lr, momentum=momentum)
 
 
-def minor_faults() -> int:
-    """Page faults of this process so far that needed no I/O: memory handed back to the
-    kernel and touched again shows up here."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+class StepMarks:
+    """The time and this process's minor page faults so far (page faults that needed no
+    I/O: memory handed back to the kernel and touched again), at the start of every
+    step and at the end."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+        self.faults: list[int] = []
+
+    def mark(self) -> None:
+        self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        self.stamps.append(time.perf_counter())
 
 
-def batch_clock() -> Any:
-    """A Keras callback recording the time (and the minor page faults so far) at the
-    start of every batch and at the end."""
+def batch_clock(marks: StepMarks) -> Any:
+    """A Keras callback that marks the start of every batch and the end of training."""
     import keras
 
     class Clock(keras.callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stamps: list[float] = []
-            self.faults: list[int] = []
-
         def on_train_batch_begin(self, b, logs=None):
-            self.faults.append(minor_faults())
-            self.stamps.append(time.perf_counter())
+            marks.mark()
 
         def on_train_end(self, logs=None):
-            self.faults.append(minor_faults())
-            self.stamps.append(time.perf_counter())
+            marks.mark()
 
     return Clock()
 
@@ -220,16 +220,14 @@ def worker(args: argparse.Namespace) -> None:
                     opt = hvdk.DistributedOptimizer(opt)
                 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             x, y = batch(name, BATCH[name], seed=rank)
+            marks = StepMarks()
             if api == "loop":
                 step = make_loop_step(tf, model, opt, loss_fn, mode, strategy, hvd)
                 xt, yt = tf.constant(x), tf.constant(y)
-                stamps, faults = [], []
                 for _ in range(total):
-                    faults.append(minor_faults())
-                    stamps.append(time.perf_counter())
+                    marks.mark()
                     step(xt, yt).numpy()
-                faults.append(minor_faults())
-                stamps.append(time.perf_counter())
+                marks.mark()
             else:
                 with scope():
                     model.compile(optimizer=opt, loss=loss_fn)
@@ -239,13 +237,12 @@ def worker(args: argparse.Namespace) -> None:
                         lambda ctx: tf.data.Dataset.from_tensors((x, y)).repeat())
                 else:
                     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
-                clock = batch_clock()
-                model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[clock])
-                stamps, faults = clock.stamps, clock.faults
-            times = window_times(stamps, args.warmup, args.steps, args.windows)
+                model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[batch_clock(marks)])
+            times = window_times(marks.stamps, args.warmup, args.steps, args.windows)
             timed_steps = args.steps * args.windows
             emit({"model": name, "api": api, "mode": mode, "ranks": nranks, "times": times,
-                  "minflt_per_step": (faults[args.warmup + timed_steps] - faults[args.warmup]) / timed_steps})
+                  "minflt_per_step": (marks.faults[args.warmup + timed_steps] - marks.faults[args.warmup])
+                  / timed_steps})
     if hvd is not None:
         hvd.shutdown()
 

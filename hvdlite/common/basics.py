@@ -177,6 +177,11 @@ def cross_size() -> int:
     return _world().cross_size()
 
 
+def is_homogeneous() -> bool:
+    """True if every host runs the same number of ranks."""
+    return size() == local_size() * cross_size()
+
+
 def mpi_threads_supported() -> bool:
     """True if MPI runs with MPI_THREAD_MULTIPLE, so user code may call MPI too."""
     return bool(core().mpi_threads_supported())

@@ -26,7 +26,8 @@ Typical custom training loop::
 from __future__ import annotations
 
 from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
-                                   local_size, cross_rank, cross_size, mpi_threads_supported,
+                                   local_size, cross_rank, cross_size, is_homogeneous,
+                                   mpi_threads_supported,
                                    mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
                                    ddl_built, ccl_built, cuda_built, rocm_built,
                                    start_timeline, stop_timeline)
@@ -43,11 +44,6 @@ from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_object,
                                           broadcast_object_fn, allgather_object)
 from hvdlite.tensorflow.gradients import (DistributedGradientTape, PartialDistributedGradientTape,
                                           allreduce_gradients)
-
-
-def is_homogeneous() -> bool:
-    """True if every host runs the same number of ranks."""
-    return size() == local_size() * cross_size()
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):

@@ -226,8 +226,8 @@ class LocalVariables:
     def __contains__(self, variable: Any) -> bool:
         return any(key in self._by_key for key in _variable_keys(variable))
 
-    def __len__(self) -> int:
-        return len(self._by_key)
+    def __bool__(self) -> bool:
+        return bool(self._by_key)
 
 
 @_no_autograph
@@ -246,21 +246,20 @@ def reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any]
     shared = [i for i, loc in enumerate(is_local) if not loc]
     reduced = allreduce_gradients([grads[i] for i in shared], [variables[i] for i in shared],
                                   **options)
-    out = list(grads)
     for i, g in zip(shared, reduced):
-        out[i] = g
+        grads[i] = g
     n = _basics.size()
     if scale_local_gradients and n > 1:
         for i, loc in enumerate(is_local):
-            g = out[i]
+            g = grads[i]
             if not loc or g is None:
                 continue
             if isinstance(g, tf.IndexedSlices):
-                out[i] = tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices,
-                                          dense_shape=g.dense_shape)
+                grads[i] = tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices,
+                                            dense_shape=g.dense_shape)
             else:
-                out[i] = g / tf.cast(n, g.dtype)
-    return out
+                grads[i] = g / tf.cast(n, g.dtype)
+    return grads
 
 
 class _DistributedGradientTapeMixin:

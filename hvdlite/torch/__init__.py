@@ -14,7 +14,8 @@ and is launched with ``hvdlite-run -np 4 python train.py`` (or ``mpirun -np 4 ..
 from __future__ import annotations
 
 from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                                   gloo_built, gloo_enabled, init, is_initialized, local_rank,
+                                   gloo_built, gloo_enabled, init, is_homogeneous,
+                                   is_initialized, local_rank,
                                    local_size, mpi_built, mpi_enabled, mpi_threads_supported,
                                    nccl_built, rank, rocm_built, shutdown, size, start_timeline,
                                    stop_timeline)
@@ -36,11 +37,6 @@ from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, Max, Min, Product, S
                                    synchronize)
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
-
-
-def is_homogeneous() -> bool:
-    """True if every host runs the same number of ranks."""
-    return size() == local_size() * cross_size()
 
 
 __all__ = [

@@ -474,8 +474,6 @@ def embedding_indexed_slices_gradients():
                 expect(bool(was_sparse) == (not sad), f"embedding gradient type sparse_as_dense={sad}")
 
 
-
-
 @check
 def local_sources_keep_their_gradients():
     """tape.register_local_source(v) and PartialDistributedGradientTape(local_layers=...):
