@@ -59,6 +59,14 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
     return _keras_distributed(optimizer, *args, **kwargs)
 
 
+def __getattr__(name: str):
+    # Imported on first use: it subclasses a Keras layer, and importing Keras takes time.
+    if name == "SyncBatchNormalization":
+        from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
@@ -73,5 +81,5 @@ __all__ = [
     "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
-    "allreduce_gradients",
+    "allreduce_gradients", "SyncBatchNormalization",
 ]

@@ -56,6 +56,8 @@ CHECKS = [
     "distributed_optimizer_rejects_unsupported_ops",
     "distributed_optimizer_keeps_weight_decay_exclusions",
     "local_variables_of_distributed_optimizer",
+    "sync_batch_normalization_matches_global_batch",
+    "sync_batch_normalization_fit_matches_global_batch",
 ]
 
 pytestmark = [

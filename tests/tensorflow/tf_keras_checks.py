@@ -48,17 +48,18 @@ def root_weights(model):
     return hvd.broadcast_object([w.copy() for w in model.get_weights()], root_rank=0)
 
 
-def fit_against_single_process(build, make_opt, x, y, seed, **options):
+def fit_against_single_process(build, make_opt, x, y, seed, build_reference=None, **options):
     """``build(seed + rank)`` (different weights on every rank) trained with ``model.fit``
     and ``hvdk.DistributedOptimizer(make_opt(), **options)`` on this rank's rows of every
-    global batch, from rank 0's weights; and ``build`` trained in this process alone on
-    the global batches with ``make_opt()``, from the same weights. Returns both models."""
+    global batch, from rank 0's weights; and ``build_reference`` (default ``build``)
+    trained in this process alone on the global batches with ``make_opt()``, from the
+    same weights. Returns both models."""
     model = build(seed + R)
     init = root_weights(model)
     model.compile(optimizer=hvdk.DistributedOptimizer(make_opt(), **options), loss="mse")
     model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
               callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
-    ref = build(1)
+    ref = (build_reference or build)(1)
     ref.set_weights(init)
     ref.compile(optimizer=make_opt(), loss="mse")
     ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
@@ -494,3 +495,151 @@ def backward_passes_per_step_builds_the_optimizer():
             total = [a + g.numpy() for a, g in zip(total, tape.gradient(loss, ref.trainable_variables))]
         for i, (got, w0, g) in enumerate(zip(model.get_weights(), init, total)):
             expect_close(got, w0 - lr * g, f"eager={run_eagerly}: weight {i}", rtol=1e-5, atol=1e-6)
+
+
+def make_bn_model(seed, norm):
+    """Conv -> batch norm (4-D, channels last) -> Dense -> batch norm (2-D) -> Dense."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((4, 4, 2)),
+        keras.layers.Conv2D(3, 3, padding="same"),
+        norm(momentum=0.8),
+        keras.layers.ReLU(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(H),
+        norm(momentum=0.8, center=False),
+        keras.layers.Activation("tanh"),
+        keras.layers.Dense(2)])
+
+
+def bn_statistics(model):
+    return [w.numpy() for layer in model.layers
+            if isinstance(layer, keras.layers.BatchNormalization)
+            for w in (layer.moving_mean, layer.moving_variance)]
+
+
+@check
+def sync_batch_normalization_matches_global_batch():
+    """hvd.SyncBatchNormalization against keras.layers.BatchNormalization in one process
+    on the global batch. Ranks hold batches of different sizes (rank 1 an empty one).
+    Checked: the training-mode output and the gradient reaching each rank's own inputs
+    (which depends on the other ranks' inputs through the shared statistics), eagerly
+    and in tf.function, also with a Keras mask; then three SGD steps of a custom loop
+    (DistributedGradientTape with op=Sum on a loss divided by the global row count):
+    weights and moving statistics."""
+    rows = [(3 + 2 * r) % 5 for r in range(N)]  # 3, 0, 2, 4
+    start, total = sum(rows[:R]), sum(rows)
+    expect(isinstance(hvd.SyncBatchNormalization(), keras.layers.BatchNormalization)
+           and hvdk.SyncBatchNormalization is hvd.SyncBatchNormalization, "exports")
+
+    # Output and input gradient of the layer alone, 4-D and masked 3-D inputs.
+    rng = np.random.default_rng(42)
+    xg = (rng.normal(size=(total, 3, 3, 4)) * 3 + 5).astype(np.float32)
+    cg = rng.normal(size=xg.shape).astype(np.float32)
+    seq = rng.normal(size=(total, 5, 4)).astype(np.float32)
+    seq[:, 3:][rng.random(size=(total, 2)) < 0.5] = 0.0  # masked time steps
+    cseq = rng.normal(size=seq.shape).astype(np.float32)
+
+    def out_and_grad(layer, x, c, masking):
+        x = tf.convert_to_tensor(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            mask = tf.reduce_any(tf.not_equal(x, 0.0), axis=-1) if masking else None
+            y = layer(x, training=True, mask=mask)
+            loss = tf.reduce_sum(y * c)
+        return y, tape.gradient(loss, x)
+
+    for what, xs, cs, masking in (("4-D", xg, cg, False), ("masked 3-D", seq, cseq, True)):
+        keras.utils.set_random_seed(5)  # the same gamma and beta on every rank
+        ref = keras.layers.BatchNormalization(gamma_initializer="random_normal",
+                                              beta_initializer="random_normal")
+        ref.build(xs.shape)
+        ref_init = ref.get_weights()
+        want_y, want_g = out_and_grad(ref, xs, cs, masking)
+        for mode in ("eager", "tf.function"):
+            layer = hvd.SyncBatchNormalization(gamma_initializer="random_normal",
+                                               beta_initializer="random_normal")
+            layer.build(xs.shape)
+            layer.set_weights(ref_init)
+            fn = out_and_grad if mode == "eager" else tf.function(out_and_grad)
+            sl = slice(start, start + rows[R])
+            y, g = fn(layer, xs[sl], cs[sl], masking)
+            expect_close(y, want_y[sl], f"{what} {mode}: output", rtol=1e-4, atol=1e-4)
+            expect_close(g, want_g[sl], f"{what} {mode}: input gradient", rtol=1e-4, atol=1e-4)
+            if not masking:
+                expect_close(layer.moving_mean.numpy(), 0.01 * np.mean(xg, axis=(0, 1, 2)),
+                             f"{mode}: moving mean", rtol=1e-4, atol=1e-5)
+                expect_close(layer.moving_variance.numpy(),
+                             0.99 + 0.01 * np.var(xg.astype(np.float64), axis=(0, 1, 2)),
+                             f"{mode}: moving variance", rtol=1e-4, atol=1e-5)
+
+    # A custom training loop on uneven batches.
+    steps, lr = 3, 0.1
+    x = rng.normal(size=(steps, total, 4, 4, 2)).astype(np.float32)
+    y = rng.normal(size=(steps, total, 2)).astype(np.float32)
+    model = make_bn_model(900 + R, hvd.SyncBatchNormalization)
+    init = root_weights(model)
+    model.set_weights(init)
+    opt = keras.optimizers.SGD(lr, momentum=0.9)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((model(xb, training=True) - yb) ** 2) / total
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    for t in range(steps):
+        step(x[t, start:start + rows[R]], y[t, start:start + rows[R]])
+    ref = make_bn_model(1, keras.layers.BatchNormalization)
+    ref.set_weights(init)
+    ref_opt = keras.optimizers.SGD(lr, momentum=0.9)
+    for t in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((ref(x[t], training=True) - y[t]) ** 2) / total
+        ref_opt.apply_gradients(zip(tape.gradient(loss, ref.trainable_variables),
+                                    ref.trainable_variables))
+    for i, (a, b) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(a, b, f"custom loop: weight {i}", rtol=1e-4, atol=1e-5)
+    weights_equal_everywhere(model.get_weights(), "SyncBatchNormalization custom loop")
+
+    # An empty global batch is an error on every rank, and hvdlite stays usable.
+    if N > 1:
+        layer = hvd.SyncBatchNormalization()
+        for mode, call in (("eager", layer), ("tf.function", tf.function(layer))):
+            try:
+                call(tf.zeros((0, 3)), training=True)
+                FAILURES.append(f"{mode}: an empty global batch did not raise")
+            except tf.errors.InvalidArgumentError as e:
+                expect("global batch is empty" in str(e), f"{mode}: message {str(e)[:300]}")
+        got = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+        expect(float(got[0]) == N, f"allreduce after the error gave {got}")
+
+
+@check
+def sync_batch_normalization_fit_matches_global_batch():
+    """model.fit with DistributedOptimizer and hvd.SyncBatchNormalization layers equals
+    one process with keras.layers.BatchNormalization on the global batch, moving
+    statistics included; the model saves and loads with the layer."""
+    steps = 3
+    rng = np.random.default_rng(7)
+    x = (rng.normal(size=(steps * B * N, 4, 4, 2)) + 1).astype(np.float32)
+    y = rng.normal(size=(steps * B * N, 2)).astype(np.float32)
+    model, ref = fit_against_single_process(
+        lambda seed: make_bn_model(seed, hvdk.SyncBatchNormalization),
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9), x, y, seed=1000,
+        build_reference=lambda seed: make_bn_model(seed, keras.layers.BatchNormalization))
+    for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(g, r, f"fit weight {i} vs single process", rtol=1e-4, atol=1e-5)
+    for i, (g, r) in enumerate(zip(bn_statistics(model), bn_statistics(ref))):
+        expect_close(g, r, f"fit moving statistic {i}", rtol=1e-4, atol=1e-5)
+    weights_equal_everywhere(model.get_weights(), "SyncBatchNormalization fit")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+    kinds = [type(layer).__name__ for layer in loaded.layers]
+    expect(kinds.count("SyncBatchNormalization") == 2, f"loaded layers {kinds}")
+    expect_close(loaded.predict(x[:B], verbose=0), model.predict(x[:B], verbose=0),
+                 "loaded model's inference", rtol=1e-6, atol=1e-6)

@@ -40,6 +40,7 @@ from hvdlite.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback
                                                 MetricAverageCallback,
                                                 LearningRateScheduleCallback,
                                                 LearningRateWarmupCallback)
+from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hvdlite.tensorflow.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
                                                 wrap_in_place as _wrap_in_place)
 
@@ -104,5 +105,5 @@ __all__ = [
     "broadcast_object", "allgather_object", "broadcast_variables",
     "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-    "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+    "LearningRateScheduleCallback", "LearningRateWarmupCallback", "SyncBatchNormalization",
 ]
