@@ -15,6 +15,9 @@ each in fresh processes with one TensorFlow intra-op and one inter-op thread:
 * ``hvdlite``: 2 ranks started by ``hvdlite-run`` (``python -m hvdlite.runner``; plain
   ``mpirun`` if that is missing): ``hvd.DistributedGradientTape`` in the custom loop,
   ``hvd.DistributedOptimizer`` with ``model.fit``;
+* ``independent``: 2 ``single_tuned`` processes at once, each on its own batch, with no
+  communication: the ceiling of what 2 ranks sharing this machine can reach (they start
+  each timed run together; their throughputs add up);
 * ``mwms``: TensorFlow's own ``tf.distribute.MultiWorkerMirroredStrategy`` on 2 worker
   processes joined over loopback (``TF_CONFIG`` with localhost ports), ring collectives.
 
@@ -65,7 +68,7 @@ EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.p
 BATCH = {"mlp": 64, "resnet": 32}
 TARGET = {"mlp": 0.75, "resnet": 0.95}
 PARAMS = {"mlp": 9_557_110, "resnet": 2_777_674}
-MODES = ("single", "hvdlite", "single_tuned", "mwms")  # the two compared most, back to back
+MODES = ("single", "hvdlite", "single_tuned", "independent", "mwms")  # the two compared most, back to back
 # What hvdlite's engine sets with mallopt() at init (TuneHostAllocator in engine.cc).
 HVDLITE_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
                       "MALLOC_TOP_PAD_": str(64 << 20)}
@@ -220,6 +223,7 @@ def worker(args: argparse.Namespace) -> None:
                     opt = hvdk.DistributedOptimizer(opt)
                 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             x, y = batch(name, BATCH[name], seed=rank)
+            start_together(args.start_dir, f"{name}_{api}")
             marks = StepMarks()
             if api == "loop":
                 step = make_loop_step(tf, model, opt, loss_fn, mode, strategy, hvd)
@@ -245,6 +249,17 @@ def worker(args: argparse.Namespace) -> None:
                   / timed_steps})
     if hvd is not None:
         hvd.shutdown()
+
+
+def start_together(start_dir: str, label: str) -> None:
+    """Independent processes (no MPI between them) wait here for each other: each leaves
+    a file in ``start_dir`` and waits until every process has."""
+    if not start_dir:
+        return
+    n = int(os.environ["HVDLITE_BENCH_PROCESSES"])
+    Path(start_dir, f"{label}.{os.environ['HVDLITE_BENCH_INDEX']}").touch()
+    while len(list(Path(start_dir).glob(f"{label}.*"))) < n:
+        time.sleep(0.005)
 
 
 def _patch_keras_for_mwms(tf: Any, model: Any, strategy: Any, x: Any, y: Any) -> None:
@@ -331,13 +346,19 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    if mode == "single_tuned":
+    if mode in ("single_tuned", "independent"):
         env.update(HVDLITE_MALLOC_ENV)
         cmd_tail = [sys.executable] + worker_args(args, "single", "")
     else:
         cmd_tail = [sys.executable] + worker_args(args, mode, verify_dir)
     if mode in ("single", "single_tuned"):
         procs = [subprocess.Popen(cmd_tail, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    elif mode == "independent":
+        start_dir = tempfile.mkdtemp(prefix="hvdlite_bench_start_")
+        procs = [subprocess.Popen(cmd_tail + ["--start-dir", start_dir],
+                                  env=dict(env, HVDLITE_BENCH_PROCESSES=str(args.ranks), HVDLITE_BENCH_INDEX=str(i)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(args.ranks)]
     elif mode == "hvdlite":
         procs = [subprocess.Popen(launcher(args.ranks) + cmd_tail, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)]
@@ -361,6 +382,14 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
     for rc, o, e in outs:
         if rc != 0:
             sys.exit(f"{mode} failed ({rc}):\n{o[-3000:]}\n{e[-5000:]}")
+    if mode == "independent":
+        # Each process reports as a single one; window k of all of them ran at once.
+        per_process = [parse_results(o) for _, o, _ in outs]
+        merged = []
+        for recs in zip(*per_process):
+            merged.append(dict(recs[0], ranks=len(recs),
+                               times=[max(ts) for ts in zip(*(r["times"] for r in recs))]))
+        return merged
     return parse_results(outs[0][1])
 
 
@@ -393,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", default="")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--verify", default="", help=argparse.SUPPRESS)
+    p.add_argument("--start-dir", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.apis = [a for a in args.apis.split(",") if a]
@@ -438,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     head = (f"{'model':7} {'api':5} {'single/s':>9} {'tuned/s':>8} {'hvdlite/s':>10} {'MWMS/s':>9} "
-            f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'vs tuned':>9} {'eff MWMS':>9} {'target':>7}")
+            f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'vs tuned':>9} {'ceiling':>8} {'of ceiling':>11} "
+            f"{'eff MWMS':>9} {'target':>7}")
     print(head)
     print("-" * len(head))
     table = []
@@ -447,11 +478,14 @@ def main(argv: list[str] | None = None) -> int:
             med = {m: statistics.median(collected[(model, api, m)]) for m in modes
                    if (model, api, m) in collected}
             s, h, w = med.get("single"), med.get("hvdlite"), med.get("mwms")
-            st = med.get("single_tuned")
+            st, ind = med.get("single_tuned"), med.get("independent")
             row = {"model": model, "api": api, "single": s, "single_tuned": st, "hvdlite": h, "mwms": w,
                    "hvdlite_over_mwms": h / w if h and w else None,
                    "efficiency_hvdlite": h / (args.ranks * s) if h and s else None,
                    "efficiency_hvdlite_vs_tuned_single": h / (args.ranks * st) if h and st else None,
+                   "independent": ind,
+                   "ceiling_efficiency": ind / (args.ranks * s) if ind and s else None,
+                   "hvdlite_over_independent": h / ind if h and ind else None,
                    "efficiency_mwms": w / (args.ranks * s) if w and s else None,
                    "target": TARGET[model]}
             table.append(row)
@@ -461,12 +495,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model:7} {api:5} {fmt(s, '9.1f')} {fmt(st, '8.1f')} {fmt(h, '10.1f')} {fmt(w, '9.1f')} "
                   f"{fmt(row['hvdlite_over_mwms'], '13.3f')} {fmt(row['efficiency_hvdlite'], '12.3f')} "
                   f"{fmt(row['efficiency_hvdlite_vs_tuned_single'], '9.3f')} "
+                  f"{fmt(row['ceiling_efficiency'], '8.3f')} {fmt(row['hvdlite_over_independent'], '11.3f')} "
                   f"{fmt(row['efficiency_mwms'], '9.3f')} {TARGET[model]:7.2f}")
             print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} windows of "
           f"{args.steps} steps; 1 intra-op + 1 inter-op thread per process; "
           f"efficiency = {args.ranks}-rank / ({args.ranks} x single); 'vs tuned': against single_tuned, "
-          f"the single process with hvdlite's malloc settings)")
+          f"the single process with hvdlite's malloc settings; 'ceiling': {args.ranks} of those at once with "
+          f"no communication, as an efficiency; 'of ceiling': hvdlite / that)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"summary": table}, indent=1))
     return 0
