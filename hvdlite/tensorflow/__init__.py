@@ -44,6 +44,7 @@ from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_object,
                                           broadcast_object_fn, allgather_object)
 from hvdlite.tensorflow.gradients import (DistributedGradientTape, PartialDistributedGradientTape,
                                           allreduce_gradients)
+from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):
@@ -57,14 +58,6 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         raise NotImplementedError("hvdlite wraps Keras 3 optimizers only; for other training "
                                   "loops use hvd.DistributedGradientTape")
     return _keras_distributed(optimizer, *args, **kwargs)
-
-
-def __getattr__(name: str):
-    # Imported on first use: it subclasses a Keras layer, and importing Keras takes time.
-    if name == "SyncBatchNormalization":
-        from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
-        return SyncBatchNormalization
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
