@@ -40,8 +40,8 @@ from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
                                         broadcast, broadcast_, alltoall, reducescatter,
                                         grouped_reducescatter, barrier, join,
                                         size_op, rank_op, local_size_op, local_rank_op)
-from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_object,
-                                          broadcast_object_fn, allgather_object)
+from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_global_variables,
+                                          broadcast_object, broadcast_object_fn, allgather_object)
 from hvdlite.tensorflow.gradients import (DistributedGradientTape, PartialDistributedGradientTape,
                                           allreduce_gradients)
 from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
@@ -72,7 +72,7 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
     "size_op", "rank_op", "local_size_op", "local_rank_op",
-    "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
     "allreduce_gradients", "SyncBatchNormalization",
 ]

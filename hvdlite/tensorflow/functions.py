@@ -40,6 +40,19 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     return tf.group(*new)
 
 
+def broadcast_global_variables(root_rank: int) -> None:
+    """Horovod's TensorFlow 1 call. TensorFlow 2 keeps no collection of global variables
+    to broadcast, so (as Horovod does under eager execution) this raises
+    ``RuntimeError`` naming what to use instead: :func:`broadcast_variables` on the
+    model's and the optimizer's variables, or, with Keras,
+    ``hvd.callbacks.BroadcastGlobalVariablesCallback``."""
+    raise RuntimeError(
+        f"hvd.broadcast_global_variables({root_rank!r}): TensorFlow 2 has no global variable "
+        "collection to broadcast; call hvd.broadcast_variables(model.variables, root_rank) and "
+        "hvd.broadcast_variables(optimizer.variables, root_rank) instead, or, with model.fit, "
+        "use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
+
+
 def _broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
     """Broadcast a byte string from root (two requests: the length, then the bytes)."""
     is_root = _basics.rank() == root_rank

@@ -46,6 +46,8 @@ CHECKS = [
     "mixed_float16_fit_skips_a_non_finite_step_on_every_rank",
     "fit_sparse_embedding_gradients",
     "metric_average_callback_averages_logs",
+    "broadcast_callback_leaves_local_variables_alone",
+    "best_model_checkpoint_saves_the_best_epoch_on_rank_0",
     "warmup_callback_learning_rates_and_momentum_correction",
     "schedule_callback_rmsprop_momentum_correction",
     "schedule_callback_staircase",

@@ -168,6 +168,100 @@ def metric_average_callback_averages_logs():
 
 
 @check
+def broadcast_callback_leaves_local_variables_alone():
+    """BroadcastGlobalVariablesCallback(local_variables=...) and register_local_var: the
+    other variables take rank 0's values, the local ones keep each rank's own; bad
+    input is refused; broadcast_global_variables names what to use in TensorFlow 2."""
+    model = make_model(700 + R)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    first_kernel, second_kernel = model.layers[0].kernel, model.layers[1].kernel
+    own = [np.array(v) for v in model.get_weights()]
+    cb = hvdk.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=first_kernel)
+    cb.register_local_var(second_kernel.value)  # the tf.Variable under the Keras one
+    cb.set_model(model)
+    cb.on_train_begin()
+    expect(cb.broadcast_done, "the callback did not broadcast a built model at train begin")
+    root = hvd.broadcast_object(own, root_rank=0)
+    local = {id(first_kernel), id(second_kernel)}
+    for i, (v, mine, root_w) in enumerate(zip(model.weights, own, root)):
+        want = mine if id(v) in local else root_w
+        expect_close(np.array(v), want, f"weight {i} ({v.path}) after the broadcast")
+    if R > 0:
+        expect(not np.allclose(own[0], root[0]), "the ranks' kernels should differ to begin with")
+    for bad in ([np.zeros(3)], ["kernel"]):
+        try:
+            hvdk.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=bad)
+            FAILURES.append(f"local_variables={bad!r} was accepted")
+        except ValueError as e:
+            expect("tf.Variable or keras.Variable" in str(e), f"local_variables error: {e}")
+    for module in (hvd, hvdk):
+        try:
+            module.broadcast_global_variables(0)
+            FAILURES.append(f"{module.__name__}.broadcast_global_variables did not raise")
+        except RuntimeError as e:
+            expect("broadcast_variables" in str(e) and "BroadcastGlobalVariablesCallback" in str(e),
+                   f"broadcast_global_variables message: {e}")
+    expect_close(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum), [float(N)], "allreduce afterwards")
+
+
+class _WeightsProbe(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.weights, self.logs = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append([np.array(w) for w in self.model.get_weights()])
+        self.logs.append(dict(logs or {}))
+
+
+@check
+def best_model_checkpoint_saves_the_best_epoch_on_rank_0():
+    """BestModelCheckpoint (Horovod's name, monitor first): rank 0 alone writes, and the
+    file holds the weights of the epoch with the best (rank-averaged) val_loss; a
+    missing or wrongly suffixed path fails on every rank before training."""
+    epochs = 6
+    x, y = global_data(2, seed=7)
+    xv, yv = global_data(1, seed=8)
+    model = make_model(800 + R)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.6, momentum=0.9)),
+                  loss="mse")
+    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdlite_best_") if R == 0 else None,
+                                  root_rank=0)
+    path = os.path.join(folder, f"best_rank{R}.keras")
+    probe = _WeightsProbe()
+    best = hvdk.callbacks.BestModelCheckpoint("val_loss", filepath=path)
+    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=epochs, shuffle=False,
+              verbose=0, validation_data=(local_slice(xv), local_slice(yv)),
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvdk.callbacks.MetricAverageCallback(), best, probe])
+    hvd.barrier()
+    written = sorted(f for f in os.listdir(folder))
+    expect(written == ["best_rank0.keras"], f"files written: {written}")
+    losses = [logs["val_loss"] for logs in probe.logs]
+    everyone = hvd.allgather_object(losses)
+    expect(all(np.allclose(l, losses) for l in everyone), "averaged val_loss differs between ranks")
+    if R == 0:
+        saved = keras.models.load_model(path).get_weights()
+        at = int(np.argmin(losses))
+        for i, (a, b) in enumerate(zip(saved, probe.weights[at])):
+            expect_close(a, b, f"saved weight {i} vs epoch {at + 1} of {losses}")
+        expect(best.best is not None and abs(float(best.best) - losses[at]) < 1e-9,
+               f"best {best.best} vs {losses[at]}")
+    for later_path, message in ((None, "no file path"),
+                                (os.path.join(folder, "w.keras"), ".weights.h5")):
+        # Keras checks a path given up front; this one is set after construction.
+        cb = hvdk.callbacks.BestModelCheckpoint(save_weights_only=True)
+        cb.filepath = later_path
+        try:
+            model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=1, verbose=0, callbacks=[cb])
+            FAILURES.append(f"BestModelCheckpoint with filepath {later_path!r} did not fail")
+        except ValueError as e:
+            expect(message in str(e), f"BestModelCheckpoint error: {e}")
+    model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=1, verbose=0)  # still usable
+    weights_equal_everywhere(model.get_weights(), "after the failed fits")
+
+
+@check
 def warmup_callback_learning_rates_and_momentum_correction():
     """LearningRateWarmupCallback: the rate before every batch follows Horovod's formula,
     and SGD with momentum (corrected) gives the weights of a hand-written reference."""

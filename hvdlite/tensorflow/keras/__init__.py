@@ -32,14 +32,17 @@ from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, l
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.compression import Compression, Compressor
-from hvdlite.tensorflow.functions import broadcast_object, allgather_object, broadcast_variables
+from hvdlite.common.process_sets import ProcessSet, add_process_set, remove_process_set
+from hvdlite.tensorflow.functions import (broadcast_object, allgather_object, broadcast_variables,
+                                          broadcast_global_variables)
 from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
                                         global_process_set)
 from hvdlite.tensorflow.keras import callbacks
 from hvdlite.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                 MetricAverageCallback,
                                                 LearningRateScheduleCallback,
-                                                LearningRateWarmupCallback)
+                                                LearningRateWarmupCallback,
+                                                BestModelCheckpoint)
 from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hvdlite.tensorflow.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
                                                 wrap_in_place as _wrap_in_place)
@@ -101,9 +104,11 @@ __all__ = [
     "rocm_built", "start_timeline", "stop_timeline",
     "HvdliteError", "HorovodInternalError", "NotInitializedError",
     "Compression", "Compressor", "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "global_process_set", "allreduce", "allgather", "broadcast", "reducescatter",
-    "broadcast_object", "allgather_object", "broadcast_variables",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "allreduce", "allgather", "broadcast", "reducescatter",
+    "broadcast_object", "allgather_object", "broadcast_variables", "broadcast_global_variables",
     "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-    "LearningRateScheduleCallback", "LearningRateWarmupCallback", "SyncBatchNormalization",
+    "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint",
+    "SyncBatchNormalization",
 ]

@@ -1,15 +1,22 @@
 """Keras 3 callbacks for data-parallel training, with Horovod's names and meanings."""
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.functions import broadcast_variables
+from hvdlite.tensorflow.gradients import LocalVariables
+
+
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, (tf.Variable, keras.Variable))
 
 
 def _optimizer_variables(optimizer: Any) -> list[Any]:
@@ -27,21 +34,40 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     first step runs from identical state everywhere). A model that is not yet built at
     that point is broadcast as soon as it is, at the latest after the first batch (where
     Horovod always does it).
-    ``device`` is accepted for compatibility.
+    ``local_variables`` (a variable or a list of them), and variables passed to
+    ``register_local_var`` later, are model variables that keep each rank's own value:
+    they are left out of the broadcast (the optimizer's variables are all broadcast, as
+    in Horovod). ``device`` is accepted for compatibility.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "",
+                 local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = int(root_rank)
         self.device = device
         self.broadcast_done = False
+        self.local_variables = LocalVariables()
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave the model variable ``var`` out of the broadcast."""
+        if not _is_variable(var):
+            raise ValueError("BroadcastGlobalVariablesCallback: local variables must be "
+                             f"tf.Variable or keras.Variable objects, got {type(var).__name__}")
+        self.local_variables.add(var)
 
     def _broadcast(self) -> None:
         model = self.model
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and not optimizer.built and model.trainable_variables:
             optimizer.build(model.trainable_variables)
-        broadcast_variables(model.variables, root_rank=self.root_rank)
+        shared = [v for v in model.variables if v not in self.local_variables]
+        broadcast_variables(shared, root_rank=self.root_rank)
         broadcast_variables(_optimizer_variables(optimizer), root_rank=self.root_rank)
         self.broadcast_done = True
 
@@ -219,5 +245,48 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                   f"{_get_value(self.model.optimizer.learning_rate):g}.")
 
 
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's ``BestModelCheckpoint``: a ``keras.callbacks.ModelCheckpoint`` that saves
+    only when ``monitor`` improves (``save_best_only=True``), with Horovod's argument
+    order (``monitor`` first).
+
+    hvdlite additions: only rank 0 writes the file (every rank may add the callback, and
+    no two ranks write the same path), and ``filepath`` may be given here. Horovod
+    leaves the path to be set later (its Spark estimator does that); a callback still
+    without one when training starts raises ``ValueError``. Put
+    :class:`MetricAverageCallback` before it to compare metrics averaged over ranks
+    rather than rank 0's own.
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0,
+                 save_weights_only: bool = False, mode: str = "auto",
+                 save_freq: Any = "epoch", filepath: Any = None,
+                 initial_value_threshold: float | None = None) -> None:
+        # Keras checks the path's suffix here; a path set later is checked at the start
+        # of training.
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(placeholder if filepath is None else filepath, monitor=monitor,
+                         verbose=verbose, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq,
+                         initial_value_threshold=initial_value_threshold)
+        if filepath is None:
+            self.filepath = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self.filepath is None:
+            raise ValueError("BestModelCheckpoint has no file path: pass filepath=... or set "
+                             "its .filepath before training")
+        self.filepath = os.fspath(self.filepath)
+        suffixes = (".weights.h5",) if self.save_weights_only else (".keras", ".h5")
+        if not self.filepath.endswith(suffixes):
+            raise ValueError(f"BestModelCheckpoint: the file path must end in {' or '.join(suffixes)} "
+                             f"(save_weights_only={self.save_weights_only}), got {self.filepath!r}")
+        super().on_train_begin(logs)
+
+    def _save_model(self, epoch: int, batch: int | None, logs: dict | None) -> None:
+        if _basics.rank() == 0:
+            super()._save_model(epoch, batch, logs)
+
+
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
