@@ -72,7 +72,8 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
     "size_op", "rank_op", "local_size_op", "local_rank_op",
-    "broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object",
+    "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
     "allreduce_gradients", "SyncBatchNormalization",
 ]

@@ -50,7 +50,7 @@ def broadcast_global_variables(root_rank: int) -> None:
         f"hvd.broadcast_global_variables({root_rank!r}): TensorFlow 2 has no global variable "
         "collection to broadcast; call hvd.broadcast_variables(model.variables, root_rank) and "
         "hvd.broadcast_variables(optimizer.variables, root_rank) instead, or, with model.fit, "
-        "use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
+        "use hvdlite.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
 
 
 def _broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
