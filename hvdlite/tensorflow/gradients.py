@@ -200,6 +200,12 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
     return result
 
 
+def is_variable(value: Any) -> bool:
+    """True for a ``tf.Variable`` or a Keras 3 variable."""
+    import keras  # TensorFlow 2.21 brings Keras 3
+    return isinstance(value, (tf.Variable, keras.Variable))
+
+
 def _variable_keys(variable: Any) -> list[int]:
     """Identities under which a registered local variable is recognised: the object
     itself and, for a Keras 3 variable, the ``tf.Variable`` it wraps."""

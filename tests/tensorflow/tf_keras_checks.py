@@ -5,6 +5,7 @@ Keras/TensorFlow and no hvdlite."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import keras
@@ -134,13 +135,18 @@ def fit_sparse_embedding_gradients():
 
 
 class _LogProbe(keras.callbacks.Callback):
+    """Records the logs and the weights at the end of every epoch, and the learning
+    rate before every batch."""
+
     def __init__(self):
         super().__init__()
         self.epoch_logs = []
+        self.epoch_weights = []
         self.batch_lr = []
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_logs.append(dict(logs or {}))
+        self.epoch_weights.append([np.array(w) for w in self.model.get_weights()])
 
     def on_train_batch_begin(self, batch, logs=None):
         self.batch_lr.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
@@ -204,16 +210,6 @@ def broadcast_callback_leaves_local_variables_alone():
     expect_close(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum), [float(N)], "allreduce afterwards")
 
 
-class _WeightsProbe(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.weights, self.logs = [], []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.weights.append([np.array(w) for w in self.model.get_weights()])
-        self.logs.append(dict(logs or {}))
-
-
 @check
 def best_model_checkpoint_saves_the_best_epoch_on_rank_0():
     """BestModelCheckpoint (Horovod's name, monitor first): rank 0 alone writes, and the
@@ -228,22 +224,22 @@ def best_model_checkpoint_saves_the_best_epoch_on_rank_0():
     folder = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdlite_best_") if R == 0 else None,
                                   root_rank=0)
     path = os.path.join(folder, f"best_rank{R}.keras")
-    probe = _WeightsProbe()
+    probe = _LogProbe()
     best = hvdk.callbacks.BestModelCheckpoint("val_loss", filepath=path)
     model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=epochs, shuffle=False,
               verbose=0, validation_data=(local_slice(xv), local_slice(yv)),
               callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
                          hvdk.callbacks.MetricAverageCallback(), best, probe])
     hvd.barrier()
-    written = sorted(f for f in os.listdir(folder))
+    written = sorted(os.listdir(folder))
     expect(written == ["best_rank0.keras"], f"files written: {written}")
-    losses = [logs["val_loss"] for logs in probe.logs]
+    losses = [logs["val_loss"] for logs in probe.epoch_logs]
     everyone = hvd.allgather_object(losses)
     expect(all(np.allclose(l, losses) for l in everyone), "averaged val_loss differs between ranks")
     if R == 0:
         saved = keras.models.load_model(path).get_weights()
         at = int(np.argmin(losses))
-        for i, (a, b) in enumerate(zip(saved, probe.weights[at])):
+        for i, (a, b) in enumerate(zip(saved, probe.epoch_weights[at])):
             expect_close(a, b, f"saved weight {i} vs epoch {at + 1} of {losses}")
         expect(best.best is not None and abs(float(best.best) - losses[at]) < 1e-9,
                f"best {best.best} vs {losses[at]}")
@@ -259,6 +255,9 @@ def best_model_checkpoint_saves_the_best_epoch_on_rank_0():
             expect(message in str(e), f"BestModelCheckpoint error: {e}")
     model.fit(local_slice(x), local_slice(y), batch_size=B, epochs=1, verbose=0)  # still usable
     weights_equal_everywhere(model.get_weights(), "after the failed fits")
+    hvd.barrier()
+    if R == 0:
+        shutil.rmtree(folder)
 
 
 @check

@@ -6,17 +6,12 @@ from typing import Any, Callable
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.functions import broadcast_variables
-from hvdlite.tensorflow.gradients import LocalVariables
-
-
-def _is_variable(value: Any) -> bool:
-    return isinstance(value, (tf.Variable, keras.Variable))
+from hvdlite.tensorflow.gradients import LocalVariables, is_variable
 
 
 def _optimizer_variables(optimizer: Any) -> list[Any]:
@@ -49,14 +44,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.local_variables = LocalVariables()
         if local_variables is None:
             local_variables = []
-        elif _is_variable(local_variables):
+        elif is_variable(local_variables):
             local_variables = [local_variables]
         for var in local_variables:
             self.register_local_var(var)
 
     def register_local_var(self, var: Any) -> None:
         """Leave the model variable ``var`` out of the broadcast."""
-        if not _is_variable(var):
+        if not is_variable(var):
             raise ValueError("BroadcastGlobalVariablesCallback: local variables must be "
                              f"tf.Variable or keras.Variable objects, got {type(var).__name__}")
         self.local_variables.add(var)

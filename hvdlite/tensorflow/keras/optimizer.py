@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from hvdlite.tensorflow.compression import Compression, Compressor
-from hvdlite.tensorflow.gradients import (LocalVariables, check_reduction_options,
+from hvdlite.tensorflow.gradients import (LocalVariables, check_reduction_options, is_variable,
                                           reduce_gradients_except_local,
                                           trainable_weights_of_layers)
 from hvdlite.common import basics as _basics
@@ -273,7 +273,7 @@ def _holds_variables(value: Any) -> bool:
         return any(_holds_variables(v) for v in value)
     if isinstance(value, dict):
         return any(_holds_variables(v) for v in value.values())
-    return isinstance(value, (keras.Variable, tf.Variable))
+    return is_variable(value)
 
 
 def _copy_unconfigured_state(source: Any, target: Any) -> None:
