@@ -169,6 +169,54 @@ def test_parse_args_command_keeps_its_flags() -> None:
     assert config is not None and config.mpi_args == ["--tag-output", "-x", "FOO"]
 
 
+def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
+    key = tmp_path / "id_rsa"
+    _, config = parse_args([
+        "-np", "2", "-hostfile", str(_write(tmp_path / "hosts", "localhost slots=2\n")),
+        "--timeline-mark-cycles", "--stall-check-warning-time-seconds", "20",
+        "--stall-check-shutdown-time-seconds", "50", "-p", "2222", "-i", str(key),
+        "--network-interface", "eth1", "--network-interfaces", "ib0,eth1", "--tcp",
+        "--binding-args", "--bind-to socket --map-by ppr:1:socket",
+        "--output-filename", "logs", "-prefix-timestamp", "--mpi", "--start-timeout", "60",
+        "--disable-cache", "python", "t.py",
+    ])
+    assert config is not None
+    argv, env = _build(config, {"PATH": "/usr/bin", "HOROVOD_STALL_CHECK_DISABLE": "1"})
+    pairs = _pairs(argv)
+    assert ("--hostfile", str(tmp_path / "hosts")) in pairs
+    assert ("plm_ssh_args", f"-p 2222 -i {key}") in pairs
+    assert ("btl_tcp_if_include", "eth1,ib0") in pairs and env["NCCL_SOCKET_IFNAME"] == "eth1,ib0"
+    assert ("pml", "ob1") in pairs and ("btl", "self,tcp") in pairs
+    # The user's binding replaces the default one.
+    assert ("--bind-to", "socket") in pairs and ("--map-by", "ppr:1:socket") in pairs
+    assert argv.count("--bind-to") == 1
+    assert ("--output", f"dir={os.path.abspath('logs')},timestamp") in pairs
+    assert env["HVDLITE_TIMELINE_MARK_CYCLES"] == "1"
+    assert env["HVDLITE_STALL_CHECK_TIME_SECONDS"] == "20"
+    assert env["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] == "50"
+    assert "HVDLITE_STALL_CHECK_DISABLE" not in env
+    assert {"HVDLITE_TIMELINE_MARK_CYCLES", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS",
+            "NCCL_SOCKET_IFNAME", "HOROVOD_STALL_CHECK_DISABLE"} <= _forwarded(argv)
+    assert argv[-2:] == ["python", "t.py"]
+    # --no-stall-check; Open MPI 4 spells the output options differently.
+    _, config = parse_args(["-np", "1", "--no-stall-check", "--output-filename", "o",
+                            "--prefix-output-with-timestamp", "true"])
+    assert config is not None
+    argv, env = _build(config, ompi_major=4)
+    assert env["HVDLITE_STALL_CHECK_DISABLE"] == "1"
+    assert ("--output-filename", os.path.abspath("o")) in _pairs(argv)
+    assert "--timestamp-output" in argv and "--output" not in argv
+    # ssh options given both ways are refused.
+    with pytest.raises(LaunchError, match="ssh options given twice"):
+        _build(LaunchConfig(num_proc=1, command=["true"], ssh_port=22,
+                            mpi_args=["--mca", "plm_ssh_args", "-p 23"]))
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def test_find_mpirun_order(tmp_path: Path) -> None:
     fake = tmp_path / "my-mpirun"
     fake.write_text("#!/bin/sh\nexit 0\n")
@@ -265,6 +313,42 @@ def test_tuning_flags_reach_ranks(tmp_path: Path) -> None:
     assert rows == [["0", *expected], ["1", *expected]]
 
 
+def test_horovodrun_options_run_a_job(tmp_path: Path) -> None:
+    """A horovodrun command line, run as it is: TCP only on the loopback interface,
+    output files with timestamps, a timeline with cycle marks, stall options."""
+    script = ("import os, numpy as np, hvdlite as hvd\n"
+              "hvd.init()\n"
+              "s = hvd.allreduce(np.full(1000, hvd.rank() + 1.0), op=hvd.Sum)\n"
+              "keys = ['HVDLITE_STALL_CHECK_TIME_SECONDS', 'HVDLITE_STALL_SHUTDOWN_TIME_SECONDS']\n"
+              "print('sum', hvd.rank(), s[0], s[-1], *[os.environ[k] for k in keys], flush=True)\n")
+    out, timeline = tmp_path / "out", tmp_path / "tl.json"
+    proc = _hvdrun("-np", "2", "-H", "localhost:2", "--mpi", "--tcp", "--network-interface", "lo",
+                   "--output-filename", str(out), "-prefix-timestamp",
+                   "--timeline-filename", str(timeline), "--timeline-mark-cycles",
+                   "--stall-check-warning-time-seconds", "30",
+                   "--stall-check-shutdown-time-seconds", "90",
+                   "--binding-args", "--bind-to none", "--start-timeout", "30",
+                   "--disable-cache", sys.executable, "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(out.rglob("stdout"))
+    assert [f.parent.name for f in files] == ["rank.0", "rank.1"], files
+    for rank, f in enumerate(files):
+        line = next(l for l in f.read_text().splitlines() if "sum" in l)
+        assert line.startswith("[") and "]" in line, line  # the timestamp
+        assert line.split("sum", 1)[1].split() == [str(rank), "3.0", "3.0", "30", "90"], line
+    import json
+    events = json.loads(timeline.read_text())
+    assert any(e.get("name") == "CYCLE_START" for e in events)
+    assert any(e.get("name") == "MPI_ALLREDUCE" for e in events)
+
+
+def test_version_flag() -> None:
+    proc = _hvdrun("--version")
+    assert proc.returncode == 0, proc.stderr
+    import hvdlite
+    assert proc.stdout.strip() in (f"hvdlite {hvdlite.__version__}", "hvdlite unknown")
+
+
 def test_verbose_prints_command() -> None:
     proc = _hvdrun("--verbose", "-np", "2", "--cache-capacity", "7", sys.executable, "-c", "pass")
     assert proc.returncode == 0, proc.stderr
@@ -317,6 +401,14 @@ def test_check_build_imports_no_framework() -> None:
         (["-np", "2", "--hostfile", "/nonexistent/hosts", "true"], "hostfile"),
         (["-np", "2", "--log-level", "loud", "true"], "log level"),
         (["-np", "2", "--cycle-time-ms", "0", "true"], "> 0"),
+        # horovodrun options hvdlite-run does not implement say why.
+        (["-np", "2", "--gloo", "true"], "no Gloo controller"),
+        (["-np", "2", "--autotune", "true"], "no autotuner"),
+        (["-np", "2", "--min-np", "1", "true"], "elastic training is not implemented"),
+        (["-np", "2", "--hierarchical-allreduce", "true"], "no hierarchical allreduce"),
+        (["-np", "2", "--binding-args", "'", "true"], "--binding-args"),
+        (["-np", "2", "--network-interface", "eth0,", "true"], "empty interface"),
+        (["-np", "2", "-p", "0", "true"], "positive integer"),
     ],
 )
 def test_bad_usage_exits_2(args: list[str], message: str) -> None:

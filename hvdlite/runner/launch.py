@@ -6,6 +6,11 @@ Usage::
     hvdlite-run -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py
     hvdlite-run -np 8 --hostfile hosts.txt --timeline-filename /tmp/tl.json python train.py
     hvdlite-run --check-build
+    hvdlite-run -np 8 -H node1:4,node2:4 -p 2222 --network-interface eth0 python train.py
+
+horovodrun's options work with their horovodrun meaning; the ones for features
+hvdlite does not have (Gloo, elastic training, autotuning, ...) are usage errors
+that say so (:data:`UNSUPPORTED_HOROVODRUN_OPTIONS`).
 
 The launcher turns its flags into one ``mpirun`` command line and a set of
 environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
@@ -45,7 +50,7 @@ __all__ = [
 ]
 
 #: Prefixes of environment variables that are always forwarded to every rank.
-FORWARD_PREFIXES: tuple[str, ...] = ("HVDLITE_", "HOROVOD_")
+FORWARD_PREFIXES: tuple[str, ...] = ("HVDLITE_", "HOROVOD_", "NCCL_")
 #: Further environment variables forwarded to every rank when they are set.
 FORWARD_NAMES: tuple[str, ...] = (
     "PATH",
@@ -66,7 +71,46 @@ _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_CYCLE_TIME": "HOROVOD_CYCLE_TIME",
     "HVDLITE_CACHE_CAPACITY": "HOROVOD_CACHE_CAPACITY",
     "HVDLITE_STALL_CHECK_TIME_SECONDS": "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "HVDLITE_STALL_CHECK_DISABLE": "HOROVOD_STALL_CHECK_DISABLE",
+    "HVDLITE_TIMELINE_MARK_CYCLES": "HOROVOD_TIMELINE_MARK_CYCLES",
     "HVDLITE_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
+}
+
+_ELASTIC = "elastic training is not implemented in hvdlite"
+_AUTOTUNE = ("hvdlite has no autotuner; set --fusion-threshold-mb and --cycle-time-ms "
+             "yourself")
+#: horovodrun options that hvdlite-run does not implement: option -> (number of
+#: values it takes, why).  They are recognised so that a command line copied from
+#: horovodrun stops with the reason instead of argparse's "unrecognized arguments".
+UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
+    "--gloo": (0, "hvdlite runs on MPI only (there is no Gloo controller); drop --gloo"),
+    "--gloo-timeout-seconds": (1, "hvdlite runs on MPI only (there is no Gloo controller)"),
+    "--jsrun": (0, "hvdlite-run starts jobs with mpirun only; start them with jsrun yourself"),
+    "--config-file": (1, "hvdlite-run reads no config file; give the options on the "
+                         "command line"),
+    "--host-discovery-script": (1, _ELASTIC),
+    "--min-np": (1, _ELASTIC), "--min-num-proc": (1, _ELASTIC),
+    "--max-np": (1, _ELASTIC), "--max-num-proc": (1, _ELASTIC),
+    "--slots-per-host": (1, _ELASTIC),
+    "--elastic-timeout": (1, _ELASTIC),
+    "--reset-limit": (1, _ELASTIC),
+    "--blacklist-cooldown-range": (2, _ELASTIC),
+    "--hierarchical-allreduce": (0, "hvdlite has no hierarchical allreduce; MPI picks its "
+                                    "own algorithm"),
+    "--hierarchical-allgather": (0, "hvdlite has no hierarchical allgather; MPI picks its "
+                                    "own algorithm"),
+    "--autotune": (0, _AUTOTUNE),
+    "--autotune-log-file": (1, _AUTOTUNE),
+    "--autotune-warmup-samples": (1, _AUTOTUNE),
+    "--autotune-steps-per-sample": (1, _AUTOTUNE),
+    "--autotune-bayes-opt-max-samples": (1, _AUTOTUNE),
+    "--autotune-gaussian-process-noise": (1, _AUTOTUNE),
+    "--num-nccl-streams": (1, "hvdlite has no NCCL backend yet (GPU tensors go through "
+                              "host memory)"),
+    "--thread-affinity": (1, "hvdlite does not pin its background thread"),
+    "--mpi-threads-disable": (0, "hvdlite's engine and callers share MPI from two threads, "
+                                 "so it always asks MPI for thread support"),
 }
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
@@ -95,6 +139,17 @@ class LaunchConfig:
     log_level: str | None = None
     mpi_args: list[str] = dataclasses.field(default_factory=list)
     verbose: bool = False
+    # horovodrun's further options.
+    timeline_mark_cycles: bool = False
+    stall_shutdown_time: float | None = None
+    no_stall_check: bool = False
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    network_interfaces: list[str] = dataclasses.field(default_factory=list)
+    tcp: bool = False
+    binding_args: list[str] = dataclasses.field(default_factory=list)
+    output_filename: str | None = None
+    prefix_timestamp: bool = False
 
 
 # --------------------------------------------------------------------------- hosts
@@ -310,8 +365,36 @@ def build_mpirun_command(
 
     # Binding: ranks share cores with the engine's background thread and with
     # each other, so they must not be pinned one core each.
-    if not _has_option(user_args, "--bind-to", "-bind-to"):
+    if config.binding_args:
+        argv += list(config.binding_args)
+    elif not _has_option(user_args, "--bind-to", "-bind-to"):
         argv += ["--bind-to", "none"]
+
+    # horovodrun's transport and output options, spelled the way Horovod passes them on.
+    ssh_args = []
+    if config.ssh_port is not None:
+        ssh_args += ["-p", str(config.ssh_port)]
+    if config.ssh_identity_file is not None:
+        ssh_args += ["-i", os.path.abspath(config.ssh_identity_file)]
+    if ssh_args:
+        if any("plm_ssh_args" in a or "plm_rsh_args" in a for a in user_args):
+            raise LaunchError("ssh options given twice: by -p/-i and by plm_ssh_args in "
+                              "--mpi-args; keep one")
+        argv += ["--mca", "plm_ssh_args", shlex.join(ssh_args)]
+    if config.network_interfaces:
+        nics = ",".join(config.network_interfaces)
+        argv += ["--mca", "btl_tcp_if_include", nics]
+        env["NCCL_SOCKET_IFNAME"] = nics
+    if config.tcp:
+        argv += ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp"]
+    path = None if config.output_filename is None else os.path.abspath(config.output_filename)
+    if ompi_major is not None and ompi_major >= 5:  # one --output with its qualifiers
+        qualifiers = ([f"dir={path}"] if path else []) + (["timestamp"] if config.prefix_timestamp else [])
+        if qualifiers:
+            argv += ["--output", ",".join(qualifiers)]
+    else:
+        argv += (["--output-filename", path] if path else []) + (
+            ["--timestamp-output"] if config.prefix_timestamp else [])
 
     # Root.
     if is_root:
@@ -334,6 +417,12 @@ def build_mpirun_command(
         tunables["HVDLITE_CACHE_CAPACITY"] = str(config.cache_capacity)
     if config.stall_check_time is not None:
         tunables["HVDLITE_STALL_CHECK_TIME_SECONDS"] = _number_text(config.stall_check_time)
+    if config.stall_shutdown_time is not None:
+        tunables["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] = _number_text(config.stall_shutdown_time)
+    if config.no_stall_check:
+        tunables["HVDLITE_STALL_CHECK_DISABLE"] = "1"
+    if config.timeline_mark_cycles:
+        tunables["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
     if config.log_level is not None:
         tunables["HVDLITE_LOG_LEVEL"] = config.log_level.upper()
     for name, value in tunables.items():
@@ -425,7 +514,7 @@ def make_parser() -> argparse.ArgumentParser:
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
                        help="hosts and slots, e.g. node1:4,node2:4 (default: this machine)")
-    hosts.add_argument("--hostfile", dest="hostfile", metavar="FILE",
+    hosts.add_argument("-hostfile", "--hostfile", dest="hostfile", metavar="FILE",
                        help="file with one 'host slots=N' line per host")
     parser.add_argument("--timeline-filename", metavar="FILE",
                         help="write a Chrome/Perfetto timeline (HVDLITE_TIMELINE)")
@@ -444,11 +533,74 @@ def make_parser() -> argparse.ArgumentParser:
                         help="extra arguments for mpirun, as one quoted string")
     parser.add_argument("--verbose", action="store_true",
                         help="print the mpirun command before running it")
-    parser.add_argument("--check-build", action="store_true",
+    parser.add_argument("-cb", "--check-build", action="store_true",
                         help="show which frameworks, controllers and features are available")
+    parser.add_argument("-v", "--version", action="version", version=f"hvdlite {_version()}")
+
+    hr = parser.add_argument_group(
+        "horovodrun's options",
+        "accepted with horovodrun's meaning, so that its command lines work unchanged")
+    hr.add_argument("--timeline-mark-cycles", action="store_true",
+                    help="mark the engine's cycles on the timeline (HVDLITE_TIMELINE_MARK_CYCLES)")
+    hr.add_argument("--stall-check-warning-time-seconds", dest="stall_check_time",
+                    type=_non_negative_float, metavar="S", help="same as --stall-check-time")
+    hr.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_float,
+                    metavar="S", help="seconds after which a stalled job is shut down with an "
+                                      "error on every rank (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS)")
+    hr.add_argument("--no-stall-check", action="store_true",
+                    help="turn the stall warning and shutdown off (HVDLITE_STALL_CHECK_DISABLE)")
+    hr.add_argument("-p", "--ssh-port", type=_positive_int, metavar="PORT",
+                    help="ssh port of the remote hosts")
+    hr.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                    help="ssh private key for the remote hosts")
+    hr.add_argument("--network-interface", "--network-interfaces", dest="network_interfaces",
+                    action="append", metavar="NIC[,NIC...]",
+                    help="network interfaces MPI (and NCCL) may use, e.g. eth0; repeatable")
+    hr.add_argument("--tcp", action="store_true", help="communicate over TCP only")
+    hr.add_argument("--binding-args", metavar='"ARGS"',
+                    help="mpirun's process binding options, replacing --bind-to none")
+    hr.add_argument("--output-filename", metavar="DIR",
+                    help="write each rank's stdout and stderr under DIR (mpirun's --output dir=)")
+    hr.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
+                    dest="prefix_timestamp", action="store_true",
+                    help="prefix each line of output with a timestamp")
+    hr.add_argument("--mpi", action="store_true",
+                    help="use MPI (hvdlite's only controller, so always the case)")
+    hr.add_argument("--start-timeout", type=_positive_int, metavar="S",
+                    help="accepted and unused: hvdlite-run runs no start-up checks that "
+                         "could time out")
+    hr.add_argument("--disable-cache", action="store_true",
+                    help="accepted and unused: hvdlite-run keeps no cache of start-up checks")
+    for option, (nargs, why) in UNSUPPORTED_HOROVODRUN_OPTIONS.items():
+        hr.add_argument(option, nargs=nargs, action=_Unsupported, reason=why,
+                        help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program to run on every rank, with its arguments")
     return parser
+
+
+class _Unsupported(argparse.Action):
+    """A horovodrun option hvdlite-run does not implement: a usage error with the reason."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, reason: str = "",
+                 **kwargs: object) -> None:
+        super().__init__(option_strings, dest, **kwargs)  # type: ignore[arg-type]
+        self.reason = reason
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is a horovodrun option that hvdlite-run does not "
+                     f"support: {self.reason}")
+
+
+def _version() -> str:
+    """hvdlite's installed version, read without importing the compiled core."""
+    try:
+        from importlib.metadata import version
+
+        return version("hvdlite")
+    except Exception:  # not installed (run from a source tree)
+        return "unknown"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, LaunchConfig | None]:
@@ -473,6 +625,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         mpi_args = shlex.split(ns.mpi_args)
     except ValueError as exc:
         parser.error(f"--mpi-args: {exc}")
+    try:
+        binding_args = shlex.split(ns.binding_args or "")
+    except ValueError as exc:
+        parser.error(f"--binding-args: {exc}")
+    nics = [n.strip() for group in ns.network_interfaces or [] for n in group.split(",")]
+    if any(not n for n in nics):
+        parser.error("--network-interface: empty interface name")
     if ns.hosts:
         try:
             parse_hosts(ns.hosts)
@@ -496,6 +655,16 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         log_level=ns.log_level,
         mpi_args=mpi_args,
         verbose=ns.verbose,
+        timeline_mark_cycles=ns.timeline_mark_cycles,
+        stall_shutdown_time=ns.stall_check_shutdown_time_seconds,
+        no_stall_check=ns.no_stall_check,
+        ssh_port=ns.ssh_port,
+        ssh_identity_file=ns.ssh_identity_file,
+        network_interfaces=list(dict.fromkeys(nics)),
+        tcp=ns.tcp,
+        binding_args=binding_args,
+        output_filename=ns.output_filename,
+        prefix_timestamp=ns.prefix_timestamp,
     )
     return ns, config
 
