@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from hvdlite.common import basics as _basics
+from hvdlite.tensorflow.keras_backend import wrong_keras_backend
 from hvdlite.tensorflow.mpi_ops import Sum, allreduce
 
 
@@ -35,6 +36,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if (why := wrong_keras_backend("hvd.SyncBatchNormalization")) is not None:
+            raise RuntimeError(why)
         kwargs["synchronized"] = False
         super().__init__(*args, **kwargs)
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,7 @@ CHECKS = [
     "fit_with_distributed_optimizer_matches_single_process",
     "mixed_float16_fit_skips_a_non_finite_step_on_every_rank",
     "fit_sparse_embedding_gradients",
+    "horovod_keras_module_name_trains_the_same",
     "metric_average_callback_averages_logs",
     "broadcast_callback_leaves_local_variables_alone",
     "best_model_checkpoint_saves_the_best_epoch_on_rank_0",
@@ -105,3 +109,24 @@ def test_tf(run, check):
         if verdict != "ok":
             failures.append(f"rank {r}: {verdict}")
     assert not failures, f"{check} on {run['n']} ranks:\n" + "\n".join(failures)
+
+
+# Keras's backends other than TensorFlow: torch is the one installed with hvdlite[torch]
+# (the numpy backend needs jax to import).
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="Keras's torch backend needs torch (pip install hvdlite[torch])")
+@pytest.mark.parametrize("code, error", [
+    ("import hvdlite.tensorflow.keras", "ImportError"),
+    ("import hvdlite.keras", "ImportError"),
+    ("import hvdlite.tensorflow as hvd; hvd.SyncBatchNormalization()", "RuntimeError"),
+])
+def test_keras_on_another_backend_is_refused(code, error):
+    """Keras 3 on a backend other than TensorFlow gets a clear error at import (or when
+    the layer is made), not a TypeError deep inside the first allreduce."""
+    env = dict(os.environ, KERAS_BACKEND="torch", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode != 0, proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{error}:") and "'torch' backend" in last, proc.stderr[-2000:]
+    assert "KERAS_BACKEND=tensorflow" in last, last

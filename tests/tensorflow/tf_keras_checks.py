@@ -153,6 +153,32 @@ class _LogProbe(keras.callbacks.Callback):
 
 
 @check
+def horovod_keras_module_name_trains_the_same():
+    """``import hvdlite.keras as hvd`` (Horovod's ``horovod.keras``) is the Keras module
+    under another name: the same objects, ``callbacks`` importable as a submodule, and
+    model.fit through its names matches single-process training."""
+    import hvdlite.keras as hk
+    import hvdlite.keras.callbacks as hkc
+
+    expect(hkc is hvdk.callbacks and hk.callbacks is hvdk.callbacks, "callbacks is another module")
+    expect(sorted(hk.__all__) == sorted(hvdk.__all__), "the two modules export different names")
+    for name in hvdk.__all__:
+        expect(getattr(hk, name) is getattr(hvdk, name), f"hvdlite.keras.{name} is another object")
+    x, y = global_data(2, seed=3)
+    model = make_model(800 + R)
+    init = root_weights(model)
+    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
+              callbacks=[hkc.BroadcastGlobalVariablesCallback(0)])
+    ref = make_model(1)
+    ref.set_weights(init)
+    ref.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
+    for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(g, r, f"hvdlite.keras fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
+
+
+@check
 def metric_average_callback_averages_logs():
     x, y = global_data(2, seed=1)
     model = make_model(300)

@@ -1,5 +1,6 @@
-"""hvdlite for Keras 3 on TensorFlow: ``import hvdlite.tensorflow.keras as hvd`` in place of
-``import horovod.tensorflow.keras as hvd``.
+"""hvdlite for Keras 3 on TensorFlow: ``import hvdlite.tensorflow.keras as hvd`` (or
+``import hvdlite.keras as hvd``) in place of ``import horovod.tensorflow.keras as hvd``
+(``horovod.keras``). Keras must run on its TensorFlow backend.
 
 Typical use with ``model.fit``::
 
@@ -23,6 +24,11 @@ from typing import Any, Sequence
 
 import keras
 import numpy as np
+
+from hvdlite.tensorflow.keras_backend import wrong_keras_backend
+
+if (_why := wrong_keras_backend("hvdlite.tensorflow.keras")) is not None:
+    raise ImportError(_why)
 
 from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
                                    local_size, cross_rank, cross_size, mpi_threads_supported,
