@@ -404,7 +404,7 @@ def test_check_build_imports_no_framework() -> None:
         # horovodrun options hvdlite-run does not implement say why.
         (["-np", "2", "--gloo", "true"], "no Gloo controller"),
         (["-np", "2", "--autotune", "true"], "no autotuner"),
-        (["-np", "2", "--min-np", "1", "true"], "elastic training is not implemented"),
+        (["-np", "2", "--min-np", "1", "true"], "no elastic launcher"),
         (["-np", "2", "--hierarchical-allreduce", "true"], "no hierarchical allreduce"),
         (["-np", "2", "--binding-args", "'", "true"], "--binding-args"),
         (["-np", "2", "--network-interface", "eth0,", "true"], "empty interface"),

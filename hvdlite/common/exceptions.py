@@ -14,5 +14,14 @@ class HvdliteError(RuntimeError):
 HorovodInternalError = HvdliteError
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's signal, in elastic training, that hosts were added or removed. hvdlite's
+    world is fixed, so hvdlite never raises it; the name exists for scripts that catch it."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the hosts of the job changed")
+        self.skip_sync = skip_sync
+
+
 class NotInitializedError(ValueError):
     """Raised when an hvdlite call needs ``hvd.init()`` first (or ran after ``shutdown()``)."""

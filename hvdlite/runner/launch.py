@@ -77,7 +77,8 @@ _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
 }
 
-_ELASTIC = "elastic training is not implemented in hvdlite"
+_ELASTIC = ("hvdlite has no elastic launcher (workers cannot join or leave a running job); "
+            "scripts written with hvd.elastic run on the fixed -np ranks")
 _AUTOTUNE = ("hvdlite has no autotuner; set --fusion-threshold-mb and --cycle-time-ms "
              "yourself")
 #: horovodrun options that hvdlite-run does not implement: option -> (number of

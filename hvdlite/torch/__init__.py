@@ -19,7 +19,8 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    local_size, mpi_built, mpi_enabled, mpi_threads_supported,
                                    nccl_built, rank, rocm_built, shutdown, size, start_timeline,
                                    stop_timeline)
-from hvdlite.common.exceptions import HorovodInternalError, HvdliteError, NotInitializedError
+from hvdlite.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt, HvdliteError,
+                                       NotInitializedError)
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
@@ -37,6 +38,7 @@ from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, Max, Min, Product, S
                                    synchronize)
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
+from hvdlite.torch import elastic
 
 
 __all__ = [
@@ -44,7 +46,8 @@ __all__ = [
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
     "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "HorovodInternalError", "HvdliteError", "NotInitializedError",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "HvdliteError", "NotInitializedError",
+    "elastic",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "Handle", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "poll", "synchronize",

@@ -1,4 +1,5 @@
-"""DistributedOptimizer, state broadcast and SyncBatchNorm against single-process PyTorch.
+"""DistributedOptimizer, state broadcast, SyncBatchNorm and hvd.elastic against
+single-process PyTorch.
 
 After k steps on N ranks the parameters must equal those of plain single-process
 training on the concatenated global batch (float64, so up to rounding) and be
@@ -22,6 +23,9 @@ OPTIMIZER_CASES = [
 FUNCTION_CASES = ["broadcast_parameters_forms", "optimizer_state_makes_fresh_rank_identical",
                   "optimizer_state_cleared_when_root_has_none", "objects"]
 SYNCBN_CASES = ["syncbn_1d", "syncbn_2d", "syncbn_float32_and_convert"]
+ELASTIC_CASES = ["run_syncs_rank0_state_then_trains_like_global_batch",
+                 "commit_and_restore_return_to_the_committed_state",
+                 "restored_sampler_skips_what_any_rank_processed", "errors_propagate_without_retry"]
 
 
 @pytest.mark.timeout(300)
@@ -43,3 +47,10 @@ def test_broadcast_state_and_objects(n: int) -> None:
 def test_sync_batch_norm_equals_global_batch_norm(n: int) -> None:
     out = run_ranks(n, "syncbn_worker.py", timeout=200)
     assert_passed(out, n, SYNCBN_CASES)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_elastic_api_on_a_fixed_world(n: int) -> None:
+    out = run_ranks(n, "elastic_worker.py", timeout=200)
+    assert_passed(out, n, ELASTIC_CASES)
