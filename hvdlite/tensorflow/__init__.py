@@ -31,7 +31,8 @@ from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, l
                                    mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
                                    ddl_built, ccl_built, cuda_built, rocm_built,
                                    start_timeline, stop_timeline)
-from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
+from hvdlite.common.exceptions import (HvdliteError, HorovodInternalError, HostsUpdatedInterrupt,
+                                       NotInitializedError)
 from hvdlite.tensorflow.compression import Compression, Compressor
 from hvdlite.common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                          remove_process_set)
@@ -45,6 +46,7 @@ from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_global_
 from hvdlite.tensorflow.gradients import (DistributedGradientTape, PartialDistributedGradientTape,
                                           allreduce_gradients)
 from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
+from hvdlite.tensorflow import elastic
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):
@@ -75,5 +77,5 @@ __all__ = [
     "broadcast_variables", "broadcast_global_variables", "broadcast_object",
     "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
-    "allreduce_gradients", "SyncBatchNormalization",
+    "allreduce_gradients", "SyncBatchNormalization", "elastic", "HostsUpdatedInterrupt",
 ]

@@ -179,6 +179,85 @@ def horovod_keras_module_name_trains_the_same():
 
 
 @check
+def elastic_keras_state_fit_commit_and_restore():
+    """hvd.elastic on a fixed world with model.fit, as Horovod's elastic Keras example
+    writes it: run() starts every rank from rank 0's weights and attributes, the state
+    callbacks keep epoch/batch and commit, the result is single-process training on the
+    global batch, and restore() returns to the last commit."""
+    x, y = global_data(3, seed=4)  # 3 steps per epoch
+    model = make_model(900 + R)  # different weights on every rank until run() syncs them
+    init = root_weights(model)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+                  loss="mse")
+    state = hvdk.elastic.KerasState(model, batch=0, epoch=0 if R == 0 else 5)
+    commits = []
+    state.check_host_updates = lambda: commits.append(state.batch)  # called by every commit
+    callbacks = [hvdk.elastic.UpdateEpochStateCallback(state),
+                 hvdk.elastic.UpdateBatchStateCallback(state),
+                 hvdk.elastic.CommitStateCallback(state, batches_per_commit=2)]
+    epochs = 2
+
+    @hvdk.elastic.run
+    def train(state):
+        expect(state.epoch == 0, f"epoch after sync: {state.epoch}")
+        state.model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
+                        epochs=epochs - state.epoch, callbacks=callbacks)
+        return "trained"
+
+    expect(train(state) == "trained", "run() did not return the function's result")
+    expect((state.epoch, state.batch) == (2, 0), f"epoch/batch after fit: {state.epoch}, {state.batch}")
+    # Every 2 batches (counted across epochs) and at each epoch's end: after batches
+    # 1 and 2 of epoch 0 (batch index 1), its end, batches 0 and 2 of epoch 1, its end.
+    expect(commits == [1, 0, 0, 2, 0], f"commits at batches {commits}")
+    ref = make_model(1)
+    ref.set_weights(init)
+    ref.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0, epochs=epochs)
+    for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(g, r, f"elastic fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
+    weights_equal_everywhere(model.get_weights(), "elastic fit")
+    # restore() undoes what came after the last commit: weights, optimizer slots, attributes.
+    committed = [np.array(v) for v in model.weights]
+    slots = [np.array(v) for v in model.optimizer.variables]
+    for v in model.weights:
+        v.assign(v + 1.0)
+    for v in model.optimizer.variables:
+        if str(v.dtype).startswith("float"):
+            v.assign(v + 1.0)
+    state.epoch = 77
+    state.restore()
+    for i, (v, c) in enumerate(zip(model.weights, committed)):
+        expect_close(np.array(v), c, f"restored weight {i}")
+    for i, (v, c) in enumerate(zip(model.optimizer.variables, slots)):
+        expect_close(np.array(v), c, f"restored optimizer variable {i} ({v.path})")
+    expect(state.epoch == 2, f"restored epoch {state.epoch}")
+    # The TensorFlow module's state over plain tf.Variables.
+    a = tf.Variable(np.full(3, float(R), np.float32))
+    b = tf.Variable(float(10 + R))
+    tf_state = hvd.elastic.TensorFlowState([a, b], step=R)
+
+    @hvd.elastic.run
+    def check_synced(s):
+        return [a.numpy().tolist(), float(b.numpy()), s.step]
+
+    expect(check_synced(tf_state) == [[0.0] * 3, 10.0, 0], f"after sync: {check_synced(tf_state)}")
+    a.assign([5.0, 5.0, 5.0])
+    tf_state.step = 3
+    tf_state.commit()
+    a.assign([9.0, 9.0, 9.0])
+    tf_state.step = 4
+    tf_state.restore()
+    expect(a.numpy().tolist() == [5.0] * 3 and tf_state.step == 3,
+           f"TensorFlowState restore: {a.numpy()}, step {tf_state.step}")
+    for bad in (dict(variables=None), dict(variables=[a], session=object())):
+        try:
+            hvd.elastic.TensorFlowState(**bad)
+            FAILURES.append(f"TensorFlowState({bad}) was accepted")
+        except ValueError:
+            pass
+
+
+@check
 def metric_average_callback_averages_logs():
     x, y = global_data(2, seed=1)
     model = make_model(300)

@@ -35,7 +35,8 @@ from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, l
                                    mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
                                    ddl_built, ccl_built, cuda_built, rocm_built,
                                    start_timeline, stop_timeline)
-from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
+from hvdlite.common.exceptions import (HvdliteError, HorovodInternalError, HostsUpdatedInterrupt,
+                                       NotInitializedError)
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.compression import Compression, Compressor
 from hvdlite.common.process_sets import ProcessSet, add_process_set, remove_process_set
@@ -43,7 +44,7 @@ from hvdlite.tensorflow.functions import (broadcast_object, allgather_object, br
                                           broadcast_global_variables)
 from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
                                         global_process_set)
-from hvdlite.tensorflow.keras import callbacks
+from hvdlite.tensorflow.keras import callbacks, elastic
 from hvdlite.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                 MetricAverageCallback,
                                                 LearningRateScheduleCallback,
@@ -113,7 +114,8 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allreduce", "allgather", "broadcast", "reducescatter",
     "broadcast_object", "allgather_object", "broadcast_variables", "broadcast_global_variables",
-    "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks", "elastic",
+    "HostsUpdatedInterrupt",
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
     "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint",
     "SyncBatchNormalization",
