@@ -1,5 +1,6 @@
 """The PyTorch examples run, and the digits CNN on N ranks matches its single-process
-reference (same global batches) in final parameters and test accuracy."""
+reference (same global batches) in final parameters and test accuracy; the elastic-mode
+example learns."""
 from __future__ import annotations
 
 import re
@@ -88,3 +89,13 @@ def test_synthetic_benchmark_runs(model: str) -> None:
     m = re.search(r"Total img/sec on 2 rank\(s\): ([0-9.]+)", out)
     assert m and float(m.group(1)) > 0, out
     assert "Img/sec per rank" in out
+
+
+@pytest.mark.timeout(300)
+def test_elastic_digits_example_learns() -> None:
+    out = run_ranks(2, EXAMPLES / "train_digits_elastic.py", "--epochs", "4", timeout=250)
+    accs = ACC.findall(out)
+    assert len(accs) == 1, f"rank 0 alone prints the final accuracy:\n{out}"
+    assert float(accs[0]) >= 0.9, out  # chance is 0.1
+    losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", out)]
+    assert len(losses) == 4 and losses[-1] < losses[0] / 2, losses
