@@ -55,12 +55,12 @@ class State:
 
 class ObjectState(State):
     """State made of plain Python values, given as keyword arguments and kept as
-    attributes (``state.epoch``, ``state.batch``, ...). ``sync`` makes them rank 0's."""
+    attributes (``state.epoch``, ``state.batch``, ...). ``sync`` makes them rank 0's.
+    ``get_rank`` is part of Horovod's signature; nothing here needs it."""
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
                  **kwargs: Any) -> None:
         self._bcast_object = bcast_object
-        self._get_rank = get_rank
         self._saved_state = dict(kwargs)
         self._set_attrs()
         super().__init__()

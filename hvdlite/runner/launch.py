@@ -37,6 +37,8 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+from hvdlite.runner.check_build import hvdlite_version
+
 __all__ = [
     "LaunchConfig",
     "build_mpirun_command",
@@ -536,7 +538,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="print the mpirun command before running it")
     parser.add_argument("-cb", "--check-build", action="store_true",
                         help="show which frameworks, controllers and features are available")
-    parser.add_argument("-v", "--version", action="version", version=f"hvdlite {_version()}")
+    parser.add_argument("-v", "--version", action="version", version=f"hvdlite {hvdlite_version()}")
 
     hr = parser.add_argument_group(
         "horovodrun's options",
@@ -592,16 +594,6 @@ class _Unsupported(argparse.Action):
                  values: object, option_string: str | None = None) -> None:
         parser.error(f"{option_string} is a horovodrun option that hvdlite-run does not "
                      f"support: {self.reason}")
-
-
-def _version() -> str:
-    """hvdlite's installed version, read without importing the compiled core."""
-    try:
-        from importlib.metadata import version
-
-        return version("hvdlite")
-    except Exception:  # not installed (run from a source tree)
-        return "unknown"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, LaunchConfig | None]:

@@ -100,16 +100,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.remaining_indices = remaining
         self.num_samples = math.ceil(len(remaining) / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
-        self.indices = self._share()
-
-    def _share(self) -> list[int]:
-        padded = list(self.remaining_indices)
+        padded = list(remaining)
         while padded and len(padded) < self.total_size:
             padded += padded[:self.total_size - len(padded)]
-        return padded[self.rank:self.total_size:self.num_replicas]
+        self.indices = padded[self.rank:self.total_size:self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
-        self.indices = self._share()
         return iter(self.indices)
 
     def __len__(self) -> int:
