@@ -210,17 +210,37 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     """
     core, name = _prepare(kind, name, tensor.dtype, op)
     out_ptr = output.ptr if output is not None else 0
-    hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
-                       tensor.shape, tensor.device, op,
-                       float(prescale_factor), float(postscale_factor), root_rank,
-                       splits if splits is not None else (),
-                       group_id, group_size, _caller.waits)
+    try:
+        hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
+                           tensor.shape, tensor.device, op,
+                           float(prescale_factor), float(postscale_factor), root_rank,
+                           splits if splits is not None else (),
+                           group_id, group_size, _caller.waits)
+    except RuntimeError as exc:
+        _reraise(exc)
     return Handle(hid, kind, name, keepalive)
 
 
 def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
-    """What submit and run do first: the initialized engine (orphaned requests reaped)
-    and the request's name (generated when None), after checking dtype and op."""
+    """What submit and run do first: the engine module and the request's name.
+
+    Every collective call passes here, so the common case (a named request of a known
+    dtype and op, no dropped handles to reap) costs two lookups and no further call;
+    a call that finds the engine not running is sorted out by :func:`_reraise`.
+    Everything else takes :func:`_prepare_fully`."""
+    core = _basics._core_module
+    if core is None or _orphans or name is None or dtype not in DTYPES or op not in _SUPPORTED_OPS:
+        return _prepare_fully(kind, name, dtype, op)
+    return core, name
+
+
+_SUPPORTED_OPS = frozenset(op for op in _OP_NAMES if op != Adasum)
+
+
+def _prepare_fully(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
+    """:func:`_prepare` with every check: the engine initialized (or the reason it is
+    not), orphaned requests reaped, the name generated when None, dtype and op
+    refused on every rank when unsupported."""
     core = _basics.core()
     _reap_orphans(core)
     if name is None:
@@ -232,6 +252,18 @@ def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str
     if op not in _OP_NAMES:
         refuse_all(kind, [name], [f"unknown reduce op {op!r}"])
     return core, name
+
+
+def _reraise(exc: RuntimeError) -> NoReturn:
+    """Raise what an engine call failed with. The engine says only "not initialized"
+    when it is not running; :func:`hvdlite.common.basics.core` knows the full reason
+    (never initialized, shut down and why, a forked child) and raises it instead."""
+    if not isinstance(exc, HvdliteError):
+        try:
+            _basics.core()
+        except Exception as reason:
+            raise reason from None
+    raise exc
 
 
 def refuse(kind: int, name: str | None, problem: str) -> NoReturn:
@@ -278,8 +310,11 @@ def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = N
     work around the collective is most of hvdlite's cost over raw MPI.
     """
     core, name = _prepare(kind, name, dtype, op)
-    core.run(kind, name, tensor, output, DTYPES[dtype], op, float(prescale_factor),
-             float(postscale_factor), root_rank)
+    try:
+        core.run(kind, name, tensor, output, DTYPES[dtype], op, float(prescale_factor),
+                 float(postscale_factor), root_rank)
+    except RuntimeError as exc:
+        _reraise(exc)
 
 
 class _Caller(threading.local):

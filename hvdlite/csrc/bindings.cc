@@ -267,8 +267,15 @@ class HeldBuffer {
 // enqueue + wait it saves the Python handle object and several crossings into the
 // extension; right after a large collective has flushed the caches, that Python work
 // costs more than the engine's own.
-void Run(int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
-         double prescale, double postscale, int root) {
+//
+// With `decline`, a call the engine cannot take as it stands (the engine not running,
+// an array that is not a C-contiguous buffer, or not writable where written) returns
+// false having done nothing, so that the caller's full path can deal with it (copy a
+// strided input, or raise the error that explains it). Without, such input fails the
+// collective on every rank (see Refuse) and raises here. True once the collective ran.
+bool RunCollective(int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
+                   double prescale, double postscale, int root, bool decline) {
+  if (decline && (ForkedCopy() || !g_engine || !g_engine->Running())) return false;
   const auto kind = static_cast<RequestType>(type);
   if (kind != RequestType::kAllreduce && kind != RequestType::kBroadcast && kind != RequestType::kBarrier)
     throw std::invalid_argument("hvdlite: run() takes allreduce, broadcast and barrier requests only");
@@ -284,18 +291,22 @@ void Run(int type, const std::string& name, py::handle in, py::handle out, int d
   std::vector<int64_t> shape{0};
   uintptr_t in_ptr = 0, out_ptr = 0;
   if (kind != RequestType::kBarrier) {
-    if (!a.Get(in, in_place))
+    if (!a.Get(in, in_place)) {
+      if (decline) return false;
       refuse(in_place ? ": the in-place form needs a writable C-contiguous array (use the "
                         "out-of-place form, or make it contiguous first)"
                       : ": the input must be a C-contiguous array");
+    }
     const Py_buffer& v = a.view();
     if (v.itemsize != DataTypeSize(static_cast<DataType>(dtype)))
       refuse(": the array's item size does not match its dtype");
     shape.assign(v.shape, v.shape + v.ndim);
     in_ptr = out_ptr = reinterpret_cast<uintptr_t>(v.buf);
     if (!in_place) {
-      if (!b.Get(out, true) || b.view().len != v.len)
+      if (!b.Get(out, true) || b.view().len != v.len) {
+        if (decline) return false;
         refuse(": the output must be a writable C-contiguous array of the input's size");
+      }
       out_ptr = reinterpret_cast<uintptr_t>(b.view().buf);
     }
   }
@@ -303,6 +314,7 @@ void Run(int type, const std::string& name, py::handle in, py::handle out, int d
                             kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true);
   std::string error;
   if (!WaitFor(h, /*release=*/true, &error)) RaiseHvdliteError(error);
+  return true;
 }
 
 // The address of a C-contiguous buffer (a NumPy array), much cheaper than building
@@ -365,7 +377,14 @@ PYBIND11_MODULE(_core, m) {
     return g_handles.Poll(h);
   });
   m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);
-  m.def("run", &Run);
+  m.def("run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
+                  double prescale, double postscale, int root) {
+    RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false);
+  });
+  m.def("try_run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
+                      double prescale, double postscale, int root) {
+    return RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/true);
+  });
   m.def("address", &Address);
   m.def("take_output", [](int64_t h) {
     std::unique_ptr<OutputBuffer> out = g_handles.TakeOutput(h);

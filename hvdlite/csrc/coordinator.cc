@@ -140,8 +140,9 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
   }
   if (!refused.empty()) return refused;
   const Request& first = p.requests[present.front()];
-  const std::string op = RequestTypeName(first.type);
-  const std::string label = RequestLabel(first.type, name);
+  // Built only for a message: this runs for every tensor on every step.
+  auto op = [&] { return std::string(RequestTypeName(first.type)); };
+  auto label = [&] { return RequestLabel(first.type, name); };
   auto differ = [&](auto get) {
     for (int r : present)
       if (get(p.requests[r]) != get(p.requests[present.front()])) return true;
@@ -150,7 +151,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
   auto describe = [&](const char* what, auto to_string) {
     std::vector<std::pair<int, std::string>> v;
     for (int r : present) v.push_back({r, to_string(p.requests[r])});
-    return label + ": ranks disagree on " + what + ": " + PerRank(v);
+    return label() + ": ranks disagree on " + what + ": " + PerRank(v);
   };
   if (differ([](const Request& r) { return r.type; }))
     return "tensor '" + name + "': ranks disagree on the operation: " +
@@ -168,7 +169,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
   for (int r = 0; r < size_; ++r)
     if (joined_[r]) joined.push_back(r);
   if (!joined.empty() && first.type != RequestType::kAllreduce)
-    return label + " cannot run while ranks " + RankList(joined) +
+    return label() + " cannot run while ranks " + RankList(joined) +
            " have joined; only allreduce proceeds with zeros from joined ranks (sparse gradients "
            "are allgathered: pass sparse_as_dense=True to the DistributedOptimizer or gradient tape)";
 
@@ -187,20 +188,20 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       if (differ([](const Request& r) { return r.postscale; }))
         return describe("postscale_factor", [](const Request& r) { return Num(r.postscale); });
       if (first.reduce_op == ReduceOp::kAdasum)
-        return label + ": the Adasum op is not supported by hvdlite";
+        return label() + ": the Adasum op is not supported by hvdlite";
       if (first.type == RequestType::kAllreduce && differ([](const Request& r) { return r.group_size; }))
         return describe("the size of the group", [](const Request& r) { return std::to_string(r.group_size); });
       if (first.type == RequestType::kReducescatter) {
         if (first.reduce_op != ReduceOp::kSum && first.reduce_op != ReduceOp::kAverage)
-          return label + ": reducescatter supports Sum and Average, not " + ReduceOpName(first.reduce_op);
-        if (first.shape.empty()) return label + ": reducescatter needs at least one dimension";
+          return label() + ": reducescatter supports Sum and Average, not " + ReduceOpName(first.reduce_op);
+        if (first.shape.empty()) return label() + ": reducescatter needs at least one dimension";
       }
       break;
     case RequestType::kBroadcast:
       if (differ([](const Request& r) { return r.root; }))
         return describe("the root rank", [](const Request& r) { return std::to_string(r.root); });
       if (first.root < 0 || first.root >= size_)
-        return label + ": root rank " + std::to_string(first.root) + " is outside the world of " +
+        return label() + ": root rank " + std::to_string(first.root) + " is outside the world of " +
                std::to_string(size_) + " ranks (valid: 0.." + std::to_string(size_ - 1) + ")";
       if (differ([](const Request& r) { return r.shape; })) return describe("the shape", shape_str);
       break;
@@ -208,7 +209,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
     case RequestType::kAlltoall: {
       for (int r : present)
         if (p.requests[r].shape.empty())
-          return label + ": rank " + std::to_string(r) + " sent a scalar; " + op +
+          return label() + ": rank " + std::to_string(r) + " sent a scalar; " + op() +
                  " needs at least one dimension";
       if (differ([](const Request& r) { return r.shape.size(); }))
         return describe("the number of dimensions", shape_str);
@@ -219,7 +220,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
           const Request& q = p.requests[r];
           if (q.splits.empty()) {
             if (q.shape[0] % size_ != 0)
-              return label + ": rank " + std::to_string(r) + " has first dimension " +
+              return label() + ": rank " + std::to_string(r) + " has first dimension " +
                      std::to_string(q.shape[0]) + ", which does not divide evenly among " + std::to_string(size_) +
                      " ranks; pass splits";
             continue;
@@ -231,7 +232,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
             negative = negative || s < 0;
           }
           if (static_cast<int>(q.splits.size()) != size_ || negative || sum != q.shape[0])
-            return label + ": rank " + std::to_string(r) + " sent splits " + ShapeString(q.splits) +
+            return label() + ": rank " + std::to_string(r) + " sent splits " + ShapeString(q.splits) +
                    ", which must be " + std::to_string(size_) + " non-negative counts summing to its first dimension " +
                    std::to_string(q.shape[0]);
         }
