@@ -454,6 +454,57 @@ def check_caller_runs_engine(r: int, n: int) -> None:
     restart_and_check(r, n, "drive.shutdown")
 
 
+def check_direct_and_full_paths_agree(r: int, n: int) -> None:
+    """Blocking calls take the engine's direct path (`try_run`) in the common case and
+    the full path otherwise, and ranks that take different paths for one collective
+    still agree: repeated calls alternate the paths between ranks, results are checked
+    against NumPy, and the calls that went direct are counted on every rank."""
+    real = _basics._core_module
+    direct: list[str] = []
+
+    class Spy:  # counts the direct calls the engine accepted, forwards everything else
+        def __getattr__(self, attr: str):
+            return getattr(real, attr)
+
+        def try_run(self, *args):
+            ran = real.try_run(*args)
+            if ran:
+                direct.append(args[1])
+            return ran
+
+    ranks_sum = n * (n - 1) / 2
+    _basics._core_module = Spy()
+    try:
+        for k in range(6):
+            full = (r + k) % 2 == 1  # this rank takes the full path in this round
+            x = np.full(6, float(r + k))
+            want = np.full(6, ranks_sum + n * k)
+            if full:  # the same requests, in forms the direct path leaves to the full one
+                got = hvd.allreduce(np.repeat(x, 2)[::2], average=False, name=f"paths.ar.{k}")
+                y = x.copy()
+                hvd.allreduce_(y, average=False, name=f"paths.ar_.{k}")
+                b = np.full(4, r * 10 + k, np.int64)
+                hvd.broadcast_(b, np.int64(n - 1), name=f"paths.bc.{k}")
+            else:
+                got = hvd.allreduce(x, op=hvd.Sum, name=f"paths.ar.{k}")
+                y = x.copy()
+                hvd.allreduce_(y, op=hvd.Sum, name=f"paths.ar_.{k}")
+                b = np.full(4, r * 10 + k, np.int64)
+                hvd.broadcast_(b, n - 1, name=f"paths.bc.{k}")
+            np.testing.assert_allclose(got, want, err_msg=f"allreduce round {k}")
+            np.testing.assert_allclose(y, want, err_msg=f"allreduce_ round {k}")
+            np.testing.assert_array_equal(b, np.full(4, (n - 1) * 10 + k), err_msg=f"broadcast_ round {k}")
+    finally:
+        _basics._core_module = real
+    mine = sorted(f"paths.{kind}.{k}" for k in range(6) if (r + k) % 2 == 0 for kind in ("ar", "ar_", "bc"))
+    assert sorted(direct) == mine, f"direct calls {sorted(direct)}, expected {mine}"
+    # A read-only array is declined by the direct path and refused on every rank.
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    expect_error(lambda: hvd.allreduce_(ro, op=hvd.Sum, name="paths.readonly"), "paths.readonly", "writable")
+    still_works(n, "paths")
+
+
 def main() -> None:
     only = sys.argv[1:] or None
     hvd.init()
@@ -461,7 +512,7 @@ def main() -> None:
     assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
     checks = [check_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
               check_barrier_join, check_response_cache, check_errors, check_restart,
-              check_caller_runs_engine, check_remote_shutdown]
+              check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree]
     for check in checks:
         if only and check.__name__ not in only:
             continue
