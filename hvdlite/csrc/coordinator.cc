@@ -67,9 +67,16 @@ void Coordinator::AddRequest(const Request& r, int64_t now_us, bool from_cache) 
       last_joined_ = r.rank;
     }
     if (joined_count_ == size_) join_complete_ = true;
+    // Zeros stand in for joined ranks on the full path only: move counted cache hits there.
+    for (int32_t id = 0; id < static_cast<int32_t>(hits_.size()); ++id)
+      if (hits_[id].count > 0) ToTable(id);
     // Tensors waiting only for ranks that have now joined can go ahead.
     for (auto& [name, p] : table_) MarkReadyIfComplete(name);
     return;
+  }
+  if (!hits_.empty()) {  // other ranks' cache hits for this tensor join it on the full path
+    const int32_t id = cache_->IdOf(r.name);
+    if (id >= 0 && id < static_cast<int32_t>(hits_.size()) && hits_[id].count > 0) ToTable(id);
   }
   auto [it, inserted] = table_.try_emplace(r.name);
   Pending& p = it->second;
@@ -105,13 +112,58 @@ const std::string* Coordinator::FailedGroup(const Pending& p) const {
 // Fails `name` at the next TakeReady, whether or not every rank has sent it.
 void Coordinator::Doom(const std::string& name, Pending& p, const std::string& why) {
   p.doomed = RequestLabel(RequestType::kAllreduce, name) + ": not run, another member of its group failed: " + why;
-  if (std::find(ready_.begin(), ready_.end(), name) == ready_.end()) ready_.push_back(name);
+  if (!IsReady(name)) ready_.push_back(Ready{-1, name});
+}
+
+bool Coordinator::IsReady(const std::string& name) const {
+  return std::any_of(ready_.begin(), ready_.end(), [&](const Ready& e) { return e.cache_id < 0 && e.name == name; });
 }
 
 void Coordinator::AddCacheHit(int rank, int32_t cache_id, int64_t now_us) {
-  Request r = cache_->Get(cache_id);
-  r.rank = rank;
-  AddRequest(r, now_us, /*from_cache=*/true);
+  const Request& sig = cache_->Get(cache_id);
+  if (joined_count_ > 0 || table_.count(sig.name) != 0) {  // the full path (see Hits)
+    Request r = sig;
+    r.rank = rank;
+    AddRequest(r, now_us, /*from_cache=*/true);
+    return;
+  }
+  if (cache_id >= static_cast<int32_t>(hits_.size())) hits_.resize(cache_id + 1);
+  Hits& h = hits_[cache_id];
+  if (h.have.empty()) {
+    h.have.assign(size_, 0);
+    h.arrival_us.assign(size_, 0);
+  }
+  if (h.have[rank]) return;  // a rank cannot have the same name twice in flight
+  if (h.count == 0) h.first_us = h.last_warn_us = now_us;
+  h.have[rank] = 1;
+  h.arrival_us[rank] = now_us;
+  if (++h.count == size_) ready_.push_back(Ready{cache_id, {}});
+}
+
+// Moves the cache hits counted for `cache_id` into table_, as the requests they
+// stand for, when a rank sends that tensor in full (its signature differs, or it
+// refused it) or a rank joins. Called before any response could change the entry.
+void Coordinator::ToTable(int32_t cache_id) {
+  Hits& h = hits_[cache_id];
+  const Request& sig = cache_->Get(cache_id);
+  Pending& p = table_[sig.name];
+  p.requests.resize(size_);
+  p.have.assign(size_, 0);
+  p.arrival_us.assign(size_, 0);
+  p.first_us = h.first_us;
+  p.last_warn_us = h.last_warn_us;
+  for (int r = 0; r < size_; ++r) {
+    if (!h.have[r]) continue;
+    p.requests[r] = sig;
+    p.requests[r].rank = r;
+    p.have[r] = 1;
+    p.arrival_us[r] = h.arrival_us[r];
+    ++p.count;
+    h.have[r] = 0;
+  }
+  h.count = 0;
+  for (Ready& e : ready_)
+    if (e.cache_id == cache_id) e = Ready{-1, sig.name};
 }
 
 bool Coordinator::Complete(const Pending& p) const {
@@ -124,7 +176,7 @@ bool Coordinator::Complete(const Pending& p) const {
 void Coordinator::MarkReadyIfComplete(const std::string& name) {
   const Pending& p = table_.at(name);
   if (!Complete(p) || !p.doomed.empty()) return;
-  if (std::find(ready_.begin(), ready_.end(), name) == ready_.end()) ready_.push_back(name);
+  if (!IsReady(name)) ready_.push_back(Ready{-1, name});
 }
 
 std::string Coordinator::Validate(const std::string& name, const Pending& p) const {
@@ -282,24 +334,41 @@ Response Coordinator::MakeResponse(const std::string& name, const Pending& p, co
   return resp;
 }
 
-void Coordinator::RecordNegotiation(const std::string& name, const Pending& p, int64_t now_us) {
+void Coordinator::RecordNegotiation(const std::string& name, RequestType type, const std::vector<char>& have,
+                                    const std::vector<int64_t>& arrival_us, int64_t first_us, int64_t now_us) {
   if (!timeline_ || !timeline_->Active()) return;
   std::ostringstream args;
   args << "{\"ready_ranks_us\": {";
   bool first = true;
   for (int r = 0; r < size_; ++r) {
-    if (!p.have[r]) continue;
-    args << (first ? "" : ", ") << "\"" << r << "\": " << (p.arrival_us[r] - p.first_us);
+    if (!have[r]) continue;
+    args << (first ? "" : ", ") << "\"" << r << "\": " << (arrival_us[r] - first_us);
     first = false;
   }
   args << "}";
   int last = -1;
   for (int r = 0; r < size_; ++r)
-    if (p.have[r] && (last < 0 || p.arrival_us[r] > p.arrival_us[last])) last = r;
+    if (have[r] && (last < 0 || arrival_us[r] > arrival_us[last])) last = r;
   args << ", \"last_rank\": " << last << "}";
-  std::string phase = std::string("NEGOTIATE_") + RequestTypeName(p.requests[FirstRank(p.have)].type);
+  std::string phase = std::string("NEGOTIATE_") + RequestTypeName(type);
   for (auto& c : phase) c = static_cast<char>(std::toupper(c));
-  timeline_->Phase(name, phase.c_str(), p.first_us, now_us, args.str());
+  timeline_->Phase(name, phase.c_str(), first_us, now_us, args.str());
+}
+
+Response Coordinator::FromCacheEntry(int32_t cache_id) const {
+  const Request& q = cache_->Get(cache_id);
+  Response resp;
+  resp.type = q.type;
+  resp.names = {q.name};
+  resp.dtype = q.dtype;
+  resp.reduce_op = q.reduce_op;
+  resp.prescale = q.prescale;
+  resp.postscale = q.postscale;
+  resp.root = q.root;
+  resp.device = q.device;
+  resp.sizes = {NumElements(q.shape)};
+  resp.cache_ids = {cache_id};
+  return resp;
 }
 
 ResponseList Coordinator::TakeReady() {
@@ -310,13 +379,29 @@ ResponseList Coordinator::TakeReady() {
     if (joined_[r]) joined.push_back(r);
 
   // Ready tensors in order; grouped allreduce members only once their group is whole.
-  std::vector<std::pair<std::string, Pending>> batch;
-  for (const std::string& name : ready_) {
+  // An entry agreed through the cache alone has cache_id >= 0 and no Pending.
+  struct Item {
+    std::string name;
+    Pending p;
+    int32_t cache_id = -1;
+  };
+  std::vector<Item> batch;
+  for (const Ready& e : ready_) {
+    if (e.cache_id >= 0) {
+      Hits& h = hits_[e.cache_id];
+      const Request& q = cache_->Get(e.cache_id);
+      RecordNegotiation(q.name, q.type, h.have, h.arrival_us, h.first_us, now);
+      std::fill(h.have.begin(), h.have.end(), 0);
+      h.count = 0;
+      batch.push_back(Item{{}, {}, e.cache_id});
+      continue;
+    }
+    const std::string& name = e.name;
     auto it = table_.find(name);
     if (it == table_.end()) continue;
     Pending p = std::move(it->second);
     table_.erase(it);
-    RecordNegotiation(name, p, now);
+    RecordNegotiation(name, p.requests[FirstRank(p.have)].type, p.have, p.arrival_us, p.first_us, now);
     const Request& q = p.requests[FirstRank(p.have)];
     // A member whose ranks disagree on the group's size goes ahead at once (to fail
     // in Validate): gated, it could wait for a member some ranks never send.
@@ -328,12 +413,12 @@ ResponseList Coordinator::TakeReady() {
       auto& members = groups_[q.group_id];
       members.emplace_back(name, std::move(p));
       if (static_cast<int>(members.size()) >= q.group_size) {
-        for (auto& m : members) batch.push_back(std::move(m));
+        for (auto& m : members) batch.push_back(Item{std::move(m.first), std::move(m.second)});
         groups_.erase(q.group_id);
       }
       continue;
     }
-    batch.emplace_back(name, std::move(p));
+    batch.push_back(Item{name, std::move(p)});
   }
   ready_.clear();
 
@@ -347,24 +432,34 @@ ResponseList Coordinator::TakeReady() {
   std::vector<bool> all_cached;  // per out.responses entry: agreed entirely through the cache
 
   bool group_failed = false;
-  for (auto& [name, p] : batch) {
-    // A doomed member that every rank sent keeps its own error if it has one (a rank
-    // refused it); otherwise it fails for its group.
-    std::string error = p.doomed.empty() || Complete(p) ? Validate(name, p) : p.doomed;
-    if (error.empty()) error = p.doomed;
-    Response resp = MakeResponse(name, p, error);
-    const Request& q = p.requests[FirstRank(p.have)];
-    if (!error.empty())
-      for (int r = 0; r < size_; ++r)
-        if (p.have[r] && p.requests[r].group_id >= 0) {
-          failed_groups_.emplace(std::make_pair(r, p.requests[r].group_id), error);
-          group_failed = true;
-        }
-    if (error.empty() && joined.empty() && ResponseCache::Cacheable(q)) {
-      resp.cache_ids[0] = cache_->Lookup(q);
-      if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
+  for (Item& item : batch) {
+    Response resp;
+    bool from_cache = true;  // every rank's request came as a cache hit
+    if (item.cache_id >= 0) {
+      // Agreed through the cache: the entry is the response (no joined ranks: see Hits).
+      resp = FromCacheEntry(item.cache_id);
+    } else {
+      const std::string& name = item.name;
+      const Pending& p = item.p;
+      // A doomed member that every rank sent keeps its own error if it has one (a rank
+      // refused it); otherwise it fails for its group.
+      std::string error = p.doomed.empty() || Complete(p) ? Validate(name, p) : p.doomed;
+      if (error.empty()) error = p.doomed;
+      resp = MakeResponse(name, p, error);
+      const Request& q = p.requests[FirstRank(p.have)];
+      if (!error.empty())
+        for (int r = 0; r < size_; ++r)
+          if (p.have[r] && p.requests[r].group_id >= 0) {
+            failed_groups_.emplace(std::make_pair(r, p.requests[r].group_id), error);
+            group_failed = true;
+          }
+      if (error.empty() && joined.empty() && ResponseCache::Cacheable(q)) {
+        resp.cache_ids[0] = cache_->Lookup(q);
+        if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
+      }
+      from_cache = p.all_from_cache;
     }
-    if (!error.empty() || resp.type != RequestType::kAllreduce) {
+    if (!resp.error.empty() || resp.type != RequestType::kAllreduce) {
       out.responses.push_back(std::move(resp));
       all_cached.push_back(false);
       continue;
@@ -373,10 +468,10 @@ ResponseList Coordinator::TakeReady() {
     const int64_t bytes = resp.sizes[0] * DataTypeSize(resp.dtype);
     auto slot = std::find_if(open.begin(), open.end(),
                              [&](const Open& o) { return SameFusionKey(out.responses[o.index], resp); });
-    const bool cached = p.all_from_cache && joined.empty() && resp.cache_ids[0] >= 0;
+    const bool cached = from_cache && joined.empty() && resp.cache_ids[0] >= 0;
     if (slot != open.end() && slot->bytes + bytes <= params_.fusion_threshold_bytes && slot->cached == cached) {
       Response& f = out.responses[slot->index];
-      f.names.push_back(name);
+      f.names.push_back(resp.names[0]);
       f.sizes.push_back(resp.sizes[0]);
       f.cache_ids.push_back(resp.cache_ids[0]);
       slot->bytes += bytes;
@@ -435,31 +530,42 @@ ResponseList Coordinator::TakeReady() {
 
 std::string Coordinator::CheckStalls(int64_t now_us) {
   if (params_.stall_check_seconds <= 0) return "";
-  const int64_t check_us = static_cast<int64_t>(params_.stall_check_seconds * 1e6);
-  const int64_t shutdown_us = static_cast<int64_t>(params_.stall_shutdown_seconds * 1e6);
   std::string reason;
-  for (auto& [name, p] : table_) {
-    const int64_t waited = now_us - p.first_us;
-    if (waited < check_us) continue;
-    std::vector<int> have, missing;
-    for (int r = 0; r < size_; ++r) {
-      if (p.have[r]) have.push_back(r);
-      else if (!joined_[r]) missing.push_back(r);
-    }
-    int any = have.front();
-    std::ostringstream os;
-    os << RequestTypeName(p.requests[any].type) << " '" << name << "' has waited " << waited / 1000000
-       << " s: submitted by ranks " << RankList(have) << ", missing ranks " << RankList(missing)
-       << ". One or more ranks did not submit this tensor: check that every rank runs the same "
-          "collectives with the same names";
-    if (now_us - p.last_warn_us >= check_us) {  // warn once per check interval
-      HVD_WARN("stall detected: " << os.str());
-      p.last_warn_us = now_us;
-    }
-    if (shutdown_us > 0 && waited >= shutdown_us && reason.empty())
-      reason = "hvdlite shut down after a stall of " + std::to_string(waited / 1000000) + " s: " + os.str();
+  for (auto& [name, p] : table_)
+    ReportStall(p.requests[FirstRank(p.have)].type, name, p.have, p.first_us, &p.last_warn_us, now_us, &reason);
+  for (int32_t id = 0; id < static_cast<int32_t>(hits_.size()); ++id) {
+    Hits& h = hits_[id];
+    if (h.count == 0 || h.count == size_) continue;  // nothing pending, or ready
+    const Request& q = cache_->Get(id);
+    ReportStall(q.type, q.name, h.have, h.first_us, &h.last_warn_us, now_us, &reason);
   }
   return reason;
+}
+
+// Warns (once per check interval) about a tensor that some ranks submitted long ago
+// and others not; sets `reason` when the stall has lasted past the shutdown limit.
+void Coordinator::ReportStall(RequestType type, const std::string& name, const std::vector<char>& have,
+                              int64_t first_us, int64_t* last_warn_us, int64_t now_us, std::string* reason) const {
+  const int64_t check_us = static_cast<int64_t>(params_.stall_check_seconds * 1e6);
+  const int64_t shutdown_us = static_cast<int64_t>(params_.stall_shutdown_seconds * 1e6);
+  const int64_t waited = now_us - first_us;
+  if (waited < check_us) return;
+  std::vector<int> present, missing;
+  for (int r = 0; r < size_; ++r) {
+    if (have[r]) present.push_back(r);
+    else if (!joined_[r]) missing.push_back(r);
+  }
+  std::ostringstream os;
+  os << RequestTypeName(type) << " '" << name << "' has waited " << waited / 1000000
+     << " s: submitted by ranks " << RankList(present) << ", missing ranks " << RankList(missing)
+     << ". One or more ranks did not submit this tensor: check that every rank runs the same "
+        "collectives with the same names";
+  if (now_us - *last_warn_us >= check_us) {  // warn once per check interval
+    HVD_WARN("stall detected: " << os.str());
+    *last_warn_us = now_us;
+  }
+  if (shutdown_us > 0 && waited >= shutdown_us && reason->empty())
+    *reason = "hvdlite shut down after a stall of " + std::to_string(waited / 1000000) + " s: " + os.str();
 }
 
 }  // namespace hvdlite

@@ -22,7 +22,12 @@ class Coordinator {
  public:
   Coordinator(int size, const Parameters& params, ResponseCache* cache, Timeline* timeline);
 
+  // A request this rank or another sent in full.
   void AddRequest(const Request& r, int64_t now_us, bool from_cache = false);
+  // A request that matched entry `cache_id` of the response cache on `rank`. While
+  // every rank's request for an entry comes this way, the coordinator only counts
+  // them (see Hits): the ranks agree on the signature by construction, so there is
+  // nothing to validate, and the response is built from the cache entry.
   void AddCacheHit(int rank, int32_t cache_id, int64_t now_us);
 
   // Everything that became ready since the last call, in execution order.
@@ -44,18 +49,43 @@ class Coordinator {
     std::string doomed;  // a member of a group that failed: fail it as soon as it arrives
   };
 
+  // The ranks whose requests for one cache entry have arrived, while no rank has sent
+  // that tensor in full and no rank has joined. Kept per entry and reused, so that the
+  // steady state allocates nothing here. A tensor is pending either here or in
+  // table_, never in both (ToTable moves it over).
+  struct Hits {
+    std::vector<char> have;
+    std::vector<int64_t> arrival_us;
+    int count = 0;
+    int64_t first_us = 0;
+    int64_t last_warn_us = 0;
+  };
+  // An entry of the ready list: a tensor in table_ (by name), or a cache entry that
+  // every rank hit (cache_id >= 0).
+  struct Ready {
+    int32_t cache_id = -1;
+    std::string name;
+  };
+
+  void ToTable(int32_t cache_id);
+  bool IsReady(const std::string& name) const;
   void MarkReadyIfComplete(const std::string& name);
   bool Complete(const Pending& p) const;
   std::string Validate(const std::string& name, const Pending& p) const;
   Response MakeResponse(const std::string& name, const Pending& p, const std::string& error) const;
-  void RecordNegotiation(const std::string& name, const Pending& p, int64_t now_us);
+  Response FromCacheEntry(int32_t cache_id) const;
+  void RecordNegotiation(const std::string& name, RequestType type, const std::vector<char>& have,
+                         const std::vector<int64_t>& arrival_us, int64_t first_us, int64_t now_us);
+  void ReportStall(RequestType type, const std::string& name, const std::vector<char>& have, int64_t first_us,
+                   int64_t* last_warn_us, int64_t now_us, std::string* reason) const;
 
   int size_;
   Parameters params_;
   ResponseCache* cache_;
   Timeline* timeline_;
   std::unordered_map<std::string, Pending> table_;
-  std::vector<std::string> ready_;  // names, in the order they became ready
+  std::vector<Hits> hits_;  // by cache id
+  std::vector<Ready> ready_;  // in the order they became ready
   // Grouped allreduce: ready members wait here until the whole group is ready.
   std::map<int32_t, std::vector<std::pair<std::string, Pending>>> groups_;
   // Groups with a failed member, as (rank, that rank's group id) -> the failure. Their

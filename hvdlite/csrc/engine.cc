@@ -200,9 +200,10 @@ bool Engine::CoordinatorStep() {
   for (Request& r : queue_.TakeNew()) {
     progress = true;
     if (shutting_down_) continue;
-    const bool hit = cache_.Lookup(r) >= 0;
-    ++(hit ? requests_as_ids_ : requests_in_full_);
-    coordinator_->AddRequest(r, now, hit);
+    const int32_t id = cache_.Lookup(r);
+    ++(id >= 0 ? requests_as_ids_ : requests_in_full_);
+    if (id >= 0) coordinator_->AddCacheHit(rank_, id, now);
+    else coordinator_->AddRequest(r, now);
   }
   while (true) {
     bool got = false;

@@ -28,6 +28,11 @@ class ResponseCache {
   // Every rank, from a response: remember `sig` (a request without rank) under `id`.
   void Put(int32_t id, const Request& sig);
   const Request& Get(int32_t id) const { return entries_.at(id); }
+  // The id `name` is cached under (whatever its signature), or -1.
+  int32_t IdOf(const std::string& name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? -1 : it->second;
+  }
   bool Has(int32_t id) const { return entries_.count(id) != 0; }
 
  private:

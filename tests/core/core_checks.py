@@ -454,6 +454,38 @@ def check_caller_runs_engine(r: int, n: int) -> None:
     restart_and_check(r, n, "drive.shutdown")
 
 
+def check_cache_hits_meet_join_and_mismatch(r: int, n: int) -> None:
+    """Requests agreed through the response cache alone (the coordinator only counts
+    them) still meet the rest of the protocol: a rank that joins while the others'
+    cache hits wait, a rank that sends the same name with another shape, and the cache
+    path again afterwards."""
+    core = _basics.core()
+    x = np.full(4, float(r + 1))
+    for _ in range(2):  # the second time, every rank's request is a cache hit
+        np.testing.assert_allclose(hvd.allreduce(x, op=hvd.Sum, name="hits.a"), np.full(4, n * (n + 1) / 2))
+    if n == 1:
+        return
+    # Rank 0 joins only after the others' hits reached it: they go ahead with its zeros.
+    if r == 0:
+        time.sleep(0.3)
+    else:
+        got = hvd.allreduce(x, op=hvd.Sum, name="hits.a")
+        np.testing.assert_allclose(got, np.full(4, n * (n + 1) / 2 - 1))
+    assert 1 <= hvd.join() < n  # ranks 1.. join in whatever order they arrive
+    # The last rank sends another shape after the others' hits arrived: every rank fails,
+    # naming the shapes, and the cache path works again afterwards.
+    if r == n - 1:
+        time.sleep(0.3)
+        bad = np.ones(5)
+    else:
+        bad = x.copy()
+    expect_error(lambda: hvd.allreduce(bad, op=hvd.Sum, name="hits.a"), "'hits.a'", "disagree on the shape",
+                 f"rank {n - 1} sent [5]")
+    before = core.stats()["requests_as_ids"]
+    np.testing.assert_allclose(hvd.allreduce(x, op=hvd.Sum, name="hits.a"), np.full(4, n * (n + 1) / 2))
+    assert core.stats()["requests_as_ids"] - before == 1, "the repeat after the error was not a cache hit"
+
+
 def check_direct_and_full_paths_agree(r: int, n: int) -> None:
     """Blocking calls take the engine's direct path (`try_run`) in the common case and
     the full path otherwise, and ranks that take different paths for one collective
@@ -512,7 +544,8 @@ def main() -> None:
     assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
     checks = [check_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
               check_barrier_join, check_response_cache, check_errors, check_restart,
-              check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree]
+              check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree,
+              check_cache_hits_meet_join_and_mismatch]
     for check in checks:
         if only and check.__name__ not in only:
             continue

@@ -133,8 +133,9 @@ def test_timeline_records_every_phase(tmp_path: Path) -> None:
     assert not any(e["name"] == "process_name" and e["args"]["name"] == "grad.0" for e in runtime)
 
 
-def test_stall_inspector_warns_then_shuts_down_every_rank() -> None:
-    proc = run_ranks(3, "stall_job.py", env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+@pytest.mark.parametrize("how", ["new", "cached"])
+def test_stall_inspector_warns_then_shuts_down_every_rank(how: str) -> None:
+    proc = run_ranks(3, "stall_job.py", *([how] if how == "cached" else []), env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
                                              "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"}, timeout=90)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
