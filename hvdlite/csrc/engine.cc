@@ -205,7 +205,7 @@ bool Engine::CoordinatorStep() {
     if (id >= 0) coordinator_->AddCacheHit(rank_, id, now);
     else coordinator_->AddRequest(r, now);
   }
-  while (true) {
+  while (size_ > 1) {  // alone, there is no one to hear from (and probing costs a system call)
     bool got = false;
     int from = -1;
     std::vector<uint8_t> buf = Receive(ctrl_comm_, MPI_ANY_SOURCE, kTagRequest, &got, &from);
