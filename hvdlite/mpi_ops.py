@@ -99,30 +99,30 @@ def _raw(arr: np.ndarray) -> _ops.RawTensor:
     return _ops.RawTensor(_load_core().address(arr), _NAME_OF[arr.dtype], arr.shape)
 
 
-# What the blocking calls' common case hands the engine directly (see _ran_directly):
-# the engine's dtype code per NumPy dtype, and the op (None is Horovod's default).
-_CODE_OF = {dt: _ops.DTYPES[n] for dt, n in _NAME_OF.items()}
-_DIRECT_OP = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product: Product}
-_orphans = _ops._orphans  # dropped handles to reap first; a list only ever changed in place
+_ALLREDUCE, _BROADCAST = _ops.ALLREDUCE, _ops.BROADCAST  # one lookup each on the direct path
 
 
-def _ran_directly(kind: int, tensor: Any, output: Any, name: str | None, average: bool | None,
-                  op: int | None, prescale_factor: float, postscale_factor: float, root_rank: int) -> bool:
-    """Run a blocking collective straight from the public function, if it is the common
+def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: bool | None,
+                op: int | None, prescale_factor: float, postscale_factor: float, root_rank: int) -> bool:
+    """Run a blocking collective straight from the public function if it is the common
     case: a NumPy array of a supported dtype, a name, a supported op, no dropped handles
-    to reap, the engine running and the arrays usable as they are (the engine checks
-    the last two and declines rather than fail). False, having done nothing, otherwise;
-    the caller then takes its full path, which copies, names, checks and raises.
+    to reap, the engine running, arrays usable as they are. False, having done nothing,
+    otherwise; the caller then takes its full path, which copies, names, checks and
+    raises.
 
-    Right after a large collective has flushed the CPU caches, every Python call
-    between the user's call and the engine costs several microseconds: this path makes
-    one, where the full path makes five. Measured on the 4 MiB allreduce in
-    docs/performance.md (session 11)."""
-    code = _CODE_OF.get(tensor.dtype) if type(tensor) is np.ndarray else None
-    op = _DIRECT_OP.get(op) if average is None else None
+    The engine's ``direct_run`` does all of it in C, and once the engine is loaded this
+    module's ``_direct_run`` *is* that function: right after a large collective has
+    flushed the CPU caches, every Python-level call and lookup between the user's call
+    and the engine costs microseconds (docs/performance.md, session 11). Until then this
+    stand-in declines, and binds the engine's function at the first call that finds it
+    loaded."""
+    global _direct_run
     core = _basics._core_module
-    return (code is not None and op is not None and name is not None and core is not None and not _orphans
-            and core.try_run(kind, name, tensor, output, code, op, prescale_factor, postscale_factor, root_rank))
+    if core is None:
+        return False
+    core.set_direct_inputs(np.ndarray, [(dt, _ops.DTYPES[n]) for dt, n in _NAME_OF.items()], _ops._orphans)
+    _direct_run = core.direct_run
+    return _direct_run(kind, tensor, output, name, average, op, prescale_factor, postscale_factor, root_rank)
 
 
 def _run(kind: int, arr: np.ndarray, out: np.ndarray | None, name: str | None, op: int = Sum,
@@ -190,7 +190,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     """Reduce `tensor` across ranks (default: Average) and return the result."""
     if type(tensor) is np.ndarray:
         out = np.empty_like(tensor, order="C")
-        if _ran_directly(_ops.ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
+        if _direct_run(_ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
             return out
     inp = _checked(tensor, _label("allreduce", name))
     out = np.empty_like(inp)
@@ -214,7 +214,7 @@ def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None
                op: int | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce `tensor` across ranks in place and return it."""
-    if _ran_directly(_ops.ALLREDUCE, tensor, tensor, name, average, op, prescale_factor, postscale_factor, -1):
+    if _direct_run(_ALLREDUCE, tensor, tensor, name, average, op, prescale_factor, postscale_factor, -1):
         return tensor
     arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("allreduce", name), in_place=True)
     _run(_ops.ALLREDUCE, arr, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
@@ -324,7 +324,7 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
-    if type(root_rank) is int and _ran_directly(_ops.BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
+    if _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
         return tensor
     arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("broadcast", name), in_place=True)
     _run(_ops.BROADCAST, arr, None, name, root_rank=int(root_rank))

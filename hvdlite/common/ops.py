@@ -174,6 +174,7 @@ class Handle:
 
 
 _orphan_lock = threading.Lock()
+# Changed in place only: the engine's direct path holds this list (see mpi_ops._direct_run).
 _orphans: list[tuple[int, Any]] = []
 
 

@@ -317,6 +317,100 @@ bool RunCollective(int type, const std::string& name, py::handle in, py::handle 
   return true;
 }
 
+// The NumPy front end's blocking calls enter here first (see _direct_run in
+// hvdlite/mpi_ops.py): a plain CPython function taking the public function's own
+// arguments, positionally,
+//   (kind, tensor, output, name, average, op, prescale, postscale, root),
+// that does the common case or declines. Right after a large collective has flushed
+// the CPU caches, each Python-level lookup and call between the user's call and the
+// engine costs microseconds, and so does pybind11's generic argument dispatch; this
+// entry does the checks in C with pointers registered once (SetDirectInputs) and
+// compares dtypes by identity instead of hashing them. Returns True once the
+// collective ran, False having done nothing when the call is not the common case
+// (not exactly a NumPy array of a registered dtype, no name, `average` given, an op
+// or factor of another type, dropped handles waiting to be reaped, the engine not
+// running, an unusable array), or raises HvdliteError if the collective failed.
+struct DirectInputs {
+  PyTypeObject* ndarray = nullptr;
+  std::vector<std::pair<PyObject*, int>> dtypes;  // dtype object -> engine code
+  PyObject* orphans = nullptr;                    // the front end's list of dropped handles
+  PyObject* dtype_attr = nullptr;                 // interned "dtype"
+};
+DirectInputs g_direct;
+
+void SetDirectInputs(py::handle ndarray, const std::vector<std::pair<py::object, int>>& dtypes, py::handle orphans) {
+  if (!PyType_Check(ndarray.ptr()) || !PyList_Check(orphans.ptr()))
+    throw std::invalid_argument("set_direct_inputs takes numpy.ndarray, (dtype, code) pairs and a list");
+  DirectInputs d;
+  d.ndarray = reinterpret_cast<PyTypeObject*>(ndarray.inc_ref().ptr());
+  for (const auto& [dt, code] : dtypes) {
+    if (!ValidDataType(code)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(code));
+    d.dtypes.emplace_back(dt.inc_ref().ptr(), code);
+  }
+  d.orphans = orphans.inc_ref().ptr();
+  d.dtype_attr = PyUnicode_InternFromString("dtype");
+  g_direct = std::move(d);  // kept for the life of the process, like the module
+}
+
+// A double from a float or int argument; false for anything else.
+bool PlainDouble(PyObject* o, double* v) {
+  if (PyFloat_CheckExact(o)) *v = PyFloat_AS_DOUBLE(o);
+  else if (PyLong_CheckExact(o)) *v = PyLong_AsDouble(o);
+  else return false;
+  return !PyErr_Occurred();
+}
+
+PyObject* DirectRun(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "direct_run takes 9 positional arguments");
+    return nullptr;
+  }
+  PyObject *tensor = args[1], *output = args[2], *name = args[3], *op = args[5];
+  const DirectInputs& d = g_direct;
+  const long kind = PyLong_AsLong(args[0]);
+  if (kind == -1 && PyErr_Occurred()) return nullptr;
+  long reduce_op = static_cast<long>(ReduceOp::kAverage), root = -1;
+  double prescale = 1.0, postscale = 1.0;
+  int code = -1;
+  bool usual = d.ndarray && Py_TYPE(tensor) == d.ndarray && (output == tensor || Py_TYPE(output) == d.ndarray) &&
+               PyList_GET_SIZE(d.orphans) == 0 && PyUnicode_CheckExact(name) && args[4] == Py_None &&
+               PlainDouble(args[6], &prescale) && PlainDouble(args[7], &postscale) && PyLong_CheckExact(args[8]);
+  if (usual && op != Py_None) {
+    usual = PyLong_CheckExact(op);
+    if (usual) reduce_op = PyLong_AsLong(op);
+    usual = usual && !PyErr_Occurred() && reduce_op >= 0 && reduce_op <= static_cast<long>(ReduceOp::kProduct) &&
+            reduce_op != static_cast<long>(ReduceOp::kAdasum);
+  }
+  if (usual) {
+    root = PyLong_AsLong(args[8]);
+    PyObject* dt = PyObject_GetAttr(tensor, d.dtype_attr);
+    if (!dt) return nullptr;
+    for (const auto& [obj, c] : d.dtypes)
+      if (obj == dt) code = c;
+    Py_DECREF(dt);
+    usual = code >= 0 && !PyErr_Occurred();
+  }
+  PyErr_Clear();  // a failed conversion above only means "not the usual case"
+  if (!usual) Py_RETURN_FALSE;
+  Py_ssize_t len = 0;
+  const char* chars = PyUnicode_AsUTF8AndSize(name, &len);
+  if (!chars) return nullptr;
+  try {
+    if (RunCollective(static_cast<int>(kind), std::string(chars, len), tensor, output, code,
+                      static_cast<int>(reduce_op), prescale, postscale, static_cast<int>(root), /*decline=*/true))
+      Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef g_direct_run_def = {"direct_run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&DirectRun)),
+                                METH_FASTCALL, "A blocking NumPy collective's common case (see bindings.cc)."};
+
 // The address of a C-contiguous buffer (a NumPy array), much cheaper than building
 // its __array_interface__ dict.
 uintptr_t Address(py::handle obj) {
@@ -381,10 +475,8 @@ PYBIND11_MODULE(_core, m) {
                   double prescale, double postscale, int root) {
     RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false);
   });
-  m.def("try_run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
-                      double prescale, double postscale, int root) {
-    return RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/true);
-  });
+  m.def("set_direct_inputs", &SetDirectInputs);
+  m.add_object("direct_run", py::reinterpret_steal<py::object>(PyCFunction_New(&g_direct_run_def, nullptr)));
   m.def("address", &Address);
   m.def("take_output", [](int64_t h) {
     std::unique_ptr<OutputBuffer> out = g_handles.TakeOutput(h);
