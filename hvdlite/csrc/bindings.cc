@@ -212,8 +212,7 @@ bool WaitFor(int64_t h, bool release, std::string* error) {
   std::shared_ptr<Engine> engine = g_engine;
   py::gil_scoped_release nogil;
   // The engine may run itself on this thread while it waits (Engine::Wait).
-  ok = engine ? engine->Wait(h, error) : g_handles.Wait(h, error);
-  if (release) g_handles.Release(h);
+  ok = engine ? engine->Wait(h, error, release) : g_handles.Wait(h, error, release);
   engine.reset();  // the last owner, if another thread shut down meanwhile
   return ok;
 }

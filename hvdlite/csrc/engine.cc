@@ -284,6 +284,9 @@ bool Engine::WorkerStep() {
       return true;
     }
     Execute(list);
+    // Return now: a caller driving the engine is likely waiting on what just ran, and
+    // a further probe here would delay its return. The next step reads on.
+    return true;
   }
   return progress;
 }
@@ -396,9 +399,9 @@ void Engine::Drive(int64_t h) {
   if (ending || stop_requested_ || queue_.HasOutstanding()) queue_.Wake();
 }
 
-bool Engine::Wait(int64_t h, std::string* error) {
+bool Engine::Wait(int64_t h, std::string* error, bool release) {
   if (running_ && !handles_->Poll(h)) Drive(h);
-  return handles_->Wait(h, error);
+  return handles_->Wait(h, error, release);
 }
 
 Response Engine::FromCache(const std::vector<int32_t>& ids) const {

@@ -54,7 +54,7 @@ class Engine {
   // running the engine, the calling thread runs it itself until `h` is done, instead
   // of waking the background thread and being woken again (two thread hand-offs per
   // blocking call, ~50 us each on a small VM).
-  bool Wait(int64_t h, std::string* error);
+  bool Wait(int64_t h, std::string* error, bool release = false);
   void Stop();
 
   // Control-plane counters since init, for diagnostics and the benchmark's response

@@ -28,7 +28,7 @@ bool HandleTable::Poll(int64_t h) {
   return it == states_.end() || it->second.done;
 }
 
-bool HandleTable::Wait(int64_t h, std::string* error) {
+bool HandleTable::Wait(int64_t h, std::string* error, bool release) {
   std::unique_lock<std::mutex> lk(mu_);
   auto it = states_.find(h);
   if (it == states_.end()) {
@@ -44,8 +44,10 @@ bool HandleTable::Wait(int64_t h, std::string* error) {
     cv_.wait(lk, [&] { return st.done; });
     waiting_.fetch_sub(1, std::memory_order_relaxed);
   }
-  *error = st.error;
-  return st.ok;
+  const bool ok = st.ok;
+  *error = release ? std::move(st.error) : st.error;
+  if (release) states_.erase(h);
+  return ok;
 }
 
 std::unique_ptr<OutputBuffer> HandleTable::TakeOutput(int64_t h) {

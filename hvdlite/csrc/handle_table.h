@@ -32,8 +32,9 @@ class HandleTable {
   void Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out = nullptr);
   bool Poll(int64_t h);
   // Blocks until done; returns ok and fills `error`. A caller about to block first
-  // runs the waiter hook (the engine uses it to stop sleeping between polls).
-  bool Wait(int64_t h, std::string* error);
+  // runs the waiter hook (the engine uses it to stop sleeping between polls). With
+  // `release`, also forgets the handle (as Release does), under the same lock.
+  bool Wait(int64_t h, std::string* error, bool release = false);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
   // Fail every unfinished handle (engine shutting down).
