@@ -300,16 +300,9 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
 
 Response Coordinator::MakeResponse(const std::string& name, const Pending& p, const std::string& error) const {
   const Request& q = p.requests[FirstRank(p.have)];
-  Response resp;
-  resp.type = q.type;
+  Response resp = ResponseTo(q);
   resp.error = error;
   resp.names = {name};
-  resp.dtype = q.dtype;
-  resp.reduce_op = q.reduce_op;
-  resp.prescale = q.prescale;
-  resp.postscale = q.postscale;
-  resp.root = q.root;
-  resp.device = q.device;
   resp.cache_ids = {-1};
   if (!error.empty()) return resp;
   switch (q.type) {
@@ -357,15 +350,8 @@ void Coordinator::RecordNegotiation(const std::string& name, RequestType type, c
 
 Response Coordinator::FromCacheEntry(int32_t cache_id) const {
   const Request& q = cache_->Get(cache_id);
-  Response resp;
-  resp.type = q.type;
+  Response resp = ResponseTo(q);
   resp.names = {q.name};
-  resp.dtype = q.dtype;
-  resp.reduce_op = q.reduce_op;
-  resp.prescale = q.prescale;
-  resp.postscale = q.postscale;
-  resp.root = q.root;
-  resp.device = q.device;
   resp.sizes = {NumElements(q.shape)};
   resp.cache_ids = {cache_id};
   return resp;

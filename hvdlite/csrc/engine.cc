@@ -405,15 +405,7 @@ bool Engine::Wait(int64_t h, std::string* error, bool release) {
 }
 
 Response Engine::FromCache(const std::vector<int32_t>& ids) const {
-  Response r;
-  const Request& first = cache_.Get(ids.front());
-  r.type = first.type;
-  r.dtype = first.dtype;
-  r.reduce_op = first.reduce_op;
-  r.prescale = first.prescale;
-  r.postscale = first.postscale;
-  r.root = first.root;
-  r.device = first.device;
+  Response r = ResponseTo(cache_.Get(ids.front()));
   for (int32_t id : ids) {
     const Request& q = cache_.Get(id);
     r.names.push_back(q.name);

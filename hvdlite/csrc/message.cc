@@ -4,6 +4,19 @@
 #include <stdexcept>
 
 namespace hvdlite {
+
+Response ResponseTo(const Request& q) {
+  Response r;
+  r.type = q.type;
+  r.dtype = q.dtype;
+  r.reduce_op = q.reduce_op;
+  r.prescale = q.prescale;
+  r.postscale = q.postscale;
+  r.root = q.root;
+  r.device = q.device;
+  return r;
+}
+
 namespace {
 
 class Writer {

@@ -70,6 +70,10 @@ struct ResponseList {
   std::string shutdown_reason;
 };
 
+// A response carrying `q`'s kind, dtype, reduce op, scale factors, root and device,
+// with no tensors listed yet.
+Response ResponseTo(const Request& q);
+
 std::vector<uint8_t> Serialize(const RequestList& list);
 RequestList DeserializeRequestList(const uint8_t* data, size_t size);
 std::vector<uint8_t> Serialize(const ResponseList& list);
