@@ -19,7 +19,8 @@ OPTIMIZER_CASES = [
     "zero_grad_while_in_flight_is_an_error", "model_zero_grad_while_in_flight_is_an_error",
     "step_with_closure_averages_gradients", "lbfgs_closure_is_averaged_every_evaluation", "two_unnamed_optimizers_one_loss",
     "frozen_then_unfrozen_and_added_group",
-    "lr_scheduler_and_state_dict", "sparse_embedding_gradients", "wrong_arguments_raise"]
+    "lr_scheduler_and_state_dict", "sparse_embedding_gradients", "torch_compile_matches_global_batch",
+    "wrong_arguments_raise"]
 FUNCTION_CASES = ["broadcast_parameters_forms", "optimizer_state_makes_fresh_rank_identical",
                   "optimizer_state_cleared_when_root_has_none", "objects"]
 SYNCBN_CASES = ["syncbn_1d", "syncbn_2d", "syncbn_float32_and_convert"]

@@ -488,6 +488,24 @@ def sparse_embedding_gradients() -> None:
 
 
 @case
+def torch_compile_matches_global_batch() -> None:
+    # A torch.compile'd model (AOTAutograd, on which inductor also builds; aot_eager
+    # needs no C++ compiler) still fires the per-parameter gradient hooks.
+    r, n = hvd.rank(), hvd.size()
+    model, ref = make_replicas()
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    ref_opt = sgd(ref)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step, r)
+        F.mse_loss(compiled(x), y).backward()
+        opt.step()
+        reference_step(ref, ref_opt, step, n)
+    check_params(model, ref, "torch.compile (aot_eager)")
+
+
+@case
 def wrong_arguments_raise() -> None:
     model, _ = make_replicas()
     for kwargs, exc in [({"named_parameters": [("a", model.fc1.weight)]}, ValueError),
