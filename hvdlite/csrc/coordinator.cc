@@ -375,8 +375,10 @@ ResponseList Coordinator::TakeReady() {
   for (const Ready& e : ready_) {
     if (e.cache_id >= 0) {
       Hits& h = hits_[e.cache_id];
-      const Request& q = cache_->Get(e.cache_id);
-      RecordNegotiation(q.name, q.type, h.have, h.arrival_us, h.first_us, now);
+      if (timeline_ && timeline_->Active()) {  // the entry is looked up again below; only when tracing here
+        const Request& q = cache_->Get(e.cache_id);
+        RecordNegotiation(q.name, q.type, h.have, h.arrival_us, h.first_us, now);
+      }
       std::fill(h.have.begin(), h.have.end(), 0);
       h.count = 0;
       batch.push_back(Item{{}, {}, e.cache_id});
