@@ -15,11 +15,15 @@ class ProcessSet:
     """A set of ranks, as in Horovod. hvdlite runs collectives on the global set only:
     ``ProcessSet(ranks)`` can be built (as a Horovod script does before ``init``), but
     registering or using any set other than :data:`global_process_set` raises
-    ``NotImplementedError``."""
+    ``NotImplementedError``. As in Horovod, the argument is a sequence of ranks or an
+    mpi4py communicator (kept as ``mpi_comm``)."""
 
-    def __init__(self, ranks: Sequence[int] | None = None) -> None:
-        self.ranks = None if ranks is None else [int(r) for r in ranks]
-        self.process_set_id = 0 if ranks is None else None
+    def __init__(self, ranks_or_comm: Sequence[int] | Any = None) -> None:
+        self.mpi_comm = None
+        if ranks_or_comm is not None and hasattr(ranks_or_comm, "Get_rank"):
+            self.mpi_comm, ranks_or_comm = ranks_or_comm, []
+        self.ranks = None if ranks_or_comm is None else [int(r) for r in ranks_or_comm]
+        self.process_set_id = 0 if ranks_or_comm is None else None
 
     def size(self) -> int:
         self._check_global()

@@ -49,17 +49,31 @@ from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hvdlite.tensorflow import elastic
 
 
-def DistributedOptimizer(optimizer, *args, **kwargs):
-    """Horovod's ``hvd.DistributedOptimizer`` of the TensorFlow module: for a Keras 3
-    optimizer this is :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (same
-    arguments). TensorFlow 1 ``tf.compat.v1.train.Optimizer`` objects are not supported;
-    use ``DistributedGradientTape`` in custom loops."""
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Horovod's ``hvd.DistributedOptimizer`` of the TensorFlow module, with its arguments
+    in its order: for a Keras 3 optimizer this is
+    :func:`hvdlite.tensorflow.keras.DistributedOptimizer`. ``use_locking`` belonged to
+    TensorFlow 1 optimizers and is accepted and ignored. Unlike Horovod, which drops
+    ``op``, ``num_groups`` and ``groups`` on this path, hvdlite applies them.
+    TensorFlow 1 ``tf.compat.v1.train.Optimizer`` objects are not supported; use
+    ``DistributedGradientTape`` in custom loops."""
     from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer as _keras_distributed
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise NotImplementedError("hvdlite wraps Keras 3 optimizers only; for other training "
                                   "loops use hvd.DistributedGradientTape")
-    return _keras_distributed(optimizer, *args, **kwargs)
+    del use_locking
+    return _keras_distributed(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
 
 
 __all__ = [

@@ -618,10 +618,11 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       device_dense: str = "", device_sparse: str = "",
                       compression: type[Compressor] = Compression.none, op: int | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: Any = global_process_set, name: str | None = None,
-                      ignore_name_scope: bool = False) -> list[Any]:
+                      process_set: Any = global_process_set, ignore_name_scope: bool = False,
+                      name: str | None = None) -> list[Any]:
     """Allreduce a list of tensors as one group: the engine negotiates and fuses them
-    together. Same arguments and result per tensor as :func:`allreduce`."""
+    together. Same arguments (in Horovod's order) and result per tensor as
+    :func:`allreduce`."""
     check_process_set(process_set)
     op = _resolve_op(average, op)
     tensors = list(tensors)
@@ -819,10 +820,11 @@ def reducescatter(tensor: Any, device_dense: str = "",
 @_no_autograph
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: type[Compressor] = Compression.none, op: int = Average,
-                          name: str | None = None, process_set: Any = global_process_set,
-                          ignore_name_scope: bool = False, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[tf.Tensor]:
-    """Reducescatter several tensors in one batch (not differentiable)."""
+                          process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0, name: str | None = None,
+                          ignore_name_scope: bool = False) -> list[tf.Tensor]:
+    """Reducescatter several tensors in one batch (not differentiable). The arguments up
+    to ``postscale_factor`` are Horovod's, in its order; ``name`` is hvdlite's."""
     check_process_set(process_set)
     if op not in (Sum, Average):
         raise NotImplementedError("reducescatter supports only Sum and Average")

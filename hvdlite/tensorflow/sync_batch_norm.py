@@ -33,13 +33,19 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     Keras's own ``synchronized=True`` works through a ``tf.distribute`` strategy, which
     hvdlite does not use; the argument is accepted and has no further effect here.
+
+    As in Horovod, the only positional argument is ``fused``, which must be ``False``
+    (Keras 3's layer has no fused kernel); pass the Keras arguments by keyword.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, fused: bool | None = False, **kwargs: Any) -> None:
         if (why := wrong_keras_backend("hvd.SyncBatchNormalization")) is not None:
             raise RuntimeError(why)
+        if fused is not False:
+            raise ValueError(f"SyncBatchNormalization does not support fused={fused!r}; "
+                             f"leave fused=False")
         kwargs["synchronized"] = False
-        super().__init__(*args, **kwargs)
+        super().__init__(**kwargs)
 
     def _moments(self, inputs: tf.Tensor, mask: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
         if _basics.size() == 1:

@@ -708,32 +708,44 @@ def _reducescatter_impl(tensor: torch.Tensor, name: str | None, op: int, pre: fl
     return Handle([part], finish, nm)
 
 
-def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
-                        compression: type[Compressor] = Compression.none, op: int = Average,
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
                         process_set: Any = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> Handle:
     """Start reducing ``tensor`` over all ranks and scattering the result along dimension
-    0: rank ``r`` gets ``dim0 // size`` rows, plus one if ``r < dim0 % size``.
-    (``compression`` is applied by :func:`reducescatter`, not here.)"""
+    0: rank ``r`` gets ``dim0 // size`` rows, plus one if ``r < dim0 % size``."""
     check_process_set(process_set)
     return _reducescatter_impl(tensor, name, op, float(prescale_factor), float(postscale_factor))
 
 
 class _ReducescatterFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, pre: float,
-                post: float) -> torch.Tensor:
-        ctx.op, ctx.pre, ctx.post, ctx.name = op, pre, post, name
-        return synchronize(_reducescatter_impl(tensor, name, op, pre, post))
+    """Reducescatter of one tensor or of a group: the backward pass gathers each output's
+    gradient from every rank (all submitted before any is waited for) and scales it as
+    the forward pass scaled."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        gname = None if ctx.name is None else ctx.name + ".grad"
-        g = allgather(grad.contiguous(), name=gname)
+    def forward(ctx: Any, name: str | None, op: int, pre: float, post: float,
+                *tensors: torch.Tensor) -> Any:
+        ctx.op, ctx.pre, ctx.post = op, pre, post
+        if len(tensors) == 1:
+            ctx.grad_names = [None if name is None else f"{name}.grad"]
+            return (synchronize(_reducescatter_impl(tensors[0], name, op, pre, post)),)
+        ctx.grad_names = [None if name is None else f"{name}.{i}.grad" for i in range(len(tensors))]
+        return tuple(synchronize(_grouped_reducescatter_impl(tensors, name, op, pre, post)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        handles = [allgather_async(g.contiguous(), name=n) for g, n in zip(grads, ctx.grad_names)]
         scale = ctx.pre * ctx.post / (size() if ctx.op == Average else 1)
-        if scale != 1.0:
-            g = g * scale
-        return g, None, None, None, None
+        gathered = [synchronize(h) for h in handles]
+        return (None, None, None, None, *[g * scale if scale != 1.0 else g for g in gathered])
+
+
+def _reducescatter_apply(tensors: Sequence[torch.Tensor], name: str | None,
+                         compression: type[Compressor], op: int, pre: float,
+                         post: float) -> list[torch.Tensor]:
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _ReducescatterFn.apply(name, int(op), float(pre), float(post), *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
 @_ops.blocking
@@ -747,10 +759,15 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
     Differentiable: the gradient of every input row is the gradient of the output row it
     contributed to (gathered from its owner), scaled by ``1/size`` for ``Average``."""
     check_process_set(process_set)
-    compressed, cctx = compression.compress(tensor)
-    out = _ReducescatterFn.apply(compressed, name, int(op), float(prescale_factor),
-                                 float(postscale_factor))
-    return compression.decompress(out, cctx)
+    return _reducescatter_apply([tensor], name, compression, op, prescale_factor,
+                                postscale_factor)[0]
+
+
+def _grouped_reducescatter_impl(tensors: Sequence[torch.Tensor], name: str | None, op: int,
+                                pre: float, post: float) -> Handle:
+    base = name if name is not None else _ops.auto_name("grouped_reducescatter")
+    subs = [_reducescatter_impl(t, f"{base}.{i}", op, pre, post) for i, t in enumerate(tensors)]
+    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -759,20 +776,22 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter of each tensor of a list; :func:`synchronize` returns a list."""
     check_process_set(process_set)
-    base = name if name is not None else _ops.auto_name("grouped_reducescatter")
-    subs = [_reducescatter_impl(t, f"{base}.{i}", op, prescale_factor, postscale_factor)
-            for i, t in enumerate(tensors)]
-    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
+    return _grouped_reducescatter_impl(tensors, name, int(op), float(prescale_factor),
+                                       float(postscale_factor))
 
 
 @_ops.blocking
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
-                          op: int = Average, process_set: Any = None,
-                          prescale_factor: float = 1.0,
+                          compression: type[Compressor] = Compression.none, op: int = Average,
+                          process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    """Reducescatter each tensor of a list (not differentiable)."""
-    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
-                                                   prescale_factor, postscale_factor))
+    """Reducescatter each tensor of a list (see :func:`reducescatter`); differentiable like
+    :func:`reducescatter`."""
+    check_process_set(process_set)
+    if not tensors:
+        return []
+    return _reducescatter_apply(list(tensors), name, compression, op, prescale_factor,
+                                postscale_factor)
 
 
 # ---------------------------------------------------------------------------------------

@@ -435,8 +435,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: type[Compressor] = Compression.none,
                          backward_passes_per_step: int = 1, op: int = Average,
-                         gradient_predivide_factor: float = 1.0, groups: Any = None,
-                         sparse_as_dense: bool = False, *, num_groups: int = 0,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged across all ranks before each step.
 
@@ -457,12 +457,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         op: ``Average`` (default) or ``Sum``.
         gradient_predivide_factor: with ``Average``, divide gradients by this factor before
             the sum and by ``size / factor`` after it.
+        num_groups: deprecated spelling of an integer ``groups``.
         groups: an int (split the parameters into that many groups) or a list of lists of
             parameters; each group is reduced as one grouped allreduce when all its
             gradients are ready.
         sparse_as_dense: reduce sparse gradients (e.g. of ``nn.Embedding(sparse=True)``)
             as dense tensors instead of gathering their indices and values.
-        num_groups: deprecated spelling of an integer ``groups``.
+        process_set: only the global process set is supported.
+
+    The arguments are in Horovod's order, so positional calls written for Horovod bind
+    the same way.
 
     Call ``zero_grad()`` only after ``step()`` (or ``synchronize()``); calling it while
     gradient allreduces are still in flight raises ``RuntimeError``.

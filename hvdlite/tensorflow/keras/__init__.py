@@ -82,8 +82,8 @@ def reducescatter(value: Any, name: str | None = None, op: int = Average) -> np.
 
 def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None,
                custom_objects: dict[str, Any] | None = None,
-               compression: type[Compressor] = Compression.none, **optimizer_options: Any
-               ) -> keras.Model:
+               compression: type[Compressor] = Compression.none, legacy_opts: bool = False,
+               **optimizer_options: Any) -> keras.Model:
     """Load a saved Keras model (``.keras`` file) and make its restored optimizer a
     distributed one, keeping the optimizer's saved state (slots, iterations).
 
@@ -92,8 +92,12 @@ def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None,
     (``sparse_as_dense``, ``op``, ``gradient_predivide_factor``, ``backward_passes_per_step``,
     ...) configure the wrapper as in :func:`DistributedOptimizer`. Models saved with a
     ``DistributedOptimizer`` load with plain Keras too (the saved optimizer is the
-    wrapped one's class).
+    wrapped one's class). ``legacy_opts=True`` (Horovod's switch for
+    ``tf.keras.optimizers.legacy``) raises ``ValueError``: Keras 3 has no legacy optimizers.
     """
+    if legacy_opts:
+        raise ValueError("load_model(legacy_opts=True): Keras 3 has no legacy optimizers; "
+                         "leave legacy_opts=False")
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects.setdefault(cls.__name__, cls)

@@ -116,6 +116,17 @@ def reducescatter_grad() -> None:
         (y * torch.from_numpy(ws[r])).sum().backward()
         check_close(x.grad, np.concatenate(ws) * scale, f"reducescatter op={op} gradient")
 
+    # Grouped: each input's gradient is its own output gradient gathered from every rank.
+    ys = all_ranks((n, 3), seed=12)
+    vs = [rank_data(k, (1, 3), seed=13) for k in range(n)]
+    for op, scale in [(hvd.Sum, 1.0), (hvd.Average, 1.0 / n)]:
+        x, z = leaf(xs[r]), leaf(ys[r])
+        gx, gz = hvd.grouped_reducescatter([x, z], name=f"g.grs.{op}", op=op,
+                                           prescale_factor=2.0)
+        (gx * torch.from_numpy(ws[r])).sum().add_((gz * torch.from_numpy(vs[r])).sum()).backward()
+        check_close(x.grad, np.concatenate(ws) * 2 * scale, f"grouped_reducescatter op={op} gradient 0")
+        check_close(z.grad, np.concatenate(vs) * 2 * scale, f"grouped_reducescatter op={op} gradient 1")
+
 
 if __name__ == "__main__":
     run_cases()

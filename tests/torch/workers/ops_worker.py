@@ -354,8 +354,26 @@ def reducescatter_ops() -> None:
             out = hvd.reducescatter(t(xs[r], torch.float32), op=op)
             check_close(out, ref[start:start + counts[r]], f"reducescatter rows={rows} op={op}")
     xs = all_ranks((n, 2), seed=59)
-    h = hvd.reducescatter_async(t(xs[r], torch.float64), op=hvd.Sum)
+    # Horovod's positional order: (tensor, name, op, ...), no compression argument.
+    h = hvd.reducescatter_async(t(xs[r], torch.float64), "rs.async", hvd.Sum)
     check_close(hvd.synchronize(h), np.sum(xs, 0)[r:r + 1], "reducescatter_async")
+    # Grouped, with Horovod's positional order (tensors, name, compression, op, process_set,
+    # prescale_factor, postscale_factor); fp16 on the wire; uneven row counts.
+    a, b = all_ranks((2 * n + 1, 3), seed=60), all_ranks((n, 2), seed=61)
+    counts = [(2 * n + 1) // n + (1 if k < (2 * n + 1) % n else 0) for k in range(n)]
+    start = sum(counts[:r])
+    for comp, tol in ((hvd.Compression.none, None), (hvd.Compression.fp16, 2e-2)):
+        outs = hvd.grouped_reducescatter([t(a[r], torch.float32), t(b[r], torch.float32)],
+                                         None, comp, hvd.Sum, None, 0.5, 3.0)
+        kw = {} if tol is None else {"rtol": tol, "atol": tol}
+        check_close(outs[0], 1.5 * np.sum(a, 0)[start:start + counts[r]],
+                    f"grouped_reducescatter[0] {comp.__name__}", **kw)
+        check_close(outs[1], 1.5 * np.sum(b, 0)[r:r + 1], f"grouped_reducescatter[1] {comp.__name__}",
+                    **kw)
+        assert outs[0].dtype == torch.float32, outs[0].dtype
+    outs = hvd.synchronize(hvd.grouped_reducescatter_async([t(a[r], torch.float64)], "grs", hvd.Average))
+    check_close(outs[0], np.mean(a, 0)[start:start + counts[r]], "grouped_reducescatter_async")
+    assert hvd.grouped_reducescatter([]) == []
 
 
 @case
