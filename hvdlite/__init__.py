@@ -12,6 +12,7 @@ from hvdlite.common.basics import (
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
 from hvdlite.mpi_ops import *  # noqa: F401,F403
 from hvdlite.mpi_ops import __all__ as _ops_all
+from hvdlite.runner.function import run
 
 __version__ = "0.1.0"
 
@@ -20,5 +21,5 @@ __all__ = [
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError",
-    "NotInitializedError", "__version__", *_ops_all,
+    "NotInitializedError", "__version__", "run", *_ops_all,
 ]

@@ -1,8 +1,9 @@
 """hvdlite's launcher, ``hvdlite-run`` (also ``python -m hvdlite.runner``).
 
 It turns ``-np``/``-H``/``--hostfile`` and tuning flags into one Open MPI
-``mpirun`` command and runs it; see :mod:`hvdlite.runner.launch`.  Importing
-this package does not load hvdlite's compiled core or any framework.
+``mpirun`` command and runs it; see :mod:`hvdlite.runner.launch`. :func:`run` is
+Horovod's function API over the same command line (:mod:`hvdlite.runner.function`).
+Importing this package does not load hvdlite's compiled core or any framework.
 """
 
 from hvdlite.runner.launch import (
@@ -12,8 +13,8 @@ from hvdlite.runner.launch import (
     find_mpirun,
     main,
     parse_args,
-    run,
 )
+from hvdlite.runner.function import run
 
 __all__ = [
     "LaunchConfig",

@@ -662,7 +662,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
     return ns, config
 
 
-def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
+def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     """Launch ``config`` through mpirun and return the job's exit status.
 
     SIGINT, SIGTERM and SIGHUP received by this process are forwarded to
@@ -727,7 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(check_build_report(), flush=True)
         return 0
     try:
-        return run(config)
+        return launch(config)
     except LaunchError as exc:
         print(f"hvdlite-run: error: {exc}", file=sys.stderr)
         return 2
