@@ -55,6 +55,11 @@ def _remove_hooks(hooks: dict[torch.Tensor, Any]) -> None:
     hooks.clear()
 
 
+class GradientsInFlightError(AssertionError, RuntimeError):
+    """``zero_grad()`` was called while gradient allreduces were in flight. An
+    ``AssertionError``, the type Horovod raises here, and a ``RuntimeError``."""
+
+
 class _DistributedOptimizer:
     """Placed in front of the user's optimizer class by :func:`DistributedOptimizer`;
     everything not defined here is the wrapped optimizer's own behaviour."""
@@ -382,11 +387,11 @@ class _DistributedOptimizer:
     step.hooked = True  # type: ignore[attr-defined]  # torch wraps the wrapped class's step already
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients. Raises ``RuntimeError`` while gradient allreduces started by
-        ``loss.backward()`` are still in flight (call ``step()`` or ``synchronize()``
-        first), since clearing them then would race with the reduction."""
+        """Clear gradients. Raises :class:`GradientsInFlightError` while gradient
+        allreduces started by ``loss.backward()`` are still in flight (call ``step()`` or
+        ``synchronize()`` first), since clearing them then would race with the reduction."""
         if getattr(self, "_hvd_pending", None):
-            raise RuntimeError(
+            raise GradientsInFlightError(
                 "hvdlite: optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(), while the gradient allreduces "
                 "are still in flight; call optimizer.step() (or optimizer.synchronize()) first")
@@ -469,7 +474,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     the same way.
 
     Call ``zero_grad()`` only after ``step()`` (or ``synchronize()``); calling it while
-    gradient allreduces are still in flight raises ``RuntimeError``.
+    gradient allreduces are still in flight raises :class:`GradientsInFlightError` (an
+    ``AssertionError``, as in Horovod, and a ``RuntimeError``).
     """
     check_process_set(process_set)
     if isinstance(optimizer, _DistributedOptimizer):
