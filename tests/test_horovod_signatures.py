@@ -78,6 +78,7 @@ HOROVOD_0_28_1 = {
         "join": '',
         "local_rank_op": 'name',
         "local_size_op": 'name',
+        "process_set_included_op": 'process_set_id name',
         "rank_op": 'name',
         "reducescatter": 'tensor device_dense compression op name process_set ignore_name_scope prescale_factor postscale_factor',
         "size_op": 'process_set_id name',

@@ -40,7 +40,8 @@ from hvdlite.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product,
                                         allreduce, grouped_allreduce, allgather, grouped_allgather,
                                         broadcast, broadcast_, alltoall, reducescatter,
                                         grouped_reducescatter, barrier, join,
-                                        size_op, rank_op, local_size_op, local_rank_op)
+                                        size_op, rank_op, local_size_op, local_rank_op,
+                                        process_set_included_op)
 from hvdlite.tensorflow.functions import (broadcast_variables, broadcast_global_variables,
                                           broadcast_object, broadcast_object_fn, allgather_object)
 from hvdlite.tensorflow.gradients import (DistributedGradientTape, PartialDistributedGradientTape,
@@ -87,7 +88,7 @@ __all__ = [
     "add_process_set", "remove_process_set",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
-    "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "size_op", "rank_op", "local_size_op", "local_rank_op", "process_set_included_op",
     "broadcast_variables", "broadcast_global_variables", "broadcast_object",
     "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",

@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
-from hvdlite.common.process_sets import check_process_set, global_process_set
+from hvdlite.common.process_sets import _UNSUPPORTED, check_process_set, global_process_set
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.tensorflow.compression import Compression, Compressor
 
@@ -823,17 +823,40 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           process_set: Any = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, name: str | None = None,
                           ignore_name_scope: bool = False) -> list[tf.Tensor]:
-    """Reducescatter several tensors in one batch (not differentiable). The arguments up
-    to ``postscale_factor`` are Horovod's, in its order; ``name`` is hvdlite's."""
+    """Reducescatter several tensors in one batch; differentiable like :func:`reducescatter`
+    when every tensor is floating point (the gradients are allgathered in one batch). The
+    arguments up to ``postscale_factor`` are Horovod's, in its order; ``name`` is
+    hvdlite's."""
     check_process_set(process_set)
     if op not in (Sum, Average):
         raise NotImplementedError("reducescatter supports only Sum and Average")
     comp = [compression.compress(_tensor_of(t)) for t in tensors]
+    if not comp:
+        return []
     base = name or "grouped_reducescatter"
     names = [_op_name("reducescatter", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
                       ignore_name_scope) for i in range(len(comp))]
-    outs = _run([_Spec(_ops.REDUCESCATTER, n, op, prescale_factor, postscale_factor) for n in names],
-                [c for c, _ in comp])
+
+    def run(xs):
+        return _run([_Spec(_ops.REDUCESCATTER, n, op, prescale_factor, postscale_factor)
+                     for n in names], list(xs))
+
+    if all(c.dtype.is_floating for c, _ in comp):
+        @tf.custom_gradient
+        def fn(*xs):
+            ys = run(xs)
+
+            def grad(*dys):
+                gs = grouped_allgather(list(dys), name=f"{_plain(names[0])}_grad",
+                                       ignore_name_scope=True)
+                scale = prescale_factor * postscale_factor / (_basics.size() if op == Average else 1)
+                return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gs]
+
+            return ys, grad
+
+        outs = fn(*[c for c, _ in comp])
+    else:
+        outs = run([c for c, _ in comp])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, comp)]
 
 
@@ -855,8 +878,24 @@ def join() -> tf.Tensor:
 
 @_no_autograph
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """The number of ranks as an int32 tensor."""
+    """The number of ranks as an int32 tensor (of the global process set, id 0, the only
+    one hvdlite has)."""
+    _check_process_set_id(process_set_id)
     return tf.constant(_basics.size(), tf.int32, name=name)
+
+
+@_no_autograph
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """1 (int32) when this rank belongs to the process set: always, for the global set
+    (id 0), the only one hvdlite has."""
+    _check_process_set_id(process_set_id)
+    _basics.size()  # raises NotInitializedError before init(), where Horovod returns an error code
+    return tf.constant(1, tf.int32, name=name)
+
+
+def _check_process_set_id(process_set_id: int) -> None:
+    if process_set_id != 0:
+        raise NotImplementedError(f"process set id {process_set_id}: {_UNSUPPORTED}")
 
 
 @_no_autograph

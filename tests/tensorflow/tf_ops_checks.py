@@ -189,6 +189,13 @@ def barrier_and_join():
         got = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
         expect_close(got, [float(N)], f"{mode} allreduce after join")
     expect(int(hvd.size_op()) == N and int(hvd.rank_op()) == R, "size_op/rank_op")
+    expect(int(hvd.process_set_included_op()) == 1, "process_set_included_op")
+    for op in (hvd.size_op, hvd.process_set_included_op):
+        try:
+            op(process_set_id=1)
+            FAILURES.append(f"{op.__name__}(process_set_id=1) did not raise")
+        except NotImplementedError as e:
+            expect("global process set" in str(e), f"{op.__name__}: {e}")
 
 
 def upstream(r, shape, seed):
@@ -275,6 +282,22 @@ def gradients_of_collectives():
             return tape.gradient(loss, x)
         g = wrap(rs_grad)(tf.constant(xr[R]), tf.constant(wr[R]))
         expect_close(g, np.concatenate(wr), f"{mode} reducescatter gradient")
+
+        # Grouped, Average with a prescale: each input's gradient is its own output's
+        # gradient gathered from every rank, times prescale / size.
+        xq = [data(r, (N, 3), np.float64, seed=20) for r in range(N)]
+        wq = [upstream(r, (1, 3), 21) for r in range(N)]
+
+        def grs_grad(x, z, w, v):
+            with tf.GradientTape() as tape:
+                tape.watch([x, z])
+                a, b = hvd.grouped_reducescatter([x, z], op=hvd.Average, prescale_factor=2.0)
+                loss = tf.reduce_sum(a * w) + tf.reduce_sum(b * v)
+            return tape.gradient(loss, [x, z])
+        gx, gz = wrap(grs_grad)(tf.constant(xr[R]), tf.constant(xq[R]), tf.constant(wr[R]),
+                                tf.constant(wq[R]))
+        expect_close(gx, np.concatenate(wr) * 2 / N, f"{mode} grouped_reducescatter gradient 0")
+        expect_close(gz, np.concatenate(wq) * 2 / N, f"{mode} grouped_reducescatter gradient 1")
 
 
 @check
