@@ -686,13 +686,35 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       ignore_name_scope: bool = False,
                       process_set: Any = global_process_set) -> list[tf.Tensor]:
-    """Allgather several tensors in one batch (not differentiable)."""
+    """Allgather several tensors in one batch; differentiable like :func:`allgather` when
+    every tensor is floating point (the gradients are averaged in one grouped allreduce)."""
     check_process_set(process_set)
     ts = [_tensor_of(t) for t in tensors]
+    if not ts:
+        return []
     base = name or "grouped_allgather"
     names = [_op_name("allgather", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
                       ignore_name_scope) for i in range(len(ts))]
-    return _run([_Spec(_ops.ALLGATHER, n) for n in names], ts)
+    if not all(t.dtype.is_floating for t in ts):
+        return _run([_Spec(_ops.ALLGATHER, n) for n in names], ts)
+
+    @tf.custom_gradient
+    def fn(*xs):
+        ys = _run([_Spec(_ops.ALLGATHER, n) for n in names], list(xs))
+
+        def grad(*dys):
+            stem = _plain(names[0])
+            avg = grouped_allreduce(list(dys), op=Average, name=f"{stem}_grad",
+                                    ignore_name_scope=True)
+            d0 = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
+            sizes = allgather(tf.reshape(d0, [1, len(xs)]), name=f"{stem}_grad_sizes",
+                              ignore_name_scope=True)  # [ranks, tensors]
+            n, r = _basics.size(), _basics.rank()
+            return [tf.split(a, sizes[:, i], num=n, axis=0)[r] for i, a in enumerate(avg)]
+
+        return ys, grad
+
+    return fn(*ts)
 
 
 @_no_autograph

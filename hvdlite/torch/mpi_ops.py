@@ -510,20 +510,26 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 
 
 class _AllgatherFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
-        ctx.dim0 = tensor.shape[0] if tensor.dim() > 0 else 1
-        ctx.name = name
-        return synchronize(_allgather_impl(tensor, name))
+    """Allgather of one tensor or of a group. Backward (Horovod's rule): each input's
+    gradient is its own rows of the output's gradient averaged over ranks; the averages
+    are one grouped allreduce, and every rank's row counts come from one allgather."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+    def forward(ctx: Any, name: str | None, *tensors: torch.Tensor) -> Any:
+        ctx.dim0s = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        ctx.name = name
+        if len(tensors) == 1:
+            return (synchronize(_allgather_impl(tensors[0], name)),)
+        return tuple(synchronize(_grouped_allgather_impl(tensors, name)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         gname = None if ctx.name is None else ctx.name + ".grad"
-        reduced = allreduce(grad, name=gname, op=Average)
-        dims = allgather(torch.tensor([ctx.dim0], dtype=torch.int64),
+        reduced = grouped_allreduce(list(grads), name=gname, op=Average)
+        dims = allgather(torch.tensor([ctx.dim0s], dtype=torch.int64),
                          name=None if gname is None else gname + ".dims")
-        offset = int(dims[: rank()].sum().item())
-        return reduced.narrow(0, offset, ctx.dim0), None
+        offsets = dims[: rank()].sum(0).tolist()
+        return (None, *[r.narrow(0, int(o), d) for r, o, d in zip(reduced, offsets, ctx.dim0s)])
 
 
 @_ops.blocking
@@ -533,23 +539,30 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
     Differentiable as in Horovod: the gradient is the average over ranks of the
     incoming gradients, sliced to this rank's rows."""
     check_process_set(process_set)
-    return _AllgatherFn.apply(tensor, name)
+    return _AllgatherFn.apply(name, tensor)[0]
+
+
+def _grouped_allgather_impl(tensors: Sequence[torch.Tensor], name: str | None) -> Handle:
+    base = name if name is not None else _ops.auto_name("grouped_allgather")
+    subs = [_allgather_impl(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: Any = None) -> Handle:
     """Start allgathering each tensor of a list; :func:`synchronize` returns a list."""
     check_process_set(process_set)
-    base = name if name is not None else _ops.auto_name("grouped_allgather")
-    subs = [_allgather_impl(t, f"{base}.{i}") for i, t in enumerate(tensors)]
-    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
+    return _grouped_allgather_impl(tensors, name)
 
 
 @_ops.blocking
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: Any = None) -> list[torch.Tensor]:
-    """Allgather each tensor of a list (not differentiable)."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Allgather each tensor of a list; differentiable like :func:`allgather`."""
+    check_process_set(process_set)
+    if not tensors:
+        return []
+    return list(_AllgatherFn.apply(name, *tensors))
 
 
 # ---------------------------------------------------------------------------------------

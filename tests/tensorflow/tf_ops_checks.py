@@ -218,6 +218,22 @@ def gradients_of_collectives():
         off = sum(r + 1 for r in range(R))
         expect_close(g, np.mean(w_all, 0)[off:off + R + 1], f"{mode} allgather gradient")
 
+        # Grouped, with a second tensor whose row counts run the other way (N - r rows).
+        z_all = [data(r, (N - r, 2), np.float64, seed=22) for r in range(N)]
+        v_all = [upstream(r, (total, 2), 23) for r in range(N)]
+
+        def gag_grad(x, z, w, v):
+            with tf.GradientTape() as tape:
+                tape.watch([x, z])
+                a, b = hvd.grouped_allgather([x, z])
+                loss = tf.reduce_sum(a * w) + tf.reduce_sum(b * v)
+            return tape.gradient(loss, [x, z])
+        gx, gz = wrap(gag_grad)(tf.constant(x_all[R]), tf.constant(z_all[R]),
+                                tf.constant(w_all[R]), tf.constant(v_all[R]))
+        off_z = sum(N - r for r in range(R))
+        expect_close(gx, np.mean(w_all, 0)[off:off + R + 1], f"{mode} grouped_allgather gradient 0")
+        expect_close(gz, np.mean(v_all, 0)[off_z:off_z + N - R], f"{mode} grouped_allgather gradient 1")
+
         w3 = [upstream(r, (2, 3), 14) for r in range(N)]
         x3 = [data(r, (2, 3), np.float64, seed=15) for r in range(N)]
         for op, red in [(hvd.Sum, np.sum), (hvd.Average, np.mean)]:

@@ -61,6 +61,18 @@ def allgather_grad() -> None:
     # Horovod's allgather gradient: the average over ranks of the incoming gradients.
     check_close(x.grad, np.mean(ws, 0)[off:off + rows[r]], "allgather gradient")
 
+    # Grouped, unnamed, with a second tensor whose row counts run the other way.
+    rows2 = [n - k for k in range(n)]
+    zs = [rank_data(k, (rows2[k], 3), seed=7) for k in range(n)]
+    vs = [rank_data(k, (sum(rows2), 3), seed=8) for k in range(n)]
+    x, z = leaf(xs[r]), leaf(zs[r])
+    gy, gz = hvd.grouped_allgather([x, z])
+    check_close(gz, np.concatenate(zs), "grouped_allgather forward")
+    ((gy * torch.from_numpy(ws[r])).sum() + (gz * torch.from_numpy(vs[r])).sum()).backward()
+    off2 = sum(rows2[:r])
+    check_close(x.grad, np.mean(ws, 0)[off:off + rows[r]], "grouped_allgather gradient 0")
+    check_close(z.grad, np.mean(vs, 0)[off2:off2 + rows2[r]], "grouped_allgather gradient 1")
+
 
 @case
 def broadcast_grad() -> None:
