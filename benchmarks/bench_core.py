@@ -311,13 +311,14 @@ def bench_sweep(h: Harness, hvd: Any) -> list[Row]:
     return rows
 
 
-def reinit(hvd: Any, cache_capacity: int | None) -> None:
-    """Restart the engine with a given response-cache capacity (read at init)."""
+def reinit(hvd: Any, name: str, value: int | None) -> None:
+    """Restart the engine with the tunable ``HVDLITE_<name>`` set to ``value`` (None:
+    unset); tunables are read at init."""
     hvd.shutdown()
-    if cache_capacity is None:
-        os.environ.pop("HVDLITE_CACHE_CAPACITY", None)
+    if value is None:
+        os.environ.pop(f"HVDLITE_{name}", None)
     else:
-        os.environ["HVDLITE_CACHE_CAPACITY"] = str(cache_capacity)
+        os.environ[f"HVDLITE_{name}"] = str(value)
     hvd.init()
 
 
@@ -359,7 +360,7 @@ def bench_steady(h: Harness, hvd: Any, rs: ResNetSet, peer_name: str) -> None:
     for rep in range(reps):
         modes = (("on", 1024), ("off", 0))
         for mode, cap in (modes if rep % 2 == 0 else modes[::-1]):  # on off, off on, ...
-            reinit(hvd, cap)
+            reinit(hvd, "CACHE_CAPACITY", cap)
             rs.check()             # correctness, and the first (uncached) round
             for name, fn in (("resnet", rs.hvdlite), ("small", small.hvdlite)):
                 fn()               # warm: the cache, if on, now knows every tensor
@@ -368,7 +369,7 @@ def bench_steady(h: Harness, hvd: Any, rs: ResNetSet, peer_name: str) -> None:
                 sent = control_stats()["control_bytes_sent"] - before
                 traffic.setdefault(f"{name}_{mode}", []).append(h.comm.allreduce(sent) / iters)
             samples.setdefault("peer", []).append(h.time_per_iter(peer_fn, iters))
-    reinit(hvd, None if user_setting is None else int(user_setting))
+    reinit(hvd, "CACHE_CAPACITY", None if user_setting is None else int(user_setting))
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     kib = {k: statistics.median(v) / 1024 for k, v in traffic.items()}
     for mode in ("on", "off"):
@@ -383,6 +384,58 @@ def bench_steady(h: Harness, hvd: Any, rs: ResNetSet, peer_name: str) -> None:
                    f"ratio < 1: the response cache saves time per iteration; control traffic "
                    f"per iteration (all ranks) {kib[f'{name}_on']:.1f} KiB with the cache, "
                    f"{kib[f'{name}_off']:.1f} KiB without"))
+
+
+def bench_ring(h: Harness, hvd: Any) -> None:
+    """(e) hvdlite's ring allreduce against the same engine calling MPI_Allreduce.
+
+    The ring runs scaled allreduces (see MpiCollectives::Allreduce), such as averaging
+    gradients: each size is timed with Average out of place (as TensorFlow's gradients)
+    and in place (as PyTorch's). ``HVDLITE_RING_MIN_SEGMENT_BYTES`` is read at init, so each repetition
+    restarts the engine once with the ring (threshold 1 byte) and once without (a
+    threshold above every size), in the order on off, off on, ...; mpi4py runs after
+    each pair. Ratio = ring / MPI_Allreduce: below 1 where the ring should be used."""
+    MPI, comm = h.MPI, h.comm
+    sizes = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB]
+    reps = 12 if not h.quick else 2
+    user_setting = os.environ.get("HVDLITE_RING_MIN_SEGMENT_BYTES")
+    arrays = {nb: (np.ones(nb // 4, np.float32), np.zeros(nb // 4, np.float32), np.empty(nb // 4, np.float32))
+              for nb in sizes}
+    samples: dict[str, list[float]] = {}
+
+    def run_sizes(mode: str) -> None:
+        for nb, (src, zeros, dst) in arrays.items():
+            iters = max(8, min(200, (16 * MiB) // nb)) if not h.quick else 2
+            tag = fmt_bytes(nb).replace(" ", "")
+            if mode == "mpi4py":  # MPI's sum alone, for scale: it has no Average
+                fns = {"oop": lambda: comm.Allreduce(src, dst),
+                       "inplace": lambda: comm.Allreduce(MPI.IN_PLACE, zeros)}
+            else:
+                fns = {"oop": lambda: hvd.allreduce(src, name=f"bench.ring.{tag}", op=hvd.Average),
+                       "inplace": lambda: hvd.allreduce_(zeros, name=f"bench.ring_.{tag}", op=hvd.Average)}
+            for kind, fn in fns.items():
+                for _ in range(3):
+                    fn()
+                samples.setdefault(f"{tag}.{kind}.{mode}", []).append(h.time_per_iter(fn, iters))
+
+    for rep in range(reps):
+        modes = (("ring", 1), ("mpi", 1 << 62))
+        for mode, threshold in (modes if rep % 2 == 0 else modes[::-1]):
+            reinit(hvd, "RING_MIN_SEGMENT_BYTES", threshold)
+            # correctness of both paths first: the average of rank+1 over the ranks
+            x = np.full(4 * MiB // 4, comm.rank + 1, np.float32)
+            expect_equal(f"{mode} allreduce", hvd.allreduce(x, name="bench.ring.check", op=hvd.Average),
+                         np.full_like(x, (comm.size + 1) / 2))
+            run_sizes(mode)
+        run_sizes("mpi4py")
+    reinit(hvd, "RING_MIN_SEGMENT_BYTES", None if user_setting is None else int(user_setting))
+    for nb in sizes:
+        tag = fmt_bytes(nb).replace(" ", "")
+        for kind, what in (("oop", "Average, out of place"), ("inplace", "Average, in place")):
+            med = {m: statistics.median(samples[f"{tag}.{kind}.{m}"]) * 1e6 for m in ("ring", "mpi", "mpi4py")}
+            h.emit(Row(f"ring_vs_mpi_{tag}_{kind}", med["ring"], "hvdlite MPI_Allreduce", med["mpi"], None,
+                       {"hvdlite MPI_Allreduce": med["mpi"]}, nb, 0, reps,
+                       f"{what}; mpi4py's Sum: {fmt_time(med['mpi4py'])}"))
 
 
 # --------------------------------------------------------------------------- output
@@ -471,9 +524,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-steady", action="store_true",
                    help="skip the steady-state (response cache on/off) measurement")
     p.add_argument("--only", metavar="PARTS",
-                   help="comma-separated subset of: latency, large, resnet, sweep, steady")
+                   help="comma-separated subset of: latency, large, resnet, sweep, steady, ring")
     args = p.parse_args(argv)
-    parts = {"latency", "large", "resnet", "sweep", "steady"}
+    parts = {"latency", "large", "resnet", "sweep", "steady", "ring"}
     args.parts = parts if not args.only else set(args.only.split(","))
     if not args.parts <= parts:
         p.error(f"--only: unknown part(s) {', '.join(sorted(args.parts - parts))}")
@@ -512,6 +565,8 @@ def main(argv: list[str] | None = None) -> None:
             bench_steady(h, hvd, rs, resnet_row.peer)
     if "sweep" in args.parts:
         bench_sweep(h, hvd)
+    if "ring" in args.parts:
+        bench_ring(h, hvd)
 
     if comm.rank == 0:
         print_table(h.rows)

@@ -14,8 +14,11 @@ class Collectives {
  public:
   virtual ~Collectives() = default;
   virtual const char* Name() const = 0;
-  // sendbuf == recvbuf means in place. Count is in elements.
-  virtual void Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op) = 0;
+  // sendbuf == recvbuf means in place. Count is in elements. Every element of the
+  // result is multiplied by `postscale` (1: left as reduced), which a backend can fold
+  // into its last reduction step instead of a separate pass over the result.
+  virtual void Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                         double postscale) = 0;
   // Every rank contributes send_bytes; recv_bytes[r] is rank r's contribution.
   virtual void Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
                           const std::vector<int64_t>& recv_bytes) = 0;

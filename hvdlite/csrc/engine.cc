@@ -90,7 +90,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
   if (spin_us_ > 0) handles_->SetWaiterHook([this] { queue_.Wake(); });
   if (spin_us_ > 0 && params_.malloc_tuning) TuneHostAllocator();
   InitReduceOps();
-  collectives_ = std::make_unique<MpiCollectives>(data_comm_);
+  collectives_ = std::make_unique<MpiCollectives>(data_comm_, params_.ring_min_segment_bytes);
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, params_, &cache_, &timeline_);
   if (rank_ == 0 && !params_.timeline_path.empty()) {
     std::string err;
@@ -551,7 +551,8 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
         if (!have[i]) {
           uint8_t* z = scratch_.Get(c * es);
           std::memset(z, 0, static_cast<size_t>(c * es));
-          collectives_->Allreduce(z, z, c, dt, op);
+          // The same factor as every other rank: a backend may scale on any rank's behalf.
+          collectives_->Allreduce(z, z, c, dt, op, post);
           continue;
         }
         const uint8_t* src = static_cast<const uint8_t*>(entries[i].input) + off * es;
@@ -560,8 +561,7 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
           ScaleCopy(dst, src, c, dt, pre);
           src = dst;
         }
-        collectives_->Allreduce(src, dst, c, dt, op);
-        ScaleBuffer(dst, c, dt, post);
+        collectives_->Allreduce(src, dst, c, dt, op, post);
       }
       if (trace && have[i]) Trace(entries[i], "MPI_ALLREDUCE", t0, NowMicros());
       continue;
@@ -583,7 +583,7 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
       if (trace) copy_in_end[k] = NowMicros();
     }
     const int64_t t_mpi = NowMicros();
-    collectives_->Allreduce(buf, buf, total, dt, op);
+    collectives_->Allreduce(buf, buf, total, dt, op, 1.0);  // scaled as it is copied out
     const int64_t t_out = NowMicros();
     off = 0;
     for (size_t k = 0; k < step.members.size(); ++k) {

@@ -38,17 +38,84 @@ std::vector<int> ToIntCounts(const std::vector<int64_t>& v, std::vector<int>* di
 
 }  // namespace
 
-MpiCollectives::MpiCollectives(MPI_Comm comm) : comm_(comm) { MPI_Comm_size(comm, &size_); }
+MpiCollectives::MpiCollectives(MPI_Comm comm, int64_t ring_min_segment_bytes)
+    : comm_(comm), ring_min_segment_bytes_(ring_min_segment_bytes) {
+  MPI_Comm_size(comm, &size_);
+  MPI_Comm_rank(comm, &rank_);
+}
 
-void MpiCollectives::Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op) {
-  const MPI_Datatype t = MpiType(dt);
-  const MPI_Op o = MpiOp(op, dt);
+void MpiCollectives::Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                               double postscale) {
   const int64_t esize = DataTypeSize(dt);
+  // Every rank must pick the same algorithm, so the choice rests on what the ranks
+  // agreed on (size, type, op, factor), never on whether this rank's call is in place.
+  // The ring is for results that are scaled (Average, pre/postscale): it folds the
+  // factor into its last reduction, where MPI_Allreduce needs a pass of its own, and it
+  // never copies input to output first, which MPI_Allreduce does out of place. An
+  // unscaled in-place sum runs a few per cent faster in Open MPI's own allreduce
+  // (docs/performance.md, session 13). Each of its 2(size-1) steps moves one segment,
+  // count/size elements: below ring_min_segment_bytes_ their latency would dominate.
+  const bool ring = size_ > 1 && postscale != 1.0 && count / size_ * esize >= ring_min_segment_bytes_ &&
+                    count >= size_;
   for (int64_t off = 0; off < count; off += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, count - off));
     char* r = static_cast<char*>(recvbuf) + off * esize;
-    const void* s = sendbuf == recvbuf ? MPI_IN_PLACE : static_cast<const char*>(sendbuf) + off * esize;
-    Check(MPI_Allreduce(s, r, n, t, o, comm_), "Allreduce");
+    const char* s = static_cast<const char*>(sendbuf) + off * esize;
+    if (ring) {
+      RingAllreduce(s, r, n, dt, op, postscale);
+      continue;
+    }
+    Check(MPI_Allreduce(sendbuf == recvbuf ? MPI_IN_PLACE : s, r, n, MpiType(dt), MpiOp(op, dt), comm_),
+          "Allreduce");
+    ScaleBuffer(r, n, dt, postscale);
+  }
+}
+
+// A ring allreduce: the buffer is cut into `size_` segments; in size-1 steps each rank
+// passes a segment to its right neighbour and reduces the one arriving from its left
+// (reduce-scatter), so that rank r ends up owning the whole sum of segment r+1, scaled
+// as it is made; size-1 more steps pass the finished segments round (allgather).
+// Each rank reduces 1/size of the data and each byte crosses between two ranks once
+// per phase, where Open MPI's default for these sizes on one host reduces the whole
+// buffer on every rank and, out of place, first copies the input to the output; and
+// the scaling costs no pass of its own. Every segment is reduced on one rank only, so
+// all ranks get the same bits. The transfers are MPI_Sendrecv of the element type,
+// which Open MPI carries as one copy between processes on one host (CMA).
+void MpiCollectives::RingAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                                   double postscale) {
+  const int n = size_;
+  const int64_t es = DataTypeSize(dt);
+  const MPI_Datatype type = MpiType(dt);
+  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
+  const int64_t base = count / n, extra = count % n;
+  auto seg_off = [&](int k) { return k * base + std::min<int64_t>(k, extra); };
+  auto seg_len = [&](int k) { return base + (k < extra ? 1 : 0); };
+  auto at = [es](const void* p, int64_t elems) {
+    return const_cast<char*>(static_cast<const char*>(p)) + elems * es;
+  };
+  uint8_t* incoming = incoming_.Get((base + 1) * es);
+
+  // Reduce-scatter. In step s a rank sends segment r-s (its input at s = 0, else what it
+  // reduced in step s-1) and reduces segment r-s-1 into the output.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = ((rank_ - s) % n + n) % n;
+    const int recv_seg = ((rank_ - s - 1) % n + n) % n;
+    const void* from = s == 0 ? at(sendbuf, seg_off(send_seg)) : at(recvbuf, seg_off(send_seg));
+    Check(MPI_Sendrecv(from, static_cast<int>(seg_len(send_seg)), type, right, 0, incoming,
+                       static_cast<int>(seg_len(recv_seg)), type, left, 0, comm_, MPI_STATUS_IGNORE),
+          "Sendrecv");
+    const int64_t off = seg_off(recv_seg);
+    ReduceScaled(at(recvbuf, off), at(sendbuf, off), incoming, seg_len(recv_seg), dt, op,
+                 s == n - 2 ? postscale : 1.0);
+  }
+  // Allgather: rank r owns segment r+1; in step s it sends segment r+1-s and receives r-s.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = ((rank_ + 1 - s) % n + n) % n;
+    const int recv_seg = ((rank_ - s) % n + n) % n;
+    Check(MPI_Sendrecv(at(recvbuf, seg_off(send_seg)), static_cast<int>(seg_len(send_seg)), type, right, 1,
+                       at(recvbuf, seg_off(recv_seg)), static_cast<int>(seg_len(recv_seg)), type, left, 1,
+                       comm_, MPI_STATUS_IGNORE),
+          "Sendrecv");
   }
 }
 

@@ -4,14 +4,19 @@
 #include <mpi.h>
 
 #include "collectives.h"
+#include "fusion_buffer.h"
 
 namespace hvdlite {
 
 class MpiCollectives : public Collectives {
  public:
-  explicit MpiCollectives(MPI_Comm comm);
+  // Scaled allreduces whose ring segments (bytes / ranks) reach `ring_min_segment_bytes`
+  // run as hvdlite's own ring (see Allreduce); other allreduces, and every other
+  // collective, are MPI's.
+  MpiCollectives(MPI_Comm comm, int64_t ring_min_segment_bytes);
   const char* Name() const override { return "MPI"; }
-  void Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op) override;
+  void Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                 double postscale) override;
   void Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
                   const std::vector<int64_t>& recv_bytes) override;
   void Broadcast(void* buf, int64_t bytes, int root) override;
@@ -22,8 +27,14 @@ class MpiCollectives : public Collectives {
   void Barrier() override;
 
  private:
+  void RingAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                     double postscale);
+
   MPI_Comm comm_;
   int size_;
+  int rank_;
+  int64_t ring_min_segment_bytes_;
+  FusionBuffer incoming_;  // the ring's receive buffer: one segment
 };
 
 }  // namespace hvdlite

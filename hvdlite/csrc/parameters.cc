@@ -84,6 +84,7 @@ Parameters Parameters::FromEnvironment() {
   ReadReal("STALL_SHUTDOWN_TIME_SECONDS", &p.stall_shutdown_seconds);
   ReadInt("HOST_CHUNK_BYTES", &p.host_chunk_bytes);
   ReadInt("FUSION_DIRECT_BYTES", &p.fusion_direct_bytes);
+  ReadInt("RING_MIN_SEGMENT_BYTES", &p.ring_min_segment_bytes);
   ReadInt("SPIN_MICROSECONDS", &p.spin_us);
   ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);

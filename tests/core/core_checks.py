@@ -98,6 +98,37 @@ def check_allreduce(r: int, n: int) -> None:
     np.testing.assert_allclose(got, sum((np.arange(24).reshape(4, 6) + q)[:, ::2] for q in range(n)))
 
 
+def check_ring_allreduce(r: int, n: int) -> None:
+    """Scaled allreduces (Average, postscale) big enough for hvdlite's ring at its default
+    threshold when float32 or wider: every dtype and op, in and out of place, a count
+    that the ranks do not divide evenly, the same bits on every rank, and a joined rank
+    taking part with zeros. test_core also runs it with the threshold at one byte."""
+    for i, dt in enumerate(DTYPES):
+        for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
+            count = 70001 + 2 * i  # odd, and not a multiple of 3 or 4 for most i
+            seed = 900 + 10 * i + op
+            small = op == hvd.Product or (op == hvd.Sum and np.dtype(dt).itemsize == 1)
+            post = 1.0 if op == hvd.Average else 0.5  # every call scales its result
+            mine = data_for(r, (count,), dt, seed, small)
+            want = reference(op, [data_for(q, (count,), dt, seed, small) for q in range(n)]) * post
+            what = f"ring {np.dtype(dt).name} op={op}"
+            got = hvd.allreduce(mine, op=op, postscale_factor=post, name=f"ring.{i}.{op}")
+            close(got, want, dt, what)
+            inplace = mine.copy()
+            hvd.allreduce_(inplace, op=op, postscale_factor=post, name=f"ring_.{i}.{op}")
+            close(inplace, want, dt, what + " in place")
+            every = hvd.allgather(np.ascontiguousarray(got).reshape(1, -1).view(np.uint8),
+                                  name=f"ring.bits.{i}.{op}")
+            assert all(np.array_equal(every[0], every[q]) for q in range(n)), f"{what}: ranks differ"
+    if n > 1:
+        big = np.full(70001, float(r + 1), np.float32)
+        if r < n - 1:
+            got = hvd.allreduce(big, op=hvd.Average, name="ring.join")
+            np.testing.assert_allclose(got, sum(range(1, n)) / n, rtol=1e-6)
+        last = hvd.join()
+        assert (last == 0) if n == 2 else (0 <= last < n - 1), last
+
+
 def check_fusion(r: int, n: int) -> None:
     """Many async tensors of mixed dtypes and sizes around the fusion threshold."""
     rng = np.random.default_rng(7)
@@ -541,7 +572,7 @@ def main() -> None:
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
-    checks = [check_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
+    checks = [check_allreduce, check_ring_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
               check_barrier_join, check_response_cache, check_errors, check_restart,
               check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree,
               check_cache_hits_meet_join_and_mismatch]

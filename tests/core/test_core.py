@@ -18,10 +18,19 @@ from tests.core.launch import HERE, assert_all_ranks_passed, run_ranks
 def test_all_collectives_match_numpy(n: int) -> None:
     proc = run_ranks(n, "core_checks.py", timeout=300)
     assert_all_ranks_passed(proc, n)
-    for check in ("check_allreduce", "check_fusion", "check_gather_bcast", "check_alltoall_reducescatter",
+    for check in ("check_allreduce", "check_ring_allreduce", "check_fusion", "check_gather_bcast", "check_alltoall_reducescatter",
                   "check_barrier_join", "check_response_cache", "check_errors", "check_restart", "check_caller_runs_engine"):
         for r in range(n):
             assert f"PASS {check} rank {r}" in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ring_allreduce_for_every_scaled_reduction(n: int) -> None:
+    """With the ring's threshold at one byte, every scaled allreduce of at least one
+    element per rank runs on hvdlite's ring: all dtypes and ops, fused sets, joins."""
+    proc = run_ranks(n, "core_checks.py", "check_ring_allreduce", "check_allreduce", "check_fusion",
+                     "check_barrier_join", env={"HVDLITE_RING_MIN_SEGMENT_BYTES": "1"}, timeout=300)
+    assert_all_ranks_passed(proc, n)
 
 
 def test_fusion_in_small_pieces_and_without_cache() -> None:
