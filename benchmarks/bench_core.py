@@ -389,9 +389,9 @@ def bench_steady(h: Harness, hvd: Any, rs: ResNetSet, peer_name: str) -> None:
 def bench_ring(h: Harness, hvd: Any) -> None:
     """(e) hvdlite's ring allreduce against the same engine calling MPI_Allreduce.
 
-    The ring runs scaled allreduces (see MpiCollectives::Allreduce), such as averaging
-    gradients: each size is timed with Average out of place (as TensorFlow's gradients)
-    and in place (as PyTorch's). ``HVDLITE_RING_MIN_SEGMENT_BYTES`` is read at init, so each repetition
+    Each size is timed with Sum and with Average (gradients; MPI_Allreduce needs a pass
+    of scaling after it), out of place (as TensorFlow's gradients) and in place (as
+    PyTorch's). ``HVDLITE_RING_MIN_SEGMENT_BYTES`` is read at init, so each repetition
     restarts the engine once with the ring (threshold 1 byte) and once without (a
     threshold above every size), in the order on off, off on, ...; mpi4py runs after
     each pair. Ratio = ring / MPI_Allreduce: below 1 where the ring should be used."""
@@ -407,12 +407,14 @@ def bench_ring(h: Harness, hvd: Any) -> None:
         for nb, (src, zeros, dst) in arrays.items():
             iters = max(8, min(200, (16 * MiB) // nb)) if not h.quick else 2
             tag = fmt_bytes(nb).replace(" ", "")
-            if mode == "mpi4py":  # MPI's sum alone, for scale: it has no Average
+            if mode == "mpi4py":  # MPI's sum, for scale: it has no Average
                 fns = {"oop": lambda: comm.Allreduce(src, dst),
                        "inplace": lambda: comm.Allreduce(MPI.IN_PLACE, zeros)}
             else:
-                fns = {"oop": lambda: hvd.allreduce(src, name=f"bench.ring.{tag}", op=hvd.Average),
-                       "inplace": lambda: hvd.allreduce_(zeros, name=f"bench.ring_.{tag}", op=hvd.Average)}
+                fns = {f"{kind}_{op_name}": (
+                           (lambda op=op: hvd.allreduce(src, name=f"bench.ring.{op}.{tag}", op=op)) if kind == "oop"
+                           else (lambda op=op: hvd.allreduce_(zeros, name=f"bench.ring_.{op}.{tag}", op=op)))
+                       for kind in ("oop", "inplace") for op_name, op in (("sum", hvd.Sum), ("avg", hvd.Average))}
             for kind, fn in fns.items():
                 for _ in range(3):
                     fn()
@@ -431,11 +433,13 @@ def bench_ring(h: Harness, hvd: Any) -> None:
     reinit(hvd, "RING_MIN_SEGMENT_BYTES", None if user_setting is None else int(user_setting))
     for nb in sizes:
         tag = fmt_bytes(nb).replace(" ", "")
-        for kind, what in (("oop", "Average, out of place"), ("inplace", "Average, in place")):
-            med = {m: statistics.median(samples[f"{tag}.{kind}.{m}"]) * 1e6 for m in ("ring", "mpi", "mpi4py")}
-            h.emit(Row(f"ring_vs_mpi_{tag}_{kind}", med["ring"], "hvdlite MPI_Allreduce", med["mpi"], None,
-                       {"hvdlite MPI_Allreduce": med["mpi"]}, nb, 0, reps,
-                       f"{what}; mpi4py's Sum: {fmt_time(med['mpi4py'])}"))
+        for kind, where in (("oop", "out of place"), ("inplace", "in place")):
+            peer = statistics.median(samples[f"{tag}.{kind}.mpi4py"]) * 1e6
+            for op_name, op_label in (("sum", "Sum"), ("avg", "Average")):
+                med = {m: statistics.median(samples[f"{tag}.{kind}_{op_name}.{m}"]) * 1e6 for m in ("ring", "mpi")}
+                h.emit(Row(f"ring_vs_mpi_{tag}_{kind}_{op_name}", med["ring"], "hvdlite MPI_Allreduce", med["mpi"],
+                           None, {"hvdlite MPI_Allreduce": med["mpi"]}, nb, 0, reps,
+                           f"{op_label}, {where}; mpi4py's Sum: {fmt_time(peer)}"))
 
 
 # --------------------------------------------------------------------------- output

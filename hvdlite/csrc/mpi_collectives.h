@@ -10,8 +10,8 @@ namespace hvdlite {
 
 class MpiCollectives : public Collectives {
  public:
-  // Scaled allreduces whose ring segments (bytes / ranks) reach `ring_min_segment_bytes`
-  // run as hvdlite's own ring (see Allreduce); other allreduces, and every other
+  // Allreduces whose ring segments (bytes / ranks) reach `ring_min_segment_bytes` run
+  // as hvdlite's own ring (see RingAllreduce); smaller ones, and every other
   // collective, are MPI's.
   MpiCollectives(MPI_Comm comm, int64_t ring_min_segment_bytes);
   const char* Name() const override { return "MPI"; }

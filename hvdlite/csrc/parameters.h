@@ -21,10 +21,10 @@ struct Parameters {
   // the fusion buffer: above a few tens of KiB a copy in and out costs more than the
   // latency of one more MPI call.
   int64_t fusion_direct_bytes = 64LL * 1024;
-  // Scaled allreduces (Average, pre/postscale) whose bytes per rank reach this run as
-  // hvdlite's ring over MPI point-to-point (MpiCollectives::Allreduce); smaller ones
-  // call MPI_Allreduce, whose fewer steps win while latency dominates.
-  int64_t ring_min_segment_bytes = 64LL * 1024;
+  // Allreduces whose bytes per rank reach this run as hvdlite's ring over MPI
+  // point-to-point (MpiCollectives::RingAllreduce); smaller ones call MPI_Allreduce,
+  // whose fewer steps win while latency dominates.
+  int64_t ring_min_segment_bytes = 256LL * 1024;
   // While this rank has work in flight, the background thread polls MPI without
   // sleeping for this long after each bit of progress, and for as long as a caller
   // is blocked waiting on a result (its core is idle then). Otherwise it sleeps

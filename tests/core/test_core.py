@@ -25,9 +25,9 @@ def test_all_collectives_match_numpy(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_ring_allreduce_for_every_scaled_reduction(n: int) -> None:
-    """With the ring's threshold at one byte, every scaled allreduce of at least one
-    element per rank runs on hvdlite's ring: all dtypes and ops, fused sets, joins."""
+def test_ring_allreduce_down_to_one_element_per_rank(n: int) -> None:
+    """With the ring's threshold at one byte, every allreduce of at least one element per
+    rank runs on hvdlite's ring: all dtypes and ops, scale factors, fused sets, joins."""
     proc = run_ranks(n, "core_checks.py", "check_ring_allreduce", "check_allreduce", "check_fusion",
                      "check_barrier_join", env={"HVDLITE_RING_MIN_SEGMENT_BYTES": "1"}, timeout=300)
     assert_all_ranks_passed(proc, n)
