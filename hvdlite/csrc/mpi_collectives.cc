@@ -73,10 +73,8 @@ void MpiCollectives::Allreduce(const void* sendbuf, void* recvbuf, int64_t count
 // as it is made; size-1 more steps pass the finished segments round (allgather).
 // Each rank reduces 1/size of the data, each byte crosses between two ranks once per
 // phase, out of place the input is read where it lies (never copied to the output
-// first), and a scale factor costs no pass of its own. Measured against Open MPI's
-// MPI_Allreduce on one host: out of place 0.7-0.8 of its time at 1-4 MiB, in place on
-// par; averaging, which MPI_Allreduce must follow with a pass of scaling, 0.8-0.9
-// (docs/performance.md, session 13). Every segment is reduced on one rank only, so all
+// first), and a scale factor costs no pass of its own; docs/architecture.md has the
+// measurements against MPI_Allreduce. Every segment is reduced on one rank only, so all
 // ranks get the same bits. The transfers are MPI_Sendrecv of the element type, which
 // Open MPI carries between processes of one host as a single copy (CMA).
 void MpiCollectives::RingAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,

@@ -52,9 +52,9 @@ void Scale16(uint16_t* dst, const uint16_t* src, int64_t n, double f) {
 }
 
 // The reduction loops below are inlined into ReduceScaled, which is compiled for
-// several instruction sets and picks the best one the CPU has when first called, as
-// MPI's own reduction does: the wheel is built for any x86-64, whose vectors are
-// SSE2's, a quarter of AVX-512's.
+// several instruction sets; the best one the CPU has is picked when the library loads.
+// The extension is built for any x86-64, whose vectors are SSE2's, a quarter of
+// AVX-512's, and the ring's reduction must keep up with MPI's own.
 #define HVDLITE_INLINE inline __attribute__((always_inline))
 #if defined(__x86_64__) && defined(__GLIBC__) && (defined(__clang__) || __GNUC__ >= 8)
 #define HVDLITE_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
