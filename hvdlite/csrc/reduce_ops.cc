@@ -56,7 +56,8 @@ void Scale16(uint16_t* dst, const uint16_t* src, int64_t n, double f) {
 // The extension is built for any x86-64, whose vectors are SSE2's, a quarter of
 // AVX-512's, and the ring's reduction must keep up with MPI's own.
 #define HVDLITE_INLINE inline __attribute__((always_inline))
-#if defined(__x86_64__) && defined(__GLIBC__) && (defined(__clang__) || __GNUC__ >= 8)
+#if defined(__x86_64__) && defined(__GLIBC__) && \
+    (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 8)
 #define HVDLITE_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define HVDLITE_MULTIVERSION
