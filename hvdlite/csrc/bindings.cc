@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine.h"
@@ -91,6 +92,14 @@ void EnsureMpi() {
                              "(mpi4py: set mpi4py.rc.thread_level = 'multiple' before importing MPI)");
 }
 
+// mpi4py's MPI._handleof(comm) is the communicator's handle as a number: a pointer in
+// Open MPI, an int in MPICH and the MPIs derived from it.
+template <typename Handle>
+Handle HandleFromNumber(uintptr_t number) {
+  if constexpr (std::is_pointer_v<Handle>) return reinterpret_cast<Handle>(number);
+  else return static_cast<Handle>(number);
+}
+
 void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   RaiseIfForkedCopy();
   if (g_engine && g_engine->Running()) return;
@@ -103,7 +112,7 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   MPI_Comm base = MPI_COMM_WORLD;
   MPI_Comm created = MPI_COMM_NULL;
   if (comm_handle != 0) {
-    base = reinterpret_cast<MPI_Comm>(comm_handle);
+    base = HandleFromNumber<MPI_Comm>(comm_handle);
     if (base == MPI_COMM_NULL) throw std::invalid_argument("hvdlite.init: the communicator is MPI.COMM_NULL");
   } else if (!ranks.empty()) {
     // Checked on every rank alike (the list is the same everywhere), before MPI sees it.
