@@ -1,6 +1,5 @@
 #include "reduce_ops.h"
 
-#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
@@ -15,24 +14,11 @@ MPI_Datatype g_bf16 = MPI_DATATYPE_NULL;
 MPI_Op g_half_ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum min max prod
 bool g_ready = false;
 
-template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), int Kind>
-void Combine16(const uint16_t* in, uint16_t* inout, int n) {
-  for (int i = 0; i < n; ++i) {
-    float a = ToF(in[i]), b = ToF(inout[i]), r;
-    if (Kind == 0) r = a + b;
-    else if (Kind == 1) r = std::min(a, b);
-    else if (Kind == 2) r = std::max(a, b);
-    else r = a * b;
-    inout[i] = FromF(r);
-  }
-}
-
-template <int Kind>
+// MPI's user op for float16/bfloat16: inout[i] = inout[i] op in[i], by the same kernel
+// as the ring's reduction (combined in float, rounded once).
+template <ReduceOp Op>
 void HalfOp(void* in, void* inout, int* len, MPI_Datatype* dt) {
-  auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  if (*dt == g_bf16) Combine16<BFloat16ToFloat, FloatToBFloat16, Kind>(a, b, *len);
-  else Combine16<HalfToFloat, FloatToHalf, Kind>(a, b, *len);
+  ReduceScaled(inout, inout, in, *len, *dt == g_bf16 ? DataType::kBFloat16 : DataType::kFloat16, Op, 1.0);
 }
 
 template <typename T>
@@ -161,10 +147,10 @@ void InitReduceOps() {
   MPI_Type_commit(&g_f16);
   MPI_Type_contiguous(2, MPI_BYTE, &g_bf16);
   MPI_Type_commit(&g_bf16);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<0>), 1, &g_half_ops[0]);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<1>), 1, &g_half_ops[1]);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<2>), 1, &g_half_ops[2]);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<3>), 1, &g_half_ops[3]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kSum>), 1, &g_half_ops[0]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kMin>), 1, &g_half_ops[1]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kMax>), 1, &g_half_ops[2]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kProduct>), 1, &g_half_ops[3]);
   g_ready = true;
 }
 

@@ -575,8 +575,8 @@ def main() -> None:
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1
-    checks = [check_allreduce, check_ring_allreduce, check_fusion, check_gather_bcast, check_alltoall_reducescatter,
-              check_barrier_join, check_response_cache, check_errors, check_restart,
+    checks = [check_allreduce, check_ring_allreduce, check_fusion, check_gather_bcast,
+              check_alltoall_reducescatter, check_barrier_join, check_response_cache, check_errors, check_restart,
               check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree,
               check_cache_hits_meet_join_and_mismatch]
     for check in checks:
