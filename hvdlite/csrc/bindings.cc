@@ -466,6 +466,7 @@ PYBIND11_MODULE(_core, m) {
     d["control_bytes_sent"] = s.control_bytes_sent;
     d["control_bytes_received"] = s.control_bytes_received;
     d["waits_driven"] = s.waits_driven;
+    d["huge_page_extents"] = s.huge_page_extents;
     return d;
   });
   m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("in_ptr"), py::arg("out_ptr"),

@@ -70,7 +70,7 @@ void TuneHostAllocator() {
 }  // namespace
 
 Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
-    : params_(params), handles_(handles), cache_(params.cache_capacity) {
+    : params_(params), handles_(handles), cache_(params.cache_capacity), huge_pages_(params.huge_pages) {
   MPI_Comm_dup(comm, &ctrl_comm_);
   MPI_Comm_dup(comm, &data_comm_);
   MPI_Comm_set_errhandler(data_comm_, MPI_ERRORS_RETURN);
@@ -159,6 +159,7 @@ Engine::Stats Engine::GetStats() const {
   s.control_bytes_sent = control_bytes_sent_;
   s.control_bytes_received = control_bytes_received_;
   s.waits_driven = waits_driven_;
+  s.huge_page_extents = huge_pages_.collapsed();
   return s;
 }
 
@@ -546,6 +547,10 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
       const size_t i = step.members[0];
       const int64_t cnt = r.sizes[i];
       const int64_t t0 = NowMicros();
+      if (have[i]) {
+        huge_pages_.Prepare(entries[i].input, cnt * es);
+        if (entries[i].output != entries[i].input) huge_pages_.Prepare(entries[i].output, cnt * es);
+      }
       for (int64_t off = 0; off < cnt; off += chunk_elems) {
         const int64_t c = std::min(chunk_elems, cnt - off);
         if (!have[i]) {
@@ -583,6 +588,7 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
       if (trace) copy_in_end[k] = NowMicros();
     }
     const int64_t t_mpi = NowMicros();
+    huge_pages_.Prepare(buf, total * es);
     collectives_->Allreduce(buf, buf, total, dt, op, 1.0);  // scaled as it is copied out
     const int64_t t_out = NowMicros();
     off = 0;

@@ -20,6 +20,7 @@
 #include "coordinator.h"
 #include "fusion_buffer.h"
 #include "handle_table.h"
+#include "host_memory.h"
 #include "message.h"
 #include "parameters.h"
 #include "response_cache.h"
@@ -65,6 +66,7 @@ class Engine {
     int64_t control_bytes_sent = 0;   // bytes this rank sent on the control plane
     int64_t control_bytes_received = 0;
     int64_t waits_driven = 0;         // blocking waits in which the caller ran the engine itself
+    int64_t huge_page_extents = 0;    // 2 MiB extents of reused buffers remapped as huge pages
   };
   Stats GetStats() const;
 
@@ -105,6 +107,7 @@ class Engine {
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   FusionBuffer fusion_;
   FusionBuffer scratch_;
+  HugePages huge_pages_;
 
   struct PendingSend {
     MPI_Request request;

@@ -88,6 +88,7 @@ Parameters Parameters::FromEnvironment() {
   ReadInt("SPIN_MICROSECONDS", &p.spin_us);
   ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
+  if (const char* v = GetEnv("HUGE_PAGES")) p.huge_pages = Truthy(v);
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;
   if (p.cache_capacity < 0) p.cache_capacity = 0;

@@ -36,6 +36,9 @@ struct Parameters {
   // Raise glibc's malloc thresholds to the ceiling its own adaptive policy reaches
   // (see TuneHostAllocator in engine.cc). HVDLITE_MALLOC_TUNING=0 leaves malloc alone.
   bool malloc_tuning = true;
+  // Back the large buffers an allreduce hands to MPI as they are with 2 MiB pages once
+  // they are reused (see host_memory.h). HVDLITE_HUGE_PAGES=0 leaves their mapping alone.
+  bool huge_pages = true;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
 
   static Parameters FromEnvironment();
