@@ -244,9 +244,13 @@ def worker(args: argparse.Namespace) -> None:
                 model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[batch_clock(marks)])
             times = window_times(marks.stamps, args.warmup, args.steps, args.windows)
             timed_steps = args.steps * args.windows
-            emit({"model": name, "api": api, "mode": mode, "ranks": nranks, "times": times,
-                  "minflt_per_step": (marks.faults[args.warmup + timed_steps] - marks.faults[args.warmup])
-                  / timed_steps})
+            res = {"model": name, "api": api, "mode": mode, "ranks": nranks, "times": times,
+                   "minflt_per_step": (marks.faults[args.warmup + timed_steps] - marks.faults[args.warmup])
+                   / timed_steps}
+            if hvd is not None:  # 2 MiB extents remapped so far (see hvdlite/csrc/host_memory.h)
+                from hvdlite.common import basics
+                res["huge_page_extents"] = basics.core().stats()["huge_page_extents"]
+            emit(res)
     if hvd is not None:
         hvd.shutdown()
 
@@ -447,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                    "step_ms": 1000 * statistics.median(r["times"]) / args.steps,
                    "rank0_minflt_per_step": round(r["minflt_per_step"], 1), "round": rnd,
                    "threads_per_rank": 1}
+            if "huge_page_extents" in r:
+                rec["rank0_huge_page_extents"] = r["huge_page_extents"]
             print(json.dumps(rec), flush=True)
             collected.setdefault((r["model"], r["api"], mode), []).append(rate)
 
