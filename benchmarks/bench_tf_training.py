@@ -121,15 +121,24 @@ def make_optimizer(lr: float = 0.01, momentum: float = 0.9) -> Any:
 class StepMarks:
     """The time and this process's minor page faults so far (page faults that needed no
     I/O: memory handed back to the kernel and touched again), at the start of every
-    step and at the end."""
+    step and at the end. With hvdlite, also the engine's count of 2 MiB extents remapped
+    onto huge pages (see hvdlite/csrc/host_memory.h), read at every mark: once the last
+    step is done, the other rank may already have shut the engine down."""
 
-    def __init__(self) -> None:
+    def __init__(self, hvd_stats: Any = None) -> None:
         self.stamps: list[float] = []
         self.faults: list[int] = []
+        self.hvd_stats = hvd_stats
+        self.huge_page_extents: int | None = None
 
     def mark(self) -> None:
         self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         self.stamps.append(time.perf_counter())
+        if self.hvd_stats is not None:
+            try:
+                self.huge_page_extents = self.hvd_stats()["huge_page_extents"]
+            except Exception:  # shut down by the other rank after the last step
+                pass
 
 
 def batch_clock(marks: StepMarks) -> Any:
@@ -168,6 +177,10 @@ def worker(args: argparse.Namespace) -> None:
         import hvdlite.tensorflow.keras as hvdk
         hvd.init()
         rank, nranks = hvd.rank(), hvd.size()
+        from hvdlite.common import basics
+
+        def core_stats() -> dict:
+            return basics.core().stats()
     import keras
     import numpy as np
 
@@ -224,7 +237,7 @@ def worker(args: argparse.Namespace) -> None:
                 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             x, y = batch(name, BATCH[name], seed=rank)
             start_together(args.start_dir, f"{name}_{api}")
-            marks = StepMarks()
+            marks = StepMarks(None if hvd is None else core_stats)
             if api == "loop":
                 step = make_loop_step(tf, model, opt, loss_fn, mode, strategy, hvd)
                 xt, yt = tf.constant(x), tf.constant(y)
@@ -247,9 +260,8 @@ def worker(args: argparse.Namespace) -> None:
             res = {"model": name, "api": api, "mode": mode, "ranks": nranks, "times": times,
                    "minflt_per_step": (marks.faults[args.warmup + timed_steps] - marks.faults[args.warmup])
                    / timed_steps}
-            if hvd is not None:  # 2 MiB extents remapped so far (see hvdlite/csrc/host_memory.h)
-                from hvdlite.common import basics
-                res["huge_page_extents"] = basics.core().stats()["huge_page_extents"]
+            if marks.huge_page_extents is not None:
+                res["huge_page_extents"] = marks.huge_page_extents
             emit(res)
     if hvd is not None:
         hvd.shutdown()
