@@ -31,18 +31,20 @@ void HugePages::Prepare(const void* p, int64_t bytes) {
   for (uintptr_t e = begin; e < end && enabled_; e += kExtent) {
     auto it = extents_.find(e);
     if (it == extents_.end()) {
-      if (extents_.size() < kMaxExtents) extents_.emplace(e, kSeenOnce);
+      if (extents_.size() < kMaxExtents) extents_.emplace(e, 1);
       continue;
     }
-    if (it->second == kDone) continue;
+    if (it->second >= kDone) continue;
     if (madvise(reinterpret_cast<void*>(e), kExtent, MADV_COLLAPSE) == 0) {
       collapsed_.fetch_add(1, std::memory_order_relaxed);
       it->second = kDone;
       continue;
     }
     const int err = errno;
-    if (err == EAGAIN) continue;  // transient (a page busy, e.g. pinned by a peer's copy): next time
-    it->second = kDone;           // not eligible (not all mapped, not anonymous, no memory)
+    // EAGAIN: a page was busy (pinned by a peer's copy, or by an RDMA registration); try
+    // again on later sightings, a few times. Anything else: the extent is not eligible
+    // (not all mapped, not anonymous, no memory).
+    it->second = err == EAGAIN ? static_cast<uint8_t>(it->second + 1) : kDone;
     // A kernel without MADV_COLLAPSE (before 6.1) or without THP rejects every call.
     if (err == EINVAL && collapsed() == 0) enabled_ = false;
   }

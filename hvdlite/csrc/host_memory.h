@@ -36,9 +36,10 @@ class HugePages {
   int64_t collapsed() const { return collapsed_.load(std::memory_order_relaxed); }
 
  private:
-  enum State : uint8_t { kSeenOnce, kDone };
+  // Per extent: how many times it was seen, up to kDone (collapsed, or given up on).
+  static constexpr uint8_t kDone = 8;
   bool enabled_;
-  std::unordered_map<uintptr_t, State> extents_;
+  std::unordered_map<uintptr_t, uint8_t> extents_;
   std::atomic<int64_t> collapsed_{0};
 };
 
