@@ -178,9 +178,6 @@ def worker(args: argparse.Namespace) -> None:
         hvd.init()
         rank, nranks = hvd.rank(), hvd.size()
         from hvdlite.common import basics
-
-        def core_stats() -> dict:
-            return basics.core().stats()
     import keras
     import numpy as np
 
@@ -237,7 +234,7 @@ def worker(args: argparse.Namespace) -> None:
                 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             x, y = batch(name, BATCH[name], seed=rank)
             start_together(args.start_dir, f"{name}_{api}")
-            marks = StepMarks(None if hvd is None else core_stats)
+            marks = StepMarks(None if hvd is None else lambda: basics.core().stats())
             if api == "loop":
                 step = make_loop_step(tf, model, opt, loss_fn, mode, strategy, hvd)
                 xt, yt = tf.constant(x), tf.constant(y)

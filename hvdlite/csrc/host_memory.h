@@ -11,9 +11,10 @@
 // back them with huge pages after the fact (madvise MADV_COLLAPSE, Linux 6.1+). That
 // changes no byte of the buffer, only how its memory is mapped, as an RDMA library's
 // memory registration changes the flags of the pages it registers. It is done for the
-// whole 2 MiB extents a buffer overlaps, once per extent, and only for an extent seen in
-// a second allreduce: training reuses the same gradient buffers every step, and a buffer
-// used once would not repay the collapse (a copy of 2 MiB).
+// whole 2 MiB extents a buffer overlaps, once per extent (a few tries if a page is busy),
+// and only for an extent seen in a second allreduce: training reuses the same gradient
+// buffers every step, and a buffer used once would not repay the collapse (a copy of
+// 2 MiB).
 #pragma once
 
 #include <atomic>

@@ -24,8 +24,9 @@ void ScaleBuffer(void* buf, int64_t count, DataType dt, double factor);
 // dst[i] = src[i] * factor.
 void ScaleCopy(void* dst, const void* src, int64_t count, DataType dt, double factor);
 // dst[i] = (a[i] op b[i]) * factor, in one pass (factor 1: no scaling; Average reduces
-// as Sum). dst may be a; otherwise no two of the buffers overlap. float16/bfloat16 are combined and scaled in float and
-// rounded once. The data plane's own reduction (MpiCollectives' ring allreduce).
+// as Sum). dst may be a; otherwise no two of the buffers overlap. float16/bfloat16 are
+// combined and scaled in float and rounded once. The data plane's own reduction
+// (MpiCollectives' ring allreduce, and MPI's float16/bfloat16 user ops).
 void ReduceScaled(void* dst, const void* a, const void* b, int64_t count, DataType dt, ReduceOp op,
                   double factor);
 

@@ -19,7 +19,8 @@ def test_all_collectives_match_numpy(n: int) -> None:
     proc = run_ranks(n, "core_checks.py", timeout=300)
     assert_all_ranks_passed(proc, n)
     for check in ("check_allreduce", "check_ring_allreduce", "check_fusion", "check_gather_bcast",
-                  "check_alltoall_reducescatter", "check_barrier_join", "check_response_cache", "check_errors", "check_restart", "check_caller_runs_engine"):
+                  "check_alltoall_reducescatter", "check_barrier_join", "check_response_cache", "check_errors",
+                  "check_restart", "check_caller_runs_engine"):
         for r in range(n):
             assert f"PASS {check} rank {r}" in proc.stdout
 
