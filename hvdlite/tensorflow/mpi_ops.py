@@ -26,6 +26,9 @@ Limits that follow from this design:
 * Collectives inside one ``tf.function`` run in program order (they are stateful ops),
   which is what keeps every rank's sequence of collectives identical.
 * Tensors travel through host memory.
+* A failed collective raises ``tf.errors.FailedPreconditionError`` eagerly, as Horovod's
+  ops do, but ``tf.errors.UnknownError`` inside a graph: TensorFlow gives every Python
+  exception of a ``py_function`` that code (see :class:`_TFError`).
 """
 from __future__ import annotations
 
@@ -60,6 +63,55 @@ Adasum = _ops.Adasum
 Min = _ops.Min
 Max = _ops.Max
 Product = _ops.Product
+
+
+# ----------------------------------------------------------------------------
+# Errors: TensorFlow's error codes, as Horovod's TF ops report them.
+# ----------------------------------------------------------------------------
+
+class _TFError:
+    """An :class:`HvdliteError` that is also a ``tf.errors.OpError``.
+
+    Horovod's TensorFlow ops fail with TensorFlow's errors: a collective whose ranks
+    disagree with ``FailedPreconditionError``, one that meets a stopped engine with
+    ``UnknownError``. hvdlite's TF front end raises the same codes, so scripts written
+    for Horovod catch what they expect, and ``except hvd.HvdliteError`` still works.
+    That holds eagerly. Inside a graph (``tf.function``, Keras ``fit``) TensorFlow turns
+    any Python exception of a ``py_function`` into ``UnknownError`` carrying the
+    message, whatever its class, so there every failed collective is an
+    ``UnknownError`` (Horovod's own kernels give ``FailedPreconditionError`` there)."""
+
+    _code: int  # TensorFlow's error code
+
+    def __init__(self, message: str) -> None:
+        tf.errors.OpError.__init__(self, None, None, message, self._code)
+        self.args = (message,)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+class HvdliteFailedPreconditionError(_TFError, HvdliteError, tf.errors.FailedPreconditionError):
+    """A collective failed and hvdlite stays usable (ranks disagreed, input refused)."""
+    _code = tf.errors.FAILED_PRECONDITION
+
+
+class HvdliteUnknownError(_TFError, HvdliteError, tf.errors.UnknownError):
+    """A collective failed because the engine stopped (shut down, a peer failed)."""
+    _code = tf.errors.UNKNOWN
+
+
+def _as_tf_error(exc: BaseException) -> BaseException:
+    """`exc` with TensorFlow's error code when it is a failed collective. The engine
+    marks itself stopped before it fails what it still holds, so a stopped engine
+    means the failure was the stop."""
+    if not isinstance(exc, HvdliteError) or isinstance(exc, tf.errors.OpError):
+        return exc
+    cls = HvdliteFailedPreconditionError if _basics.is_initialized() else HvdliteUnknownError
+    converted = cls(str(exc))
+    converted.__cause__ = exc.__cause__
+    converted.__traceback__ = exc.__traceback__
+    return converted
 
 
 # ----------------------------------------------------------------------------
@@ -162,7 +214,7 @@ def _finish(pending: _Pending) -> list[Any]:
     pending.items = []
     pending.keepalive = None
     if first_error is not None:
-        raise first_error
+        raise _as_tf_error(first_error)
     return results
 
 
@@ -490,7 +542,7 @@ def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]])
             with _ticket_lock:
                 pending = _tickets.pop(int(tv), None)
             if pending is None:
-                raise HvdliteError("hvdlite: a collective's results were lost (step aborted?)")
+                raise _as_tf_error(HvdliteError("hvdlite: a collective's results were lost (step aborted?)"))
             try:
                 flat.extend(_np_to_tf(r) for r in _finish(pending))
             except BaseException as exc:

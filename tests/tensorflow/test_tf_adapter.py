@@ -41,6 +41,7 @@ CHECKS = [
     "indexed_slices_and_compression",
     "variables_and_objects",
     "errors_are_raised_and_recoverable",
+    "engine_stop_fails_collectives_in_flight_with_unknown_error",
     "gradient_tape_rejects_unsupported_ops",
     "distributed_gradient_tape_matches_single_process",
     "embedding_indexed_slices_gradients",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import time
+
 import numpy as np
 import tensorflow as tf
 
@@ -356,15 +358,23 @@ def variables_and_objects():
     expect(gathered == [{"r": r, "s": "x" * r} for r in range(N)], f"allgather_object {gathered}")
 
 
+def expect_failed_precondition(e, what):
+    """Eagerly a failed collective is Horovod's FailedPreconditionError and an HvdliteError."""
+    expect(isinstance(e, tf.errors.FailedPreconditionError) and isinstance(e, hvd.HvdliteError)
+           and e.error_code == tf.errors.FAILED_PRECONDITION,
+           f"{what}: raised {type(e).__mro__}, not FailedPreconditionError + HvdliteError")
+
+
 @check
 def errors_are_raised_and_recoverable():
-    # Shape mismatch: every rank must get an HvdliteError naming the tensor.
+    # Shape mismatch: every rank must get an error naming the tensor.
     if N > 1:
         try:
             hvd.allreduce(tf.ones([R + 1]), name="mismatched_shape")
             FAILURES.append("mismatched allreduce did not raise")
-        except hvd.HvdliteError as e:
+        except tf.errors.OpError as e:
             expect("mismatched_shape" in str(e), f"error message does not name the tensor: {e}")
+            expect_failed_precondition(e, "eager shape mismatch")
 
         @tf.function
         def bad_in_graph(x):
@@ -372,13 +382,14 @@ def errors_are_raised_and_recoverable():
         try:
             bad_in_graph(tf.ones([R + 2]))
             FAILURES.append("mismatched allreduce in tf.function did not raise")
-        except (hvd.HvdliteError, tf.errors.OpError) as e:
+        except tf.errors.UnknownError as e:  # any py_function exception, in a graph
             expect("mismatched_in_graph" in str(e), f"graph error does not name the tensor: {str(e)[:300]}")
     try:
         hvd.allreduce(tf.constant([True, False]))
         FAILURES.append("allreduce of bool did not raise")
-    except (hvd.HvdliteError, tf.errors.OpError) as e:
+    except tf.errors.OpError as e:
         expect("bool" in str(e), f"bool error message: {e}")
+        expect_failed_precondition(e, "allreduce of bool")
     try:
         tf.function(lambda t: hvd.allreduce(t), jit_compile=True)(tf.ones([2]))
         FAILURES.append("allreduce under jit_compile=True did not raise")
@@ -386,6 +397,30 @@ def errors_are_raised_and_recoverable():
         expect("jit_compile" in str(e), f"XLA error message: {str(e)[:300]}")
     got = hvd.allreduce(tf.constant([2.0]), op=hvd.Sum)
     expect_close(got, [2.0 * N], "allreduce after errors")
+
+
+@check
+def engine_stop_fails_collectives_in_flight_with_unknown_error():
+    """Rank 0 shuts down while the other ranks wait in an allreduce it never joins: their
+    allreduce fails with tf.errors.UnknownError (Horovod's code for a stopped job), which
+    is also an HvdliteError naming the reason. Every rank then starts hvdlite again."""
+    if N > 1:
+        if R == 0:
+            time.sleep(1.0)  # the others' allreduce is in flight by then
+            hvd.shutdown()
+        else:
+            try:
+                hvd.allreduce(tf.ones([2]), name="never.joined.by.rank0")
+                FAILURES.append("allreduce in flight at rank 0's shutdown did not raise")
+            except tf.errors.OpError as e:
+                expect(isinstance(e, tf.errors.UnknownError) and isinstance(e, hvd.HvdliteError),
+                       f"raised {type(e).__mro__}, not UnknownError + HvdliteError")
+                expect("never.joined.by.rank0" in str(e) and "shut down" in str(e),
+                       f"error does not name the tensor and the shutdown: {e}")
+            hvd.shutdown()
+        hvd.init()
+    got = hvd.allreduce(tf.constant([3.0]), op=hvd.Sum, name="after.restart")
+    expect_close(got, [3.0 * N], "allreduce after restarting hvdlite")
 
 
 @check
