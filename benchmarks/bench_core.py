@@ -442,6 +442,59 @@ def bench_ring(h: Harness, hvd: Any) -> None:
                            f"{op_label}, {where}; mpi4py's Sum: {fmt_time(peer)}"))
 
 
+def bench_gather(h: Harness, hvd: Any) -> None:
+    """(f) Sparse gradients' allgathers: 10 embedding-like gradients, each a values
+    tensor (rows x 64 float32) and an indices tensor (rows int64), with a different row
+    count on every rank, all submitted before any is waited for. hvdlite with small
+    allgathers fused (the default) and with fusion off (``HVDLITE_FUSION_DIRECT_BYTES=0``;
+    read at init, so the engine restarts between the two, alternating the order), against
+    one mpi4py Allgatherv per tensor. Ratio = hvdlite / mpi4py."""
+    MPI, comm = h.MPI, h.comm
+    r, n = comm.rank, comm.size
+    pairs = 10
+    rows = [8 + q for q in range(n)]
+    offs = [sum(rows[:q]) for q in range(n)]
+    tensors, names = [], []
+    for i in range(pairs):
+        tensors += [np.full((rows[r], 64), i + r, np.float32), np.arange(rows[r], dtype=np.int64) + 100 * i + r]
+        names += [f"bench.gather.{i}.values", f"bench.gather.{i}.indices"]
+    outs = [np.empty((sum(rows),) + t.shape[1:], t.dtype) for t in tensors]
+    counts = [[k * (t.size // rows[r]) for k in rows] for t in tensors]
+    displs = [[o * (t.size // rows[r]) for o in offs] for t in tensors]
+
+    def hvdlite_all() -> list[np.ndarray]:
+        hs = [hvd.allgather_async(t, name=nm) for t, nm in zip(tensors, names)]
+        return [hvd.synchronize(x) for x in hs]
+
+    def mpi_all() -> None:
+        for t, o, c, d in zip(tensors, outs, counts, displs):
+            comm.Allgatherv(t, [o, c, d, MPI.INT64_T if t.dtype == np.int64 else MPI.FLOAT])
+
+    mpi_all()
+    iters, reps = (10, 3) if h.quick else (200, 12)
+    samples: dict[str, list[float]] = {"fused": [], "unfused": [], "mpi4py": []}
+    user_setting = os.environ.get("HVDLITE_FUSION_DIRECT_BYTES")
+    for rep in range(reps):
+        modes = (("fused", None), ("unfused", 0))
+        for mode, direct in (modes if rep % 2 == 0 else modes[::-1]):
+            reinit(hvd, "FUSION_DIRECT_BYTES", direct if direct is not None else
+                   (None if user_setting is None else int(user_setting)))
+            for got, want in zip(hvdlite_all(), outs):  # correctness first
+                expect_equal(f"{mode} allgather", got, want)
+            for _ in range(20):
+                hvdlite_all()
+            samples[mode].append(h.time_per_iter(hvdlite_all, iters))
+        samples["mpi4py"].append(h.time_per_iter(mpi_all, iters))
+    reinit(hvd, "FUSION_DIRECT_BYTES", None if user_setting is None else int(user_setting))
+    med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    nbytes = sum(t.nbytes for t in tensors)
+    for mode in ("fused", "unfused"):
+        h.emit(Row(f"allgather_{2 * pairs}_sparse_{mode}", med[mode], "mpi4py Allgatherv per tensor",
+                   med["mpi4py"], None, {"mpi4py Allgatherv per tensor": med["mpi4py"]}, nbytes, iters, reps,
+                   f"{2 * pairs} async allgathers, values + indices; fused vs unfused: "
+                   f"{med['fused'] / med['unfused']:.2f}"))
+
+
 # --------------------------------------------------------------------------- output
 
 def print_table(rows: list[Row]) -> None:
@@ -528,9 +581,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-steady", action="store_true",
                    help="skip the steady-state (response cache on/off) measurement")
     p.add_argument("--only", metavar="PARTS",
-                   help="comma-separated subset of: latency, large, resnet, sweep, steady, ring")
+                   help="comma-separated subset of: latency, large, resnet, sweep, steady, ring, gather")
     args = p.parse_args(argv)
-    parts = {"latency", "large", "resnet", "sweep", "steady", "ring"}
+    parts = {"latency", "large", "resnet", "sweep", "steady", "ring", "gather"}
     args.parts = parts if not args.only else set(args.only.split(","))
     if not args.parts <= parts:
         p.error(f"--only: unknown part(s) {', '.join(sorted(args.parts - parts))}")
@@ -571,6 +624,8 @@ def main(argv: list[str] | None = None) -> None:
         bench_sweep(h, hvd)
     if "ring" in args.parts:
         bench_ring(h, hvd)
+    if "gather" in args.parts:
+        bench_gather(h, hvd)
 
     if comm.rank == 0:
         print_table(h.rows)

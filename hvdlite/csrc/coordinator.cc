@@ -54,6 +54,15 @@ bool SameFusionKey(const Response& a, const Response& b) {
          a.postscale == b.postscale && a.device == b.device;
 }
 
+// Bytes an allgather of `q`'s kind of rows gathers from all ranks (`rows`: per rank).
+int64_t GatheredBytes(const Request& q, const std::vector<int64_t>& rows) {
+  int64_t row = DataTypeSize(q.dtype);
+  for (size_t d = 1; d < q.shape.size(); ++d) row *= q.shape[d];
+  int64_t total = 0;
+  for (int64_t n : rows) total += n;
+  return total * row;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(int size, const Parameters& params, ResponseCache* cache, Timeline* timeline)
@@ -418,6 +427,11 @@ ResponseList Coordinator::TakeReady() {
   };
   std::vector<Open> open;
   std::vector<bool> all_cached;  // per out.responses entry: agreed entirely through the cache
+  // Open fused allgather: small allgathers of any dtype share one (Engine::DoAllgather
+  // packs and unpacks them), up to a cache-sized total of gathered bytes.
+  int open_gather = -1;
+  int64_t open_gather_bytes = 0;
+  const int64_t gather_cap = std::min(params_.fusion_threshold_bytes, params_.host_chunk_bytes);
 
   bool group_failed = false;
   for (Item& item : batch) {
@@ -446,6 +460,22 @@ ResponseList Coordinator::TakeReady() {
         if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
       }
       from_cache = p.all_from_cache;
+    }
+    if (resp.error.empty() && resp.type == RequestType::kAllgather) {
+      const int64_t bytes = GatheredBytes(item.p.requests[FirstRank(item.p.have)], resp.sizes);
+      const bool small = bytes < params_.fusion_direct_bytes;
+      if (small && open_gather >= 0 && open_gather_bytes + bytes <= gather_cap) {
+        Response& f = out.responses[open_gather];
+        f.names.push_back(resp.names[0]);
+        f.sizes.insert(f.sizes.end(), resp.sizes.begin(), resp.sizes.end());
+        f.cache_ids.push_back(-1);
+        open_gather_bytes += bytes;
+        continue;
+      }
+      if (small) {
+        open_gather = static_cast<int>(out.responses.size());
+        open_gather_bytes = bytes;
+      }
     }
     if (!resp.error.empty() || resp.type != RequestType::kAllreduce) {
       out.responses.push_back(std::move(resp));

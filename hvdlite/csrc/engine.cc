@@ -465,7 +465,7 @@ void Engine::Perform(const Response& r) {
         DoAllreduce(r, entries, have);
         return;  // completes its own handles
       case RequestType::kAllgather:
-        if (have[0]) DoAllgather(r, entries[0]);
+        DoAllgather(r, entries, have);
         return;
       case RequestType::kAlltoall:
         if (have[0]) DoAlltoall(r, entries[0]);
@@ -612,27 +612,81 @@ void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, c
     if (have[i]) handles_->Complete(entries[i].handle, true, "");
 }
 
-void Engine::DoAllgather(const Response& r, TensorEntry& e) {
+// An allgather of one tensor or of several fused ones (r.sizes: the first dimension
+// of each name on each rank, name after name). One tensor is gathered straight from
+// its own memory into its output. Several are packed, rank by rank, into one block per
+// rank: this rank copies its tensors into the fusion buffer, one MPI_Allgatherv moves
+// every block, and each output is cut from the blocks of all ranks. The coordinator
+// fuses only small tensors, so the copies stay in cache.
+void Engine::DoAllgather(const Response& r, std::vector<TensorEntry>& entries, const std::vector<char>& have) {
+  const size_t n = r.names.size();
+  for (size_t i = 0; i < n; ++i)  // every rank submitted it before rank 0 answered
+    if (!have[i]) throw std::runtime_error("allgather '" + r.names[i] + "' is not queued on this rank");
   const int64_t t0 = NowMicros();
-  const std::vector<int64_t>& shape = e.request.shape;
-  int64_t row = DataTypeSize(r.dtype);
-  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
-  std::vector<int64_t> recv(size_);
-  int64_t total_rows = 0, total_bytes = 0;
-  for (int q = 0; q < size_; ++q) {
-    recv[q] = r.sizes[q] * row;
-    total_rows += r.sizes[q];
-    total_bytes += recv[q];
+  std::vector<int64_t> row(n);  // bytes per row of each tensor
+  std::vector<std::unique_ptr<OutputBuffer>> outs(n);
+  std::vector<int64_t> block(size_, 0);  // bytes each rank contributes
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<int64_t>& shape = entries[i].request.shape;
+    row[i] = DataTypeSize(entries[i].request.dtype);
+    for (size_t d = 1; d < shape.size(); ++d) row[i] *= shape[d];
+    int64_t rows = 0;
+    for (int q = 0; q < size_; ++q) {
+      const int64_t k = r.sizes[i * size_ + q];
+      rows += k;
+      block[q] += k * row[i];
+    }
+    auto& out = outs[i];
+    out = std::make_unique<OutputBuffer>();
+    out->bytes = rows * row[i];
+    out->data.reset(new uint8_t[std::max<int64_t>(1, out->bytes)]);
+    out->dtype = entries[i].request.dtype;
+    out->shape = shape;
+    out->shape[0] = rows;
   }
-  auto out = std::make_unique<OutputBuffer>();
-  out->data.reset(new uint8_t[std::max<int64_t>(1, total_bytes)]);
-  out->bytes = total_bytes;
-  out->dtype = r.dtype;
-  out->shape = shape;
-  out->shape[0] = total_rows;
-  if (total_bytes > 0) collectives_->Allgatherv(e.input, recv[rank_], out->data.get(), recv);
-  if (timeline_.Active()) Trace(e, "MPI_ALLGATHER", t0, NowMicros());
-  handles_->Complete(e.handle, true, "", std::move(out));
+  int64_t total = 0;
+  for (int64_t b : block) total += b;
+  const bool trace = timeline_.Active();
+  if (n == 1) {
+    if (total > 0) collectives_->Allgatherv(entries[0].input, block[rank_], outs[0]->data.get(), block);
+    if (trace) Trace(entries[0], "MPI_ALLGATHER", t0, NowMicros());
+  } else if (total > 0) {
+    uint8_t* buf = fusion_.Get(total + block[rank_]);
+    uint8_t* mine = buf + total;  // this rank's block, packed
+    int64_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t bytes = r.sizes[i * size_ + rank_] * row[i];
+      std::memcpy(mine + off, entries[i].input, static_cast<size_t>(bytes));
+      off += bytes;
+    }
+    const int64_t t_mpi = NowMicros();
+    collectives_->Allgatherv(mine, block[rank_], buf, block);
+    const int64_t t_out = NowMicros();
+    std::vector<int64_t> at(size_);  // where the next tensor starts in each rank's block
+    int64_t start_q = 0;
+    for (int q = 0; q < size_; ++q) {
+      at[q] = start_q;
+      start_q += block[q];
+    }
+    for (size_t i = 0; i < n; ++i) {
+      uint8_t* dst = outs[i]->data.get();
+      for (int q = 0; q < size_; ++q) {
+        const int64_t bytes = r.sizes[i * size_ + q] * row[i];
+        std::memcpy(dst, buf + at[q], static_cast<size_t>(bytes));
+        dst += bytes;
+        at[q] += bytes;
+      }
+    }
+    if (trace) {
+      const int64_t t_end = NowMicros();
+      for (size_t i = 0; i < n; ++i) {
+        Trace(entries[i], "MEMCPY_IN_FUSION_BUFFER", t0, t_mpi);
+        Trace(entries[i], "MPI_ALLGATHER", t_mpi, t_out);
+        Trace(entries[i], "MEMCPY_OUT_FUSION_BUFFER", t_out, t_end);
+      }
+    }
+  }
+  for (size_t i = 0; i < n; ++i) handles_->Complete(entries[i].handle, true, "", std::move(outs[i]));
 }
 
 void Engine::DoAlltoall(const Response& r, TensorEntry& e) {

@@ -87,7 +87,7 @@ class Engine {
   Response FromCache(const std::vector<int32_t>& ids) const;
   void Perform(const Response& response);
   void DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, const std::vector<char>& have);
-  void DoAllgather(const Response& r, TensorEntry& e);
+  void DoAllgather(const Response& r, std::vector<TensorEntry>& entries, const std::vector<char>& have);
   void DoAlltoall(const Response& r, TensorEntry& e);
   void DoReducescatter(const Response& r, TensorEntry& e);
   void Trace(const TensorEntry& e, const char* phase, int64_t start, int64_t end);

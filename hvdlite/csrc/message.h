@@ -51,8 +51,9 @@ struct Response {
   double postscale = 1.0;
   int32_t root = -1;
   int32_t device = kCpuDevice;
-  // allreduce: element count per name; allgather: first dimension per rank;
-  // alltoall: the splits matrix, row r = rows rank r sends to each rank.
+  // allreduce: element count per name; allgather: first dimension per rank, for each
+  // name in turn (names.size() * world size entries); alltoall: the splits matrix,
+  // row r = rows rank r sends to each rank.
   std::vector<int64_t> sizes;
   std::vector<int32_t> cache_ids;     // per name: id assigned in the response cache, or -1
   std::vector<int32_t> joined_ranks;  // ranks that joined and contribute zeros

@@ -169,6 +169,22 @@ def check_gather_bcast(r: int, n: int) -> None:
     # Ranks with nothing to contribute.
     got = hvd.allgather(np.full((r % 2, 2), r, np.int32), name="ag.sparse")
     np.testing.assert_array_equal(got, np.concatenate([np.full((q % 2, 2), q, np.int32) for q in range(n)]))
+    # Many in flight at once: the small ones are fused into one allgather (mixed dtypes,
+    # row shapes, and ranks sending no rows); the large one in their midst goes alone.
+    def gather_spec(i: int, q: int) -> tuple[tuple[int, ...], type]:
+        dt = [np.float32, np.int64, np.uint8, np.float16, np.float64][i % 5]
+        rows = 40_000 if i == 7 else (q + i) % 4  # i == 7: 120 KB per rank, unfused
+        return ((rows,) + [(), (3,), (2, 5)][i % 3], dt)
+    for rep in range(3):
+        hs = []
+        for i in range(24):
+            shape, dt = gather_spec(i, r)
+            hs.append(hvd.allgather_async(data_for(r, shape, dt, 900 + i), name=f"ag.many.{i}"))
+        for i, h in enumerate(hs):
+            want = np.concatenate([data_for(q, *gather_spec(i, q), 900 + i) for q in range(n)])
+            got = hvd.synchronize(h)
+            assert got.dtype == want.dtype, (i, got.dtype, want.dtype)
+            np.testing.assert_array_equal(got, want, err_msg=f"ag.many.{i} rep {rep}")
     for root in range(n):
         x = data_for(r, (4, 5), np.float64, 20)
         got = hvd.broadcast(x, root, name=f"bc.{root}")

@@ -165,6 +165,10 @@ def test_timeline_records_every_phase(tmp_path: Path) -> None:
     assert {"NEGOTIATE_ALLREDUCE", "MPI_ALLREDUCE"} <= phases[names["grad.big"]]
     assert "MEMCPY_IN_FUSION_BUFFER" not in phases[names["grad.big"]]  # goes alone, no copy
     assert {"NEGOTIATE_ALLGATHER", "MPI_ALLGATHER"} <= phases[names["gathered"]]
+    assert "MEMCPY_IN_FUSION_BUFFER" not in phases[names["gathered"]]  # alone, no copy
+    fused_gathers = [t for t in (f"gathered.{i}" for i in range(6))
+                     if {"MEMCPY_IN_FUSION_BUFFER", "MPI_ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER"} <= phases[names[t]]]
+    assert len(fused_gathers) >= 2, phases[names["gathered.1"]]
     negotiations = [e for e in events if e["name"] == "NEGOTIATE_ALLREDUCE"]
     assert all(set(e["args"]["ready_ranks_us"]) == {"0", "1"} for e in negotiations)
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e.get("ph") == "X")

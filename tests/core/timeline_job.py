@@ -15,6 +15,10 @@ for step in range(3):
     for h in hs:
         hvd.synchronize(h)
 hvd.allgather(np.ones((r + 1, 2)), name="gathered")
+for step in range(3):  # small allgathers in flight together are fused
+    hs = [hvd.allgather_async(np.full((r + i, 3), r, np.float32), name=f"gathered.{i}") for i in range(6)]
+    for h in hs:
+        hvd.synchronize(h)
 hvd.broadcast(np.ones(4), 0, name="bcast")
 hvd.start_timeline(sys.argv[1], mark_cycles=True)
 hvd.allreduce(np.ones(10), name="runtime.tensor")
