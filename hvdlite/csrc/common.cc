@@ -73,4 +73,10 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+  return n;
+}
+
 }  // namespace hvdlite

@@ -37,6 +37,8 @@ bool ValidDataType(int32_t code);
 inline bool IsOneOffName(const std::string& name) { return name.find(".noname.") != std::string::npos; }
 std::string ShapeString(const std::vector<int64_t>& shape);
 int64_t NumElements(const std::vector<int64_t>& shape);
+// Elements in one row (everything after the first dimension) of a tensor of `shape`.
+int64_t RowElements(const std::vector<int64_t>& shape);
 
 using Clock = std::chrono::steady_clock;
 inline int64_t NowMicros() {

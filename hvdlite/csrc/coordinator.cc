@@ -56,11 +56,9 @@ bool SameFusionKey(const Response& a, const Response& b) {
 
 // Bytes an allgather of `q`'s kind of rows gathers from all ranks (`rows`: per rank).
 int64_t GatheredBytes(const Request& q, const std::vector<int64_t>& rows) {
-  int64_t row = DataTypeSize(q.dtype);
-  for (size_t d = 1; d < q.shape.size(); ++d) row *= q.shape[d];
   int64_t total = 0;
   for (int64_t n : rows) total += n;
-  return total * row;
+  return total * RowElements(q.shape) * DataTypeSize(q.dtype);
 }
 
 }  // namespace

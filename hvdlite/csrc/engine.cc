@@ -628,8 +628,7 @@ void Engine::DoAllgather(const Response& r, std::vector<TensorEntry>& entries, c
   std::vector<int64_t> block(size_, 0);  // bytes each rank contributes
   for (size_t i = 0; i < n; ++i) {
     const std::vector<int64_t>& shape = entries[i].request.shape;
-    row[i] = DataTypeSize(entries[i].request.dtype);
-    for (size_t d = 1; d < shape.size(); ++d) row[i] *= shape[d];
+    row[i] = RowElements(shape) * DataTypeSize(entries[i].request.dtype);
     int64_t rows = 0;
     for (int q = 0; q < size_; ++q) {
       const int64_t k = r.sizes[i * size_ + q];
@@ -692,8 +691,7 @@ void Engine::DoAllgather(const Response& r, std::vector<TensorEntry>& entries, c
 void Engine::DoAlltoall(const Response& r, TensorEntry& e) {
   const int64_t t0 = NowMicros();
   const std::vector<int64_t>& shape = e.request.shape;
-  int64_t row = DataTypeSize(r.dtype);
-  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+  const int64_t row = RowElements(shape) * DataTypeSize(r.dtype);
   std::vector<int64_t> send(size_), recv(size_);
   auto out = std::make_unique<OutputBuffer>();
   int64_t rows = 0, total_send = 0, total_recv = 0;
@@ -723,8 +721,7 @@ void Engine::DoReducescatter(const Response& r, TensorEntry& e) {
   const std::vector<int64_t>& shape = e.request.shape;
   const DataType dt = r.dtype;
   const int64_t es = DataTypeSize(dt);
-  int64_t row_elems = 1;
-  for (size_t d = 1; d < shape.size(); ++d) row_elems *= shape[d];
+  const int64_t row_elems = RowElements(shape);
   const int64_t dim0 = shape[0];
   std::vector<int64_t> counts(size_);
   for (int q = 0; q < size_; ++q) counts[q] = (dim0 / size_ + (q < dim0 % size_ ? 1 : 0)) * row_elems;
