@@ -474,18 +474,18 @@ def bench_gather(h: Harness, hvd: Any) -> None:
     iters, reps = (10, 3) if h.quick else (200, 12)
     samples: dict[str, list[float]] = {"fused": [], "unfused": [], "mpi4py": []}
     user_setting = os.environ.get("HVDLITE_FUSION_DIRECT_BYTES")
+    default = None if user_setting is None else int(user_setting)
+    modes = (("fused", default), ("unfused", 0))
     for rep in range(reps):
-        modes = (("fused", None), ("unfused", 0))
         for mode, direct in (modes if rep % 2 == 0 else modes[::-1]):
-            reinit(hvd, "FUSION_DIRECT_BYTES", direct if direct is not None else
-                   (None if user_setting is None else int(user_setting)))
+            reinit(hvd, "FUSION_DIRECT_BYTES", direct)
             for got, want in zip(hvdlite_all(), outs):  # correctness first
                 expect_equal(f"{mode} allgather", got, want)
             for _ in range(20):
                 hvdlite_all()
             samples[mode].append(h.time_per_iter(hvdlite_all, iters))
         samples["mpi4py"].append(h.time_per_iter(mpi_all, iters))
-    reinit(hvd, "FUSION_DIRECT_BYTES", None if user_setting is None else int(user_setting))
+    reinit(hvd, "FUSION_DIRECT_BYTES", default)
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     nbytes = sum(t.nbytes for t in tensors)
     for mode in ("fused", "unfused"):
