@@ -18,6 +18,11 @@ each in fresh processes with one TensorFlow intra-op and one inter-op thread:
 * ``independent``: 2 ``single_tuned`` processes at once, each on its own batch, with no
   communication: the ceiling of what 2 ranks sharing this machine can reach (they start
   each timed run together; their throughputs add up);
+* ``lockstep``: 2 ranks started like ``hvdlite``, each training on its own batch with a
+  plain optimizer, but kept in step: between the backward pass and the update, the
+  ranks allreduce one float. Everything of ``hvdlite`` but moving the gradients: the
+  ceiling of synchronous data-parallel training on this machine, where the ranks'
+  memory-bound phases (the optimizer update) always run at the same time;
 * ``mwms``: TensorFlow's own ``tf.distribute.MultiWorkerMirroredStrategy`` on 2 worker
   processes joined over loopback (``TF_CONFIG`` with localhost ports), ring collectives.
 
@@ -68,7 +73,7 @@ EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.p
 BATCH = {"mlp": 64, "resnet": 32}
 TARGET = {"mlp": 0.75, "resnet": 0.95}
 PARAMS = {"mlp": 9_557_110, "resnet": 2_777_674}
-MODES = ("single", "hvdlite", "single_tuned", "independent", "mwms")  # the two compared most, back to back
+MODES = ("single", "hvdlite", "single_tuned", "independent", "lockstep", "mwms")  # the two compared most, back to back
 # What hvdlite's engine sets with mallopt() at init (TuneHostAllocator in engine.cc).
 HVDLITE_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
                       "MALLOC_TOP_PAD_": str(64 << 20)}
@@ -172,7 +177,7 @@ def worker(args: argparse.Namespace) -> None:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
         nranks = strategy.num_replicas_in_sync
-    elif mode == "hvdlite":
+    elif mode in ("hvdlite", "lockstep"):
         import hvdlite.tensorflow as hvd
         import hvdlite.tensorflow.keras as hvdk
         hvd.init()
@@ -231,6 +236,8 @@ def worker(args: argparse.Namespace) -> None:
                 opt = make_optimizer()
                 if mode == "hvdlite" and api == "fit":
                     opt = hvdk.DistributedOptimizer(opt)
+                if mode == "lockstep":
+                    opt = lockstep_optimizer(tf, opt, hvd)
                 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             x, y = batch(name, BATCH[name], seed=rank)
             start_together(args.start_dir, f"{name}_{api}")
@@ -310,6 +317,23 @@ def _patch_keras_for_mwms(tf: Any, model: Any, strategy: Any, x: Any, y: Any) ->
     kt.reduce_per_replica = reduce_per_replica
 
 
+def lockstep_optimizer(tf: Any, opt: Any, hvd: Any) -> Any:
+    """A copy of ``opt`` whose update first waits, after every gradient exists, for a
+    one-float allreduce: the ranks stay in step as under hvdlite, but keep their own
+    gradients (mode ``lockstep``)."""
+
+    class Lockstep(type(opt)):
+        def apply(self, grads, trainable_variables=None):
+            grads = list(grads)
+            with tf.control_dependencies([g for g in grads if g is not None]):
+                token = hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="lockstep")
+            with tf.control_dependencies([token]):
+                grads = [None if g is None else tf.identity(g) for g in grads]
+            return super().apply(grads, trainable_variables)
+
+    return Lockstep.from_config(opt.get_config())
+
+
 def make_loop_step(tf: Any, model: Any, opt: Any, loss_fn: Any, mode: str, strategy: Any,
                    hvd: Any) -> Any:
     """A custom training step. hvdlite: DistributedGradientTape. MWMS: ``strategy.run``,
@@ -363,7 +387,7 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
         env.update(HVDLITE_MALLOC_ENV)
         cmd_tail = [sys.executable] + worker_args(args, "single", "")
     else:
-        cmd_tail = [sys.executable] + worker_args(args, mode, verify_dir)
+        cmd_tail = [sys.executable] + worker_args(args, mode, "" if mode == "lockstep" else verify_dir)
     if mode in ("single", "single_tuned"):
         procs = [subprocess.Popen(cmd_tail, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
     elif mode == "independent":
@@ -372,7 +396,7 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
                                   env=dict(env, HVDLITE_BENCH_PROCESSES=str(args.ranks), HVDLITE_BENCH_INDEX=str(i)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i in range(args.ranks)]
-    elif mode == "hvdlite":
+    elif mode in ("hvdlite", "lockstep"):
         procs = [subprocess.Popen(launcher(args.ranks) + cmd_tail, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)]
     else:
@@ -484,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     head = (f"{'model':7} {'api':5} {'single/s':>9} {'tuned/s':>8} {'hvdlite/s':>10} {'MWMS/s':>9} "
             f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'vs tuned':>9} {'ceiling':>8} {'of ceiling':>11} "
-            f"{'eff MWMS':>9} {'target':>7}")
+            f"{'lockstep':>9} {'of lockstep':>12} {'eff MWMS':>9} {'target':>7}")
     print(head)
     print("-" * len(head))
     table = []
@@ -493,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             med = {m: statistics.median(collected[(model, api, m)]) for m in modes
                    if (model, api, m) in collected}
             s, h, w = med.get("single"), med.get("hvdlite"), med.get("mwms")
-            st, ind = med.get("single_tuned"), med.get("independent")
+            st, ind, lock = med.get("single_tuned"), med.get("independent"), med.get("lockstep")
             row = {"model": model, "api": api, "single": s, "single_tuned": st, "hvdlite": h, "mwms": w,
                    "hvdlite_over_mwms": h / w if h and w else None,
                    "efficiency_hvdlite": h / (args.ranks * s) if h and s else None,
@@ -501,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
                    "independent": ind,
                    "ceiling_efficiency": ind / (args.ranks * s) if ind and s else None,
                    "hvdlite_over_independent": h / ind if h and ind else None,
+                   "lockstep": lock,
+                   "lockstep_efficiency": lock / (args.ranks * s) if lock and s else None,
+                   "hvdlite_over_lockstep": h / lock if h and lock else None,
                    "efficiency_mwms": w / (args.ranks * s) if w and s else None,
                    "target": TARGET[model]}
             table.append(row)
@@ -511,13 +538,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(row['hvdlite_over_mwms'], '13.3f')} {fmt(row['efficiency_hvdlite'], '12.3f')} "
                   f"{fmt(row['efficiency_hvdlite_vs_tuned_single'], '9.3f')} "
                   f"{fmt(row['ceiling_efficiency'], '8.3f')} {fmt(row['hvdlite_over_independent'], '11.3f')} "
+                  f"{fmt(row['lockstep_efficiency'], '9.3f')} {fmt(row['hvdlite_over_lockstep'], '12.3f')} "
                   f"{fmt(row['efficiency_mwms'], '9.3f')} {TARGET[model]:7.2f}")
             print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} windows of "
           f"{args.steps} steps; 1 intra-op + 1 inter-op thread per process; "
           f"efficiency = {args.ranks}-rank / ({args.ranks} x single); 'vs tuned': against single_tuned, "
           f"the single process with hvdlite's malloc settings; 'ceiling': {args.ranks} of those at once with "
-          f"no communication, as an efficiency; 'of ceiling': hvdlite / that)")
+          f"no communication, as an efficiency; 'of ceiling': hvdlite / that; 'lockstep': "
+          f"{args.ranks} ranks kept in step but not sharing gradients, as an efficiency; 'of lockstep': "
+          f"hvdlite / that)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"summary": table}, indent=1))
     return 0
