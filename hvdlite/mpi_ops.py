@@ -28,13 +28,7 @@ __all__ = [
 ]
 
 
-# numpy's dtype.name is a slow Python property; look names up by dtype instead.
-_NAME_OF = {np.dtype(n): n for n in _ops.DTYPES if n != "bfloat16"}
-try:
-    import ml_dtypes as _ml_dtypes
-    _NAME_OF[np.dtype(_ml_dtypes.bfloat16)] = "bfloat16"
-except ImportError:  # bfloat16 arrays can only come from ml_dtypes anyway
-    pass
+_NAME_OF = _ops.NAME_OF_NP_DTYPE
 
 
 # The request kind of each label's operation (a grouped allreduce's members are allreduces).

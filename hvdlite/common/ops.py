@@ -52,6 +52,14 @@ KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadc
 DTYPES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4,
           "bfloat16": 5, "float32": 6, "float64": 7}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# The engine's name of each NumPy dtype it reduces. numpy's dtype.name is a slow Python
+# property, and every collective call needs the name: the front ends look it up here.
+NAME_OF_NP_DTYPE = {np.dtype(n): n for n in DTYPES if n != "bfloat16"}
+try:
+    import ml_dtypes as _ml_dtypes
+    NAME_OF_NP_DTYPE[np.dtype(_ml_dtypes.bfloat16)] = "bfloat16"
+except ImportError:  # bfloat16 arrays can only come from ml_dtypes anyway
+    pass
 ITEMSIZE = {"uint8": 1, "int8": 1, "int32": 4, "int64": 8, "float16": 2,
             "bfloat16": 2, "float32": 4, "float64": 8}
 

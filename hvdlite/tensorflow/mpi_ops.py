@@ -154,7 +154,12 @@ class _Spec:
 
 
 def _raw(arr: np.ndarray, dtype_name: str) -> _ops.RawTensor:
-    return _ops.RawTensor(_basics._load_core().address(arr), dtype_name, tuple(int(d) for d in arr.shape))
+    return _ops.RawTensor(_basics._load_core().address(arr), dtype_name, arr.shape)
+
+
+def _dtype_name(arr: np.ndarray) -> str:
+    """The engine's name of ``arr``'s dtype, else NumPy's (a dict lookup in the usual case)."""
+    return _ops.NAME_OF_NP_DTYPE.get(arr.dtype) or arr.dtype.name
 
 
 def _rows_as_bytes(arr: np.ndarray) -> np.ndarray:
@@ -269,7 +274,7 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
         return h, lambda handle: None
 
     assert arr is not None
-    dname = arr.dtype.name
+    dname = _dtype_name(arr)
     if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
         if dname not in _REDUCIBLE:
             raise HvdliteError(f"{label} '{spec.name}': dtype {dname} cannot be reduced; "
@@ -293,7 +298,7 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
         buf = _aligned_empty(arr.shape, arr.dtype)
         buf[...] = arr
         view = buf if dname in _REDUCIBLE else buf.reshape(-1).view(np.uint8)
-        vname = view.dtype.name
+        vname = _dtype_name(view)
         h = _ops.submit(kind, _raw(view, vname), name=spec.name, root_rank=spec.root, keepalive=buf)
         return h, lambda handle: buf
 
@@ -302,7 +307,7 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
             raise HvdliteError(f"{label} '{spec.name}': needs a tensor of rank >= 1")
         as_bytes = dname not in _REDUCIBLE
         view = _rows_as_bytes(arr) if as_bytes else arr
-        vname = view.dtype.name
+        vname = _dtype_name(view)
         split_list = None
         if kind == _ops.ALLTOALL and splits is not None and np.size(splits) > 0:
             split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
