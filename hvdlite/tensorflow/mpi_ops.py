@@ -17,9 +17,9 @@ Results land in buffers that TensorFlow takes over without a copy (DLPack).
 Limits that follow from this design:
 
 * XLA cannot compile ``py_function``: do not use ``jit_compile=True`` on a function (or a
-  Keras ``model.compile``) that contains hvdlite collectives. Keras picks
-  ``jit_compile=False`` by itself on CPU-only machines; on GPU machines pass
-  ``jit_compile=False`` to ``model.compile``.
+  Keras ``model.compile``) that contains hvdlite collectives. Keras 3's default
+  ``jit_compile="auto"`` picks no XLA on CPU-only machines, and hvdlite makes it pick no
+  XLA on GPU machines too when the optimizer is a ``DistributedOptimizer``.
 * A graph containing hvdlite collectives can not be exported with ``tf.saved_model``
   for serving on a machine without hvdlite (a ``py_function`` is not serializable);
   save the Keras model or its weights instead.

@@ -50,6 +50,7 @@ CHECKS = [
     "mixed_float16_fit_skips_a_non_finite_step_on_every_rank",
     "fit_sparse_embedding_gradients",
     "horovod_keras_module_name_trains_the_same",
+    "auto_jit_compile_chooses_no_xla_with_distributed_optimizer",
     "elastic_keras_state_fit_commit_and_restore",
     "metric_average_callback_averages_logs",
     "broadcast_callback_leaves_local_variables_alone",

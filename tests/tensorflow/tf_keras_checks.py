@@ -179,6 +179,62 @@ def horovod_keras_module_name_trains_the_same():
 
 
 @check
+def auto_jit_compile_chooses_no_xla_with_distributed_optimizer():
+    """Keras 3 resolves compile(jit_compile="auto") to XLA when the machine has a GPU, and
+    XLA cannot compile hvdlite's collectives. With a (faked) GPU in the device list, a
+    plain optimizer gets XLA, a DistributedOptimizer (also inside a LossScaleOptimizer)
+    gets none and model.fit trains as one process does; an explicit jit_compile=True is
+    refused with a clear error at the first step, on every rank (one rank communicates
+    nothing, so there XLA works)."""
+    real_list = tf.config.list_physical_devices
+    fake_gpu = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+
+    def with_gpu(device_type=None):
+        found = real_list(device_type)
+        return found + [fake_gpu] if device_type in (None, "GPU") else found
+
+    x, y = global_data(2, seed=6)
+    tf.config.list_physical_devices = with_gpu
+    try:
+        plain = make_model(1)
+        plain.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        expect(plain.jit_compile is True,
+               f"the faked GPU did not make Keras choose XLA: jit_compile={plain.jit_compile!r}")
+        model = make_model(820 + R)
+        init = root_weights(model)
+        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+        expect(model.jit_compile is False, f"DistributedOptimizer: jit_compile={model.jit_compile!r}")
+        scaled = make_model(1)
+        scaled.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+            hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05))), loss="mse")
+        expect(scaled.jit_compile is False,
+               f"LossScaleOptimizer(DistributedOptimizer): jit_compile={scaled.jit_compile!r}")
+        forced = make_model(1)
+        forced.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse",
+                       jit_compile=True)
+        expect(forced.jit_compile is True, "an explicit jit_compile=True was overridden")
+    finally:
+        tf.config.list_physical_devices = real_list
+    if N > 1:
+        try:
+            forced.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0)
+            FAILURES.append("fit with jit_compile=True and DistributedOptimizer did not raise")
+        except Exception as e:  # raised while tracing, before any collective: no rank waits
+            expect("jit_compile=False" in str(e), f"XLA error message: {str(e)[:300]}")
+    else:  # one rank communicates nothing, so XLA has nothing it cannot compile
+        forced.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0)
+    model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
+              callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
+    ref = make_model(1)
+    ref.set_weights(init)
+    ref.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
+    for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        expect_close(g, r, f"auto-jit fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
+    weights_equal_everywhere(model.get_weights(), "auto-jit fit")
+
+
+@check
 def elastic_keras_state_fit_commit_and_restore():
     """hvd.elastic on a fixed world with model.fit, as Horovod's elastic Keras example
     writes it: run() starts every rank from rank 0's weights and attributes, the state

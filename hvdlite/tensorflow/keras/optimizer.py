@@ -165,6 +165,47 @@ def _make_loss_scaling_agree() -> None:
 _make_loss_scaling_agree()
 
 
+def _is_distributed(optimizer: Any) -> bool:
+    """``optimizer`` is a distributed optimizer, or a ``LossScaleOptimizer`` around one."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return isinstance(optimizer, _DistributedOptimizerMixin) or isinstance(
+        inner, _DistributedOptimizerMixin)
+
+
+def _keep_auto_xla_off() -> None:
+    """Make ``model.compile(jit_compile="auto")`` (Keras 3's default) choose no XLA when
+    the model's optimizer is distributed.
+
+    Keras resolves "auto" to XLA on any machine with a GPU, and to no XLA only on
+    CPU-only machines and under its own ``tf.distribute`` strategies. hvdlite's
+    collectives are ``py_function`` ops, which XLA cannot compile, so without this a
+    Horovod-style ``model.fit`` script would fail at its first step on a GPU machine.
+    This treats hvdlite's optimizer as Keras treats its own strategies. An explicit
+    ``jit_compile=True`` is left alone and gets the clear error of
+    :func:`hvdlite.tensorflow.mpi_ops._check_not_xla`. If Keras's private method is
+    missing (another Keras version), nothing is patched and that error is what users see.
+    """
+    try:
+        from keras.src.trainers.trainer import Trainer
+    except ImportError:  # pragma: no cover - a Keras without this layout
+        return
+    resolve = getattr(Trainer, "_resolve_auto_jit_compile", None)
+    if resolve is None or getattr(resolve, "_hvdlite_xla_off", False):
+        return
+
+    def _resolve_auto_jit_compile(self):
+        if _is_distributed(getattr(self, "optimizer", None)):
+            return False
+        return resolve(self)
+
+    _resolve_auto_jit_compile._hvdlite_xla_off = True
+    _resolve_auto_jit_compile.__doc__ = resolve.__doc__
+    Trainer._resolve_auto_jit_compile = _resolve_auto_jit_compile
+
+
+_keep_auto_xla_off()
+
+
 _classes: dict[type, type] = {}
 
 
@@ -215,8 +256,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     ``num_groups`` mean what they mean for :func:`hvdlite.tensorflow.DistributedGradientTape`.
     ``register_local_var(v)`` on the result keeps the gradient of ``v`` local to each
     rank (divided by the number of ranks while ``scale_local_gradients`` is True).
-    Compile without XLA (Keras does that by itself on CPU; on GPU pass
-    ``jit_compile=False``). ``name`` renames the optimizer; ``device_*`` are accepted
+    ``model.compile``'s default ``jit_compile="auto"`` then chooses no XLA, on GPU
+    machines as well (XLA cannot compile hvdlite's collectives; an explicit
+    ``jit_compile=True`` is an error). ``name`` renames the optimizer; ``device_*`` are accepted
     for compatibility.
     """
     opts = _options(compression, sparse_as_dense, gradient_predivide_factor, op,
