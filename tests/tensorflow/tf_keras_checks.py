@@ -58,13 +58,20 @@ def fit_against_single_process(build, make_opt, x, y, seed, build_reference=None
     model = build(seed + R)
     init = root_weights(model)
     model.compile(optimizer=hvdk.DistributedOptimizer(make_opt(), **options), loss="mse")
+    return model, fit_both(model, init, make_opt, x, y, build_reference or build)
+
+
+def fit_both(model, init, make_opt, x, y, build_reference=make_model):
+    """Fit the compiled distributed ``model`` on this rank's rows, after broadcasting
+    rank 0's weights, and a ``build_reference(1)`` model from ``init`` in this process
+    alone on the global batches with ``make_opt()``. Returns the reference."""
     model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
               callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
-    ref = (build_reference or build)(1)
+    ref = build_reference(1)
     ref.set_weights(init)
     ref.compile(optimizer=make_opt(), loss="mse")
     ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
-    return model, ref
+    return ref
 
 
 @check
@@ -168,12 +175,7 @@ def horovod_keras_module_name_trains_the_same():
     model = make_model(800 + R)
     init = root_weights(model)
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
-    model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
-              callbacks=[hkc.BroadcastGlobalVariablesCallback(0)])
-    ref = make_model(1)
-    ref.set_weights(init)
-    ref.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
+    ref = fit_both(model, init, lambda: keras.optimizers.SGD(0.05), x, y)
     for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
         expect_close(g, r, f"hvdlite.keras fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
 
@@ -223,12 +225,7 @@ def auto_jit_compile_chooses_no_xla_with_distributed_optimizer():
             expect("jit_compile=False" in str(e), f"XLA error message: {str(e)[:300]}")
     else:  # one rank communicates nothing, so XLA has nothing it cannot compile
         forced.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0)
-    model.fit(local_slice(x), local_slice(y), batch_size=B, shuffle=False, verbose=0,
-              callbacks=[hvdk.BroadcastGlobalVariablesCallback(0)])
-    ref = make_model(1)
-    ref.set_weights(init)
-    ref.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    ref.fit(x, y, batch_size=B * N, shuffle=False, verbose=0)
+    ref = fit_both(model, init, lambda: keras.optimizers.SGD(0.05), x, y)
     for i, (g, r) in enumerate(zip(model.get_weights(), ref.get_weights())):
         expect_close(g, r, f"auto-jit fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
     weights_equal_everywhere(model.get_weights(), "auto-jit fit")
