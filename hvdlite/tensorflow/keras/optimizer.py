@@ -258,8 +258,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     rank (divided by the number of ranks while ``scale_local_gradients`` is True).
     ``model.compile``'s default ``jit_compile="auto"`` then chooses no XLA, on GPU
     machines as well (XLA cannot compile hvdlite's collectives; an explicit
-    ``jit_compile=True`` is an error). ``name`` renames the optimizer; ``device_*`` are accepted
-    for compatibility.
+    ``jit_compile=True`` fails on more than one rank). ``name`` renames the optimizer;
+    ``device_*`` are accepted for compatibility.
     """
     opts = _options(compression, sparse_as_dense, gradient_predivide_factor, op,
                     backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
