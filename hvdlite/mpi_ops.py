@@ -28,9 +28,6 @@ __all__ = [
 ]
 
 
-_NAME_OF = _ops.NAME_OF_NP_DTYPE
-
-
 # The request kind of each label's operation (a grouped allreduce's members are allreduces).
 _KIND_OF = {**{v: k for k, v in _ops.KIND_NAMES.items()}, "grouped_allreduce": _ops.ALLREDUCE}
 
@@ -42,7 +39,7 @@ def _reject(what: "_label", problem: str) -> NoReturn:
 
 
 def _dtype_name(arr: np.ndarray, what: Any) -> str:
-    name = _NAME_OF.get(arr.dtype)
+    name = _ops.NAME_OF_NP_DTYPE.get(arr.dtype)
     if name is None:
         _reject(what, _unsupported(arr))
     return name
@@ -60,7 +57,7 @@ def _view(tensor: Any, in_place: bool) -> tuple[Any, str | None]:
     if in_place:
         if not isinstance(tensor, np.ndarray):
             return None, f"the in-place form needs a NumPy array, got {type(tensor).__name__}"
-        if tensor.dtype not in _NAME_OF:
+        if tensor.dtype not in _ops.NAME_OF_NP_DTYPE:
             return None, _unsupported(tensor)
         flags = tensor.flags
         if not flags.c_contiguous or not flags.writeable:
@@ -73,7 +70,7 @@ def _view(tensor: Any, in_place: bool) -> tuple[Any, str | None]:
             arr = np.from_dlpack(tensor)
     except Exception as exc:
         return None, f"cannot view {type(tensor).__name__} as an array: {exc}"
-    if arr.dtype not in _NAME_OF:
+    if arr.dtype not in _ops.NAME_OF_NP_DTYPE:
         return None, _unsupported(arr)
     # order="C" copies only when needed and, unlike ascontiguousarray, keeps 0-d shapes.
     return np.asarray(arr, order="C"), None
@@ -90,7 +87,7 @@ def _checked(tensor: Any, what: Any, in_place: bool = False) -> np.ndarray:
 def _raw(arr: np.ndarray) -> _ops.RawTensor:
     # The engine reads the address through the buffer protocol: ~10x cheaper than
     # arr.ctypes.data or arr.__array_interface__.
-    return _ops.RawTensor(_load_core().address(arr), _NAME_OF[arr.dtype], arr.shape)
+    return _ops.RawTensor(_load_core().address(arr), _ops.NAME_OF_NP_DTYPE[arr.dtype], arr.shape)
 
 
 _ALLREDUCE, _BROADCAST = _ops.ALLREDUCE, _ops.BROADCAST  # one lookup each on the direct path
@@ -114,7 +111,9 @@ def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: 
     core = _basics._core_module
     if core is None:
         return False
-    core.set_direct_inputs(np.ndarray, [(dt, _ops.DTYPES[n]) for dt, n in _NAME_OF.items()], _ops._orphans)
+    core.set_direct_inputs(np.ndarray,
+                           [(dt, _ops.DTYPES[n]) for dt, n in _ops.NAME_OF_NP_DTYPE.items()],
+                           _ops._orphans)
     _direct_run = core.direct_run
     return _direct_run(kind, tensor, output, name, average, op, prescale_factor, postscale_factor, root_rank)
 
@@ -123,7 +122,7 @@ def _run(kind: int, arr: np.ndarray, out: np.ndarray | None, name: str | None, o
          prescale_factor: float = 1.0, postscale_factor: float = 1.0, root_rank: int = -1) -> None:
     """The blocking path: one request on `arr` (result into `out`; in place if it is `arr`).
     The engine checks that the arrays are contiguous, and writable where written."""
-    dtype = _NAME_OF.get(arr.dtype)
+    dtype = _ops.NAME_OF_NP_DTYPE.get(arr.dtype)
     if dtype is None:
         _dtype_name(arr, _label(_ops.KIND_NAMES[kind], name))  # raises, naming the dtype
     _ops.run(kind, arr, out, dtype, name=name, op=op, prescale_factor=prescale_factor,

@@ -5,7 +5,6 @@ single-process training on the global batch."""
 from __future__ import annotations
 
 import os
-
 import time
 
 import numpy as np
