@@ -441,6 +441,19 @@ PYBIND11_MODULE(_core, m) {
       })
       .def("__len__", [](const OutputBuffer& b) { return b.bytes; });
 
+  // The engine's codes, so that no front end keeps its own copy of them: element types
+  // and request kinds by their engine names, reduce ops by Horovod's names.
+  py::dict data_types, reduce_ops, request_types;
+  for (int c = 0; c < kNumDataTypes; ++c) data_types[DataTypeName(static_cast<DataType>(c))] = c;
+  for (int c = 0; c <= static_cast<int>(ReduceOp::kProduct); ++c)
+    reduce_ops[ReduceOpName(static_cast<ReduceOp>(c))] = c;
+  for (int c = 0; c <= static_cast<int>(RequestType::kJoin); ++c)
+    request_types[RequestTypeName(static_cast<RequestType>(c))] = c;
+  m.attr("DATA_TYPES") = data_types;
+  m.attr("REDUCE_OPS") = reduce_ops;
+  m.attr("REQUEST_TYPES") = request_types;
+  m.attr("CPU_DEVICE") = kCpuDevice;
+
   m.def("shutdown", &Shutdown);
   m.def("finalize", &Finalize);
   pthread_atfork(nullptr, nullptr, &MarkForked);
