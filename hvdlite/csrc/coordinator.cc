@@ -51,7 +51,7 @@ int FirstRank(const std::vector<char>& have) {
 // Allreduces fuse only when they are reduced and scaled the same way.
 bool SameFusionKey(const Response& a, const Response& b) {
   return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.device == b.device;
+         a.postscale == b.postscale && KindOfDevice(a.device) == KindOfDevice(b.device);
 }
 
 // Bytes an allgather of `q`'s kind of rows gathers from all ranks (`rows`: per rank).
@@ -63,8 +63,11 @@ int64_t GatheredBytes(const Request& q, const std::vector<int64_t>& rows) {
 
 }  // namespace
 
-Coordinator::Coordinator(int size, const Parameters& params, ResponseCache* cache, Timeline* timeline)
-    : size_(size), params_(params), cache_(cache), timeline_(timeline), joined_(size, 0) {}
+Coordinator::Coordinator(int size, const Parameters& params, const FusionLimits (&fusion)[kNumDeviceKinds],
+                         ResponseCache* cache, Timeline* timeline)
+    : size_(size), params_(params), cache_(cache), timeline_(timeline), joined_(size, 0) {
+  for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
+}
 
 void Coordinator::AddRequest(const Request& r, int64_t now_us, bool from_cache) {
   if (r.type == RequestType::kJoin) {
@@ -221,8 +224,11 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
            }();
   if (differ([](const Request& r) { return r.dtype; }))
     return describe("the data type", [](const Request& r) { return std::string(DataTypeName(r.dtype)); });
-  if (differ([](const Request& r) { return r.device; }))
-    return describe("the device", [](const Request& r) { return std::to_string(r.device); });
+  // Each rank drives its own GPU, so only the kind of device must agree.
+  if (differ([](const Request& r) { return KindOfDevice(r.device); }))
+    return describe("the device", [](const Request& r) { return DeviceLabel(r.device); });
+  if (differ([](const Request& r) { return r.process_set; }))
+    return describe("the process set", [](const Request& r) { return std::to_string(r.process_set); });
 
   std::vector<int> joined;
   for (int r = 0; r < size_; ++r)
@@ -364,25 +370,34 @@ Response Coordinator::FromCacheEntry(int32_t cache_id) const {
   return resp;
 }
 
+// One round of the coordinator: the tensors that became ready on every rank, checked,
+// fused and ordered. Four steps: collect what is ready (holding back grouped
+// allreduces until their group is whole), negotiate each tensor (validate, build its
+// response, give it a cache id), fuse, and put the result in execution order.
 ResponseList Coordinator::TakeReady() {
-  ResponseList out;
   const int64_t now = NowMicros();
-  std::vector<int32_t> joined;
+  Round round;
   for (int r = 0; r < size_; ++r)
-    if (joined_[r]) joined.push_back(r);
+    if (joined_[r]) round.joined.push_back(r);
+  std::vector<Item> batch = CollectReady(now);
+  for (Item& item : batch) {
+    bool from_cache = false;
+    Response resp = Negotiate(item, round, &from_cache);
+    Fuse(std::move(resp), from_cache, item, round);
+  }
+  if (round.group_failed) FailGroupsOfFailedMembers();
+  return Order(std::move(round));
+}
 
-  // Ready tensors in order; grouped allreduce members only once their group is whole.
-  // An entry agreed through the cache alone has cache_id >= 0 and no Pending.
-  struct Item {
-    std::string name;
-    Pending p;
-    int32_t cache_id = -1;
-  };
+// Ready tensors in the order they became ready. A grouped allreduce's members wait in
+// groups_ until the whole group is ready, then go out together. An entry agreed through
+// the cache alone has cache_id >= 0 and no Pending.
+std::vector<Coordinator::Item> Coordinator::CollectReady(int64_t now) {
   std::vector<Item> batch;
   for (const Ready& e : ready_) {
     if (e.cache_id >= 0) {
       Hits& h = hits_[e.cache_id];
-      if (timeline_ && timeline_->Active()) {  // the entry is looked up again below; only when tracing here
+      if (timeline_ && timeline_->Active()) {  // the entry is looked up again later; only when tracing here
         const Request& q = cache_->Get(e.cache_id);
         RecordNegotiation(q.name, q.type, h.have, h.arrival_us, h.first_us, now);
       }
@@ -416,121 +431,123 @@ ResponseList Coordinator::TakeReady() {
     batch.push_back(Item{name, std::move(p)});
   }
   ready_.clear();
+  return batch;
+}
 
-  // Open fused allreduce per signature; closed when the threshold would be exceeded.
-  struct Open {
-    int index;  // position in out.responses
-    int64_t bytes;
-    bool cached;
-  };
-  std::vector<Open> open;
-  std::vector<bool> all_cached;  // per out.responses entry: agreed entirely through the cache
-  // Open fused allgather: small allgathers of any dtype share one (Engine::DoAllgather
-  // packs and unpacks them), up to a cache-sized total of gathered bytes.
-  int open_gather = -1;
-  int64_t open_gather_bytes = 0;
-  const int64_t gather_cap = std::min(params_.fusion_threshold_bytes, params_.host_chunk_bytes);
+// The response for one ready tensor: from its cache entry when every rank sent a cache
+// hit, otherwise validated (an error response if the ranks disagree or one refused)
+// and given a cache id. `from_cache`: every rank's request came as a cache hit.
+Response Coordinator::Negotiate(const Item& item, Round& round, bool* from_cache) {
+  if (item.cache_id >= 0) {
+    *from_cache = true;
+    return FromCacheEntry(item.cache_id);  // no joined ranks on this path (see Hits)
+  }
+  const std::string& name = item.name;
+  const Pending& p = item.p;
+  // A doomed member that every rank sent keeps its own error if it has one (a rank
+  // refused it); otherwise it fails for its group.
+  std::string error = p.doomed.empty() || Complete(p) ? Validate(name, p) : p.doomed;
+  if (error.empty()) error = p.doomed;
+  Response resp = MakeResponse(name, p, error);
+  const Request& q = p.requests[FirstRank(p.have)];
+  if (!error.empty())
+    for (int r = 0; r < size_; ++r)
+      if (p.have[r] && p.requests[r].group_id >= 0) {
+        failed_groups_.emplace(std::make_pair(r, p.requests[r].group_id), error);
+        round.group_failed = true;
+      }
+  if (error.empty() && round.joined.empty() && ResponseCache::Cacheable(q)) {
+    resp.cache_ids[0] = cache_->Lookup(q);
+    if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
+  }
+  *from_cache = p.all_from_cache;
+  return resp;
+}
 
-  bool group_failed = false;
-  for (Item& item : batch) {
-    Response resp;
-    bool from_cache = true;  // every rank's request came as a cache hit
-    if (item.cache_id >= 0) {
-      // Agreed through the cache: the entry is the response (no joined ranks: see Hits).
-      resp = FromCacheEntry(item.cache_id);
-    } else {
-      const std::string& name = item.name;
-      const Pending& p = item.p;
-      // A doomed member that every rank sent keeps its own error if it has one (a rank
-      // refused it); otherwise it fails for its group.
-      std::string error = p.doomed.empty() || Complete(p) ? Validate(name, p) : p.doomed;
-      if (error.empty()) error = p.doomed;
-      resp = MakeResponse(name, p, error);
-      const Request& q = p.requests[FirstRank(p.have)];
-      if (!error.empty())
-        for (int r = 0; r < size_; ++r)
-          if (p.have[r] && p.requests[r].group_id >= 0) {
-            failed_groups_.emplace(std::make_pair(r, p.requests[r].group_id), error);
-            group_failed = true;
-          }
-      if (error.empty() && joined.empty() && ResponseCache::Cacheable(q)) {
-        resp.cache_ids[0] = cache_->Lookup(q);
-        if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
-      }
-      from_cache = p.all_from_cache;
-    }
-    if (resp.error.empty() && resp.type == RequestType::kAllgather) {
-      const int64_t bytes = GatheredBytes(item.p.requests[FirstRank(item.p.have)], resp.sizes);
-      const bool small = bytes < params_.fusion_direct_bytes;
-      if (small && open_gather >= 0 && open_gather_bytes + bytes <= gather_cap) {
-        Response& f = out.responses[open_gather];
-        f.names.push_back(resp.names[0]);
-        f.sizes.insert(f.sizes.end(), resp.sizes.begin(), resp.sizes.end());
-        f.cache_ids.push_back(-1);
-        open_gather_bytes += bytes;
-        continue;
-      }
-      if (small) {
-        open_gather = static_cast<int>(out.responses.size());
-        open_gather_bytes = bytes;
-      }
-    }
-    if (!resp.error.empty() || resp.type != RequestType::kAllreduce) {
-      out.responses.push_back(std::move(resp));
-      all_cached.push_back(false);
-      continue;
-    }
-    resp.joined_ranks = joined;
-    const int64_t bytes = resp.sizes[0] * DataTypeSize(resp.dtype);
-    auto slot = std::find_if(open.begin(), open.end(),
-                             [&](const Open& o) { return SameFusionKey(out.responses[o.index], resp); });
-    const bool cached = from_cache && joined.empty() && resp.cache_ids[0] >= 0;
-    if (slot != open.end() && slot->bytes + bytes <= params_.fusion_threshold_bytes && slot->cached == cached) {
-      Response& f = out.responses[slot->index];
+// Adds `resp` to the round, folded into an open fused response where it fits: small
+// allgathers of any dtype into one (the backend packs and unpacks them), allreduces
+// with the same dtype, op, scaling and kind of device into one, up to the limits the
+// backend for that kind of device declared. Errors and other collectives go alone.
+void Coordinator::Fuse(Response resp, bool from_cache, const Item& item, Round& round) {
+  const FusionLimits& limits = fusion_[static_cast<int>(KindOfDevice(resp.device))];
+  if (resp.error.empty() && resp.type == RequestType::kAllgather) {
+    const int64_t bytes = GatheredBytes(item.p.requests[FirstRank(item.p.have)], resp.sizes);
+    const bool small = bytes < limits.allgather_tensor_bytes;
+    OpenGather* slot = nullptr;
+    for (OpenGather& g : round.open_gathers)
+      if (KindOfDevice(round.responses[g.index].device) == KindOfDevice(resp.device)) slot = &g;
+    if (small && slot && slot->bytes + bytes <= limits.allgather_bytes) {
+      Response& f = round.responses[slot->index];
       f.names.push_back(resp.names[0]);
-      f.sizes.push_back(resp.sizes[0]);
-      f.cache_ids.push_back(resp.cache_ids[0]);
+      f.sizes.insert(f.sizes.end(), resp.sizes.begin(), resp.sizes.end());
+      f.cache_ids.push_back(-1);
       slot->bytes += bytes;
+      return;
+    }
+    if (small) {
+      if (slot) *slot = OpenGather{static_cast<int>(round.responses.size()), bytes};
+      else round.open_gathers.push_back(OpenGather{static_cast<int>(round.responses.size()), bytes});
+    }
+  }
+  if (!resp.error.empty() || resp.type != RequestType::kAllreduce) {
+    round.responses.push_back(std::move(resp));
+    round.all_cached.push_back(false);
+    return;
+  }
+  resp.joined_ranks = round.joined;
+  const int64_t bytes = resp.sizes[0] * DataTypeSize(resp.dtype);
+  auto slot = std::find_if(round.open.begin(), round.open.end(),
+                           [&](const OpenAllreduce& o) { return SameFusionKey(round.responses[o.index], resp); });
+  const bool cached = from_cache && round.joined.empty() && resp.cache_ids[0] >= 0;
+  if (slot != round.open.end() && slot->bytes + bytes <= limits.allreduce_bytes && slot->cached == cached) {
+    Response& f = round.responses[slot->index];
+    f.names.push_back(resp.names[0]);
+    f.sizes.push_back(resp.sizes[0]);
+    f.cache_ids.push_back(resp.cache_ids[0]);
+    slot->bytes += bytes;
+    return;
+  }
+  if (slot != round.open.end()) round.open.erase(slot);
+  round.open.push_back(OpenAllreduce{static_cast<int>(round.responses.size()), bytes, cached});
+  round.responses.push_back(std::move(resp));
+  round.all_cached.push_back(cached);
+}
+
+// A failed member fails the rest of its group: members waiting for their group,
+// members some ranks have not sent (they may never, if the ranks disagree on the
+// group), and members that reach rank 0 later (AddRequest dooms those). They are
+// answered in the next response list.
+void Coordinator::FailGroupsOfFailedMembers() {
+  for (auto& [name, p] : table_)
+    if (p.doomed.empty())
+      if (const std::string* why = FailedGroup(p)) Doom(name, p, *why);
+  for (auto g = groups_.begin(); g != groups_.end();) {
+    const std::string* why = g->second.empty() ? nullptr : FailedGroup(g->second.front().second);
+    if (!why) {
+      ++g;
       continue;
     }
-    if (slot != open.end()) open.erase(slot);
-    open.push_back(Open{static_cast<int>(out.responses.size()), bytes, cached});
-    out.responses.push_back(std::move(resp));
-    all_cached.push_back(cached);
-  }
-
-  // A failed member fails the rest of its group: members waiting for their group,
-  // members some ranks have not sent (they may never, if the ranks disagree on the
-  // group), and members that reach rank 0 later (AddRequest dooms those). They are
-  // answered in the next response list.
-  if (group_failed) {
-    for (auto& [name, p] : table_)
-      if (p.doomed.empty())
-        if (const std::string* why = FailedGroup(p)) Doom(name, p, *why);
-    for (auto g = groups_.begin(); g != groups_.end();) {
-      const std::string* why = g->second.empty() ? nullptr : FailedGroup(g->second.front().second);
-      if (!why) { ++g; continue; }
-      for (auto& [name, p] : g->second) {
-        Doom(name, p, *why);
-        table_.emplace(name, std::move(p));
-      }
-      g = groups_.erase(g);
+    for (auto& [name, p] : g->second) {
+      Doom(name, p, *why);
+      table_.emplace(name, std::move(p));
     }
+    g = groups_.erase(g);
   }
+}
 
-  // Execution order; responses agreed entirely through the cache travel as ids.
-  std::vector<Response> full;
-  for (size_t i = 0; i < out.responses.size(); ++i) {
-    if (all_cached[i]) {
-      out.cached.push_back(out.responses[i].cache_ids);
+// Execution order; responses agreed entirely through the cache travel as ids. A join
+// that every rank has reached goes last.
+ResponseList Coordinator::Order(Round round) {
+  ResponseList out;
+  for (size_t i = 0; i < round.responses.size(); ++i) {
+    if (round.all_cached[i]) {
+      out.cached.push_back(round.responses[i].cache_ids);
       out.order.push_back(-static_cast<int32_t>(out.cached.size()));
     } else {
-      full.push_back(std::move(out.responses[i]));
-      out.order.push_back(static_cast<int32_t>(full.size()) - 1);
+      out.responses.push_back(std::move(round.responses[i]));
+      out.order.push_back(static_cast<int32_t>(out.responses.size()) - 1);
     }
   }
-  out.responses = std::move(full);
-
   if (join_complete_) {
     Response j;
     j.type = RequestType::kJoin;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/backend.h"
 #include "message.h"
 #include "parameters.h"
 #include "response_cache.h"
@@ -20,7 +21,10 @@ class Timeline;
 
 class Coordinator {
  public:
-  Coordinator(int size, const Parameters& params, ResponseCache* cache, Timeline* timeline);
+  // `fusion`: what may be fused for tensors of each kind of device (the backends'
+  // preferences, see BackendRegistry::Fusion).
+  Coordinator(int size, const Parameters& params, const FusionLimits (&fusion)[kNumDeviceKinds], ResponseCache* cache,
+              Timeline* timeline);
 
   // A request this rank or another sent in full.
   void AddRequest(const Request& r, int64_t now_us, bool from_cache = false);
@@ -67,6 +71,37 @@ class Coordinator {
     std::string name;
   };
 
+  // A ready tensor as TakeReady handles it: negotiated in full (name, pending requests)
+  // or agreed through the cache (cache_id >= 0).
+  struct Item {
+    std::string name;
+    Pending p;
+    int32_t cache_id = -1;
+  };
+  struct OpenAllreduce {
+    int index;  // in Round::responses
+    int64_t bytes;
+    bool cached;
+  };
+  struct OpenGather {
+    int index;
+    int64_t bytes;
+  };
+  // What one TakeReady builds up.
+  struct Round {
+    std::vector<int32_t> joined;  // ranks that have joined
+    std::vector<Response> responses;
+    std::vector<bool> all_cached;  // per response: agreed entirely through the cache
+    std::vector<OpenAllreduce> open;
+    std::vector<OpenGather> open_gathers;
+    bool group_failed = false;
+  };
+  std::vector<Item> CollectReady(int64_t now);
+  Response Negotiate(const Item& item, Round& round, bool* from_cache);
+  void Fuse(Response resp, bool from_cache, const Item& item, Round& round);
+  void FailGroupsOfFailedMembers();
+  ResponseList Order(Round round);
+
   void ToTable(int32_t cache_id);
   bool IsReady(const std::string& name) const;
   void MarkReadyIfComplete(const std::string& name);
@@ -81,6 +116,7 @@ class Coordinator {
 
   int size_;
   Parameters params_;
+  FusionLimits fusion_[kNumDeviceKinds];
   ResponseCache* cache_;
   Timeline* timeline_;
   std::unordered_map<std::string, Pending> table_;

@@ -9,32 +9,17 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "backends/mpi/mpi_backend.h"
+#include "backends/mpi/reduce_ops.h"
+#include "backends/nccl/nccl_backend.h"
+#include "backends/staged/host_staged_backend.h"
 #include "logging.h"
-#include "mpi_collectives.h"
-#include "reduce_ops.h"
 
 namespace hvdlite {
 namespace {
 
-constexpr int kTagRequest = 101;
-constexpr int kTagResponse = 102;
 constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this often anyway
 constexpr int64_t kStallCheckEveryMicros = 1000000;
-
-std::vector<uint8_t> Receive(MPI_Comm comm, int source, int tag, bool* got, int* from) {
-  int flag = 0;
-  MPI_Message msg;
-  MPI_Status status;
-  MPI_Improbe(source, tag, comm, &flag, &msg, &status);
-  *got = flag != 0;
-  if (!flag) return {};
-  int count = 0;
-  MPI_Get_count(&status, MPI_BYTE, &count);
-  std::vector<uint8_t> buf(static_cast<size_t>(count));
-  MPI_Mrecv(buf.data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
-  *from = status.MPI_SOURCE;
-  return buf;
-}
 
 // A caller that runs the engine (Drive) runs MPI's collectives on its own thread, so
 // MPI's temporary buffers come from the same malloc arena as the caller's arrays. With
@@ -67,38 +52,59 @@ void TuneHostAllocator() {
 #endif
 }
 
+
+// Settings every rank must use alike, or their collectives would not match (how a
+// fused allreduce is cut into MPI calls, which backend runs a GPU collective): rank 0's
+// values, whatever the other ranks' environments say.
+void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
+  struct Shared {
+    int64_t host_chunk_bytes, fusion_direct_bytes, ring_min_segment_bytes;
+    int32_t gpu_mpi[kNumRequestTypes];  // 1: host-staged MPI, 0: NCCL
+  } s{};
+  s.host_chunk_bytes = p->host_chunk_bytes;
+  s.fusion_direct_bytes = p->fusion_direct_bytes;
+  s.ring_min_segment_bytes = p->ring_min_segment_bytes;
+  for (int t = 0; t < kNumRequestTypes; ++t) s.gpu_mpi[t] = p->gpu_backend[t] == "MPI";
+  channel.Share(&s, sizeof s, 0);
+  p->host_chunk_bytes = s.host_chunk_bytes;
+  p->fusion_direct_bytes = s.fusion_direct_bytes;
+  p->ring_min_segment_bytes = s.ring_min_segment_bytes;
+  for (int t = 0; t < kNumRequestTypes; ++t) p->gpu_backend[t] = s.gpu_mpi[t] ? "MPI" : "NCCL";
+}
+
 }  // namespace
 
 Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
-    : params_(params), handles_(handles), cache_(params.cache_capacity), huge_pages_(params.huge_pages) {
-  MPI_Comm_dup(comm, &ctrl_comm_);
-  MPI_Comm_dup(comm, &data_comm_);
-  MPI_Comm_set_errhandler(data_comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(ctrl_comm_, &rank_);
-  MPI_Comm_size(ctrl_comm_, &size_);
-  MPI_Comm_split_type(ctrl_comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
-  MPI_Comm_rank(local_comm_, &local_rank_);
-  MPI_Comm_size(local_comm_, &local_size_);
-  MPI_Comm_split(ctrl_comm_, local_rank_, rank_, &cross_comm_);
-  MPI_Comm_rank(cross_comm_, &cross_rank_);
-  MPI_Comm_size(cross_comm_, &cross_size_);
-  SetLogContext(rank_, params_.log_level);
+    : params_(params), handles_(handles), cache_(params.cache_capacity) {
+  channel_ = std::make_unique<ControlChannel>(comm);
+  topology_ = std::make_unique<Topology>(comm);
+  ShareRankZeroSettings(*channel_, &params_);
+  const int rank = topology_->rank(), size = topology_->size();
+  SetLogContext(rank, params_.log_level);
   // Polling without sleeping only pays while every rank on this host has a core to
   // itself; with more ranks than cores it would take time from a rank that computes.
   const unsigned cores = std::thread::hardware_concurrency();
-  spin_us_ = (cores == 0 || static_cast<unsigned>(local_size_) <= cores) ? params_.spin_us : 0;
+  spin_us_ = (cores == 0 || static_cast<unsigned>(topology_->local_size()) <= cores) ? params_.spin_us : 0;
   if (spin_us_ > 0) handles_->SetWaiterHook([this] { queue_.Wake(); });
   if (spin_us_ > 0 && params_.malloc_tuning) TuneHostAllocator();
   InitReduceOps();
-  collectives_ = std::make_unique<MpiCollectives>(data_comm_, params_.ring_min_segment_bytes);
-  if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, params_, &cache_, &timeline_);
-  if (rank_ == 0 && !params_.timeline_path.empty()) {
+  registry_ = std::make_unique<BackendRegistry>(params_);
+  mpi_ = static_cast<MpiBackend*>(registry_->Add(std::make_unique<MpiBackend>(topology_->world(), params_)));
+  registry_->Add(std::make_unique<NcclBackend>(channel_.get(), &gpus_, params_, rank, size));
+  registry_->Add(std::make_unique<HostStagedBackend>(mpi_, &gpus_));
+  if (rank == 0) {
+    const FusionLimits fusion[kNumDeviceKinds] = {registry_->Fusion(DeviceKind::kHost),
+                                                  registry_->Fusion(DeviceKind::kCuda)};
+    coordinator_ = std::make_unique<Coordinator>(size, params_, fusion, &cache_, &timeline_);
+  }
+  if (rank == 0 && !params_.timeline_path.empty()) {
     std::string err;
     if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
   }
-  HVD_INFO("engine started: rank " << rank_ << " of " << size_ << " (local " << local_rank_ << " of " << local_size_
-           << "), fusion threshold " << params_.fusion_threshold_bytes << " B, cycle time " << params_.cycle_time_ms
-           << " ms, cache capacity " << params_.cache_capacity << ", poll without yielding " << spin_us_ << " us");
+  HVD_INFO("engine started: rank " << rank << " of " << size << " (local " << topology_->local_rank() << " of "
+           << topology_->local_size() << "), fusion threshold " << params_.fusion_threshold_bytes
+           << " B, cycle time " << params_.cycle_time_ms << " ms, cache capacity " << params_.cache_capacity
+           << ", poll without yielding " << spin_us_ << " us");
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -108,9 +114,14 @@ Engine::~Engine() {
   timeline_.Stop();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;  // a waiting thread outlived MPI itself; nothing left to free
-  for (MPI_Comm* c : {&ctrl_comm_, &data_comm_, &local_comm_, &cross_comm_})
-    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  if (finalized) {
+    // A waiting thread outlived MPI itself: nothing left that can be freed safely.
+    (void)registry_.release();
+    (void)topology_.release();
+    (void)channel_.release();
+    return;
+  }
+  registry_.reset();  // NCCL communicators first (their queued work finishes), then MPI's
 }
 
 void Engine::Stop() {
@@ -120,22 +131,19 @@ void Engine::Stop() {
 }
 
 bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::string* error) {
-  if (rank_ != 0) return true;  // rank 0 writes the timeline
+  if (rank() != 0) return true;  // rank 0 writes the timeline
   return timeline_.Start(path, mark_cycles, error);
 }
 
 void Engine::StopTimeline() { timeline_.Stop(); }
 
-int64_t Engine::Enqueue(Request request, const void* input, void* output, bool caller_waits) {
+int64_t Engine::Enqueue(Request request, const void* input, void* output, bool caller_waits,
+                        std::optional<uintptr_t> stream) {
   const int64_t h = handles_->Create();
-  request.rank = rank_;
+  request.rank = rank();
   if (!running_) {
     handles_->Complete(h, false, RequestLabel(request.type, request.name) + ": hvdlite has been shut down" +
                                      (shutdown_reason_.empty() ? "" : " (" + shutdown_reason_ + ")"));
-    return h;
-  }
-  if (request.device != kCpuDevice && request.error.empty()) {
-    handles_->Complete(h, false, RequestLabel(request.type, request.name) + ": the engine takes host memory only; GPU tensors must be staged through the host");
     return h;
   }
   TensorEntry e;
@@ -144,55 +152,73 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
   e.output = output;
   e.handle = h;
   e.enqueue_us = NowMicros();
+  if (e.request.device != kCpuDevice && e.request.error.empty()) {
+    // A problem only this rank sees (no CUDA runtime here, a second GPU) is a refusal:
+    // the collective then fails on every rank instead of leaving the others waiting.
+    const std::string problem = PrepareGpuRequest(e, stream);
+    if (!problem.empty()) e.request.error = RequestLabel(e.request.type, e.request.name) + ": " + problem;
+  }
   if (!queue_.Push(e, /*wake=*/!(caller_waits && spin_us_ > 0))) {  // refused: `e` is intact
     handles_->Complete(h, false, RequestLabel(e.request.type, e.request.name) + ": a " +
                                      RequestTypeName(e.request.type) + " with this name is already in flight on rank " +
-                                     std::to_string(rank_) + "; wait for it to finish or use a different name");
+                                     std::to_string(rank()) + "; wait for it to finish or use a different name");
   }
   return h;
+}
+
+std::string Engine::PrepareGpuRequest(TensorEntry& e, std::optional<uintptr_t> stream) {
+  const int device = e.request.device;
+  int expected = -1;
+  if (!gpu_device_.compare_exchange_strong(expected, device) && expected != device)
+    return "the tensor is on GPU " + std::to_string(device) + ", but this process already drives GPU " +
+           std::to_string(expected) + "; hvdlite drives one GPU per process (pin it first, e.g. "
+           "torch.cuda.set_device(hvd.local_rank()))";
+  try {
+    GpuContext::Device& d = gpus_.Get(device);
+    if (stream) {
+      cuda::DeviceGuard guard(d.rt, device);
+      e.produced = d.events->Record(reinterpret_cast<cuda::Stream>(*stream));
+    }
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+  return "";
+}
+
+std::shared_ptr<DeviceAllocation> Engine::AllocateDevice(int device, int64_t bytes) {
+  GpuContext::Device& d = gpus_.Get(device);
+  return std::make_shared<cuda::StreamMemory>(d.events, d.stream, bytes);
 }
 
 Engine::Stats Engine::GetStats() const {
   Stats s;
   s.requests_in_full = requests_in_full_;
   s.requests_as_ids = requests_as_ids_;
-  s.control_bytes_sent = control_bytes_sent_;
-  s.control_bytes_received = control_bytes_received_;
+  s.control_bytes_sent = channel_->bytes_sent();
+  s.control_bytes_received = channel_->bytes_received();
   s.waits_driven = waits_driven_;
-  s.huge_page_extents = huge_pages_.collapsed();
+  s.huge_page_extents = mpi_->huge_page_extents();
+  s.device_collectives = device_collectives_;
   return s;
 }
 
-void Engine::Send(int dest, int tag, std::shared_ptr<std::vector<uint8_t>> bytes) {
-  control_bytes_sent_ += static_cast<int64_t>(bytes->size());
-  PendingSend s;
-  s.bytes = std::move(bytes);
-  MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, dest, tag, ctrl_comm_, &s.request);
-  sends_.push_back(std::move(s));
-}
-
-void Engine::ReapSends(bool wait_all) {
-  for (auto it = sends_.begin(); it != sends_.end();) {
-    int done = 0;
-    if (wait_all) {
-      MPI_Wait(&it->request, MPI_STATUS_IGNORE);
-      done = 1;
-    } else {
-      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
-    }
-    it = done ? sends_.erase(it) : std::next(it);
-  }
-}
-
-void Engine::BeginShutdown(const std::string& reason) {
+void Engine::BeginShutdown(const std::string& reason, bool failure) {
   if (shutting_down_) return;
   shutting_down_ = true;
   shutdown_reason_ = reason;
+  if (failure) registry_->AbortAll(reason);
   ResponseList s;
   s.shutdown = true;
   s.shutdown_reason = reason;
-  auto bytes = std::make_shared<std::vector<uint8_t>>(Serialize(s));
-  for (int r = 1; r < size_; ++r) Send(r, kTagResponse, bytes);
+  s.failure = failure;
+  channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(s)));
+}
+
+void Engine::Fail(const std::string& reason) {
+  HVD_ERROR(reason);
+  registry_->AbortAll(reason);  // nothing of this rank's waits for a peer any more
+  if (rank() == 0) BeginShutdown(reason, /*failure=*/true);
+  else if (failure_.empty()) failure_ = reason;  // WorkerStep reports it
 }
 
 bool Engine::CoordinatorStep() {
@@ -203,16 +229,14 @@ bool Engine::CoordinatorStep() {
     if (shutting_down_) continue;
     const int32_t id = cache_.Lookup(r);
     ++(id >= 0 ? requests_as_ids_ : requests_in_full_);
-    if (id >= 0) coordinator_->AddCacheHit(rank_, id, now);
+    if (id >= 0) coordinator_->AddCacheHit(rank(), id, now);
     else coordinator_->AddRequest(r, now);
   }
-  while (size_ > 1) {  // alone, there is no one to hear from (and probing costs a system call)
-    bool got = false;
-    int from = -1;
-    std::vector<uint8_t> buf = Receive(ctrl_comm_, MPI_ANY_SOURCE, kTagRequest, &got, &from);
-    if (!got) break;
+  std::vector<uint8_t> buf;
+  int from = -1;
+  // Alone, there is no one to hear from (and probing costs a system call).
+  while (size() > 1 && channel_->ReceiveRequest(&buf, &from)) {
     progress = true;
-    control_bytes_received_ += static_cast<int64_t>(buf.size());
     RequestList list = DeserializeRequestList(buf.data(), buf.size());
     if (list.shutdown_ack) {
       ++acks_;
@@ -222,17 +246,17 @@ bool Engine::CoordinatorStep() {
     const int64_t t = NowMicros();
     for (int32_t id : list.cache_hits) coordinator_->AddCacheHit(from, id, t);
     for (Request& r : list.requests) coordinator_->AddRequest(r, t);
-    if (list.shutdown) BeginShutdown("rank " + std::to_string(from) + " shut down (it called shutdown() or its process is exiting)");
+    if (list.shutdown && list.failure) BeginShutdown(list.shutdown_reason, true);
+    else if (list.shutdown)
+      BeginShutdown("rank " + std::to_string(from) + " shut down (it called shutdown() or its process is exiting)", false);
   }
-  if (stop_requested_ && !shutting_down_) BeginShutdown("rank 0 shut down (it called shutdown() or its process is exiting)");
+  if (stop_requested_ && !shutting_down_)
+    BeginShutdown("rank 0 shut down (it called shutdown() or its process is exiting)", false);
   if (!shutting_down_) {
     ResponseList ready = coordinator_->TakeReady();
     if (!ready.order.empty()) {
       progress = true;
-      if (size_ > 1) {
-        auto bytes = std::make_shared<std::vector<uint8_t>>(Serialize(ready));
-        for (int r = 1; r < size_; ++r) Send(r, kTagResponse, bytes);
-      }
+      if (size() > 1) channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(ready)));
       Execute(ready);
     }
     const int64_t t = NowMicros();
@@ -241,7 +265,7 @@ bool Engine::CoordinatorStep() {
       std::string reason = coordinator_->CheckStalls(t);
       if (!reason.empty()) {
         HVD_ERROR(reason);
-        BeginShutdown(reason);
+        BeginShutdown(reason, false);
       }
     }
   }
@@ -251,7 +275,7 @@ bool Engine::CoordinatorStep() {
 bool Engine::WorkerStep() {
   bool progress = false;
   std::vector<Request> fresh = queue_.TakeNew();
-  const bool ask_shutdown = stop_requested_ && !shutting_down_;
+  const bool ask_shutdown = (stop_requested_ || !failure_.empty()) && !shutting_down_;
   if (!fresh.empty() || ask_shutdown) {
     progress = true;
     RequestList list;
@@ -264,23 +288,21 @@ bool Engine::WorkerStep() {
     requests_as_ids_ += static_cast<int64_t>(list.cache_hits.size());
     if (ask_shutdown) {
       list.shutdown = true;
+      list.failure = !failure_.empty();
+      list.shutdown_reason = failure_;
       shutting_down_ = true;
     }
-    Send(0, kTagRequest, std::make_shared<std::vector<uint8_t>>(Serialize(list)));
+    channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(list)));
   }
-  while (true) {
-    bool got = false;
-    int from = -1;
-    std::vector<uint8_t> buf = Receive(ctrl_comm_, 0, kTagResponse, &got, &from);
-    if (!got) break;
-    progress = true;
-    control_bytes_received_ += static_cast<int64_t>(buf.size());
+  std::vector<uint8_t> buf;
+  if (channel_->ReceiveResponse(&buf)) {
     ResponseList list = DeserializeResponseList(buf.data(), buf.size());
     if (list.shutdown) {
       shutdown_reason_ = list.shutdown_reason;
+      if (list.failure) registry_->AbortAll(list.shutdown_reason);
       RequestList ack;
       ack.shutdown_ack = true;
-      Send(0, kTagRequest, std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
+      channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
       running_ = false;
       return true;
     }
@@ -292,11 +314,12 @@ bool Engine::WorkerStep() {
   return progress;
 }
 
-// One round: announce new requests, take in what arrived, run what became ready.
-// Called with step_mu_ held.
+// One round: announce new requests, take in what arrived, run what became ready, and
+// look after device work in flight. Called with step_mu_ held.
 bool Engine::Step() {
-  const bool progress = rank_ == 0 ? CoordinatorStep() : WorkerStep();
-  ReapSends(false);
+  bool progress = rank() == 0 ? CoordinatorStep() : WorkerStep();
+  if (in_flight_count_ > 0) progress = PollInFlight() || progress;
+  channel_->Reap(false);
   if (progress && timeline_.Active()) {
     timeline_.CycleMark(NowMicros());
     timeline_.Flush();
@@ -304,8 +327,30 @@ bool Engine::Step() {
   return progress;
 }
 
+bool Engine::PollInFlight() {
+  bool progress = false;
+  const int64_t now = NowMicros();
+  const int64_t limit_us = static_cast<int64_t>(params_.stall_shutdown_seconds * 1e6);
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->completion->Done()) {
+      const std::string error = it->completion->Error();
+      if (!error.empty()) Fail(it->label + " failed on rank " + std::to_string(rank()) + ": " + error);
+      it = in_flight_.erase(it);
+      --in_flight_count_;
+      progress = true;
+      continue;
+    }
+    if (limit_us > 0 && now - it->start_us > limit_us && failure_.empty() && !shutting_down_)
+      Fail(it->label + " did not finish on the GPU within " + std::to_string(static_cast<int64_t>(params_.stall_shutdown_seconds)) +
+           " s on rank " + std::to_string(rank()) +
+           " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): a peer died or stopped taking part; NCCL was aborted");
+    ++it;
+  }
+  return progress;
+}
+
 // Rank 0 has announced shutdown and every other rank acknowledged it.
-bool Engine::Finished() const { return rank_ == 0 && shutting_down_ && acks_ >= size_ - 1; }
+bool Engine::Finished() const { return rank() == 0 && shutting_down_ && acks_ >= size() - 1; }
 
 void Engine::Loop() {
   int64_t last_progress = NowMicros();
@@ -333,7 +378,7 @@ void Engine::Loop() {
         sleep_us = 0;
         continue;
       }
-      const bool outstanding = queue_.HasOutstanding();
+      const bool outstanding = queue_.HasOutstanding() || in_flight_count_ > 0;
       if (!outstanding && !stopping) {
         queue_.WaitForWork(kIdleWaitMicros);  // nothing of ours in flight: sleep until work arrives
         last_progress = NowMicros();
@@ -352,11 +397,34 @@ void Engine::Loop() {
   } catch (const std::exception& ex) {
     shutdown_reason_ = std::string("hvdlite engine failed: ") + ex.what();
     HVD_ERROR(shutdown_reason_);
+    registry_->AbortAll(shutdown_reason_);
   }
   std::lock_guard<std::mutex> lk(step_mu_);  // a caller may still be finishing a step
   if (shutdown_reason_.empty()) shutdown_reason_ = "hvdlite was shut down";
   running_ = false;
-  ReapSends(true);
+  // Device work queued before the shutdown: every rank queued the same, so it finishes
+  // (after a failure it was aborted). If it does not within the stall limit (30 s
+  // without one), a peer is gone: abort it, and give up on it a little later.
+  const double limit_s = params_.stall_shutdown_seconds > 0 ? params_.stall_shutdown_seconds : 30.0;
+  const int64_t abort_at = NowMicros() + static_cast<int64_t>(limit_s * 1e6);
+  bool aborted = false;
+  while (!in_flight_.empty()) {
+    if (PollInFlight()) continue;
+    const int64_t now = NowMicros();
+    if (!aborted && now > abort_at) {
+      registry_->AbortAll("device work still queued " + std::to_string(static_cast<int64_t>(limit_s)) +
+                          " s after shutdown");
+      aborted = true;
+    } else if (aborted && now > abort_at + 2000000) {
+      HVD_WARN("giving up on " << in_flight_.size() << " GPU collective(s) that never finished, first: "
+                               << in_flight_.front().label);
+      in_flight_.clear();
+      in_flight_count_ = 0;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  channel_->Reap(true);
   for (TensorEntry& e : queue_.TakeAll())
     handles_->Complete(e.handle, false,
                        RequestLabel(e.request.type, e.request.name) + " did not finish: " + shutdown_reason_);
@@ -394,15 +462,15 @@ void Engine::Drive(int64_t h) {
   }
   const bool ending = !running_ || shutting_down_ || !fatal_.empty();
   lk.unlock();
-  // Hand what is left (other callers' requests, async ones, a shutdown) back to the
-  // background thread. Checked after unlocking: work pushed from then on finds the
-  // lock free, and its own wake-up reaches the background thread.
-  if (ending || stop_requested_ || queue_.HasOutstanding()) queue_.Wake();
+  // Hand what is left (other callers' requests, async ones, a shutdown, device work to
+  // watch) back to the background thread. Checked after unlocking: work pushed from
+  // then on finds the lock free, and its own wake-up reaches the background thread.
+  if (ending || stop_requested_ || queue_.HasOutstanding() || in_flight_count_ > 0) queue_.Wake();
 }
 
-bool Engine::Wait(int64_t h, std::string* error, bool release) {
+bool Engine::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready) {
   if (running_ && !handles_->Poll(h)) Drive(h);
-  return handles_->Wait(h, error, release);
+  return handles_->Wait(h, error, release, ready);
 }
 
 Response Engine::FromCache(const std::vector<int32_t>& ids) const {
@@ -425,10 +493,6 @@ void Engine::Execute(const ResponseList& list) {
   }
 }
 
-void Engine::Trace(const TensorEntry& e, const char* phase, int64_t start, int64_t end) {
-  timeline_.Phase(e.request.name, phase, start, end);
-}
-
 void Engine::Perform(const Response& r) {
   const size_t n = r.type == RequestType::kJoin ? 1 : r.names.size();
   HVD_LOG(0, RequestTypeName(r.type) << " of " << n << " tensor(s), first '" << (r.names.empty() ? "" : r.names[0])
@@ -449,305 +513,68 @@ void Engine::Perform(const Response& r) {
     }
   }
 
-  if (!r.error.empty()) {
+  auto fail_all = [&](const std::string& message) {
     for (size_t i = 0; i < n; ++i)
-      if (have[i]) handles_->Complete(entries[i].handle, false, r.error);
-    return;
-  }
+      if (have[i]) handles_->Complete(entries[i].handle, false, message);
+  };
+  if (!r.error.empty()) return fail_all(r.error);
   if (timeline_.Active()) {
     const int64_t now = NowMicros();
     for (size_t i = 0; i < n; ++i)
-      if (have[i]) Trace(entries[i], "QUEUE", entries[i].enqueue_us, now);
+      if (have[i]) timeline_.Phase(entries[i].request.name, "QUEUE", entries[i].enqueue_us, now);
   }
-  try {
-    switch (r.type) {
-      case RequestType::kAllreduce:
-        DoAllreduce(r, entries, have);
-        return;  // completes its own handles
-      case RequestType::kAllgather:
-        DoAllgather(r, entries, have);
-        return;
-      case RequestType::kAlltoall:
-        if (have[0]) DoAlltoall(r, entries[0]);
-        return;
-      case RequestType::kReducescatter:
-        if (have[0]) DoReducescatter(r, entries[0]);
-        return;
-      case RequestType::kBroadcast: {
-        if (!have[0]) return;
-        const int64_t t0 = NowMicros();
-        void* buf = entries[0].output ? entries[0].output : const_cast<void*>(entries[0].input);
-        const int64_t bytes = r.sizes[0] * DataTypeSize(r.dtype);
-        if (bytes > 0) collectives_->Broadcast(buf, bytes, r.root);
-        if (timeline_.Active()) Trace(entries[0], "MPI_BCAST", t0, NowMicros());
-        handles_->Complete(entries[0].handle, true, "");
-        return;
-      }
-      case RequestType::kBarrier:
-        // Negotiation already proved that every rank reached the barrier.
-        if (have[0]) handles_->Complete(entries[0].handle, true, "");
-        return;
-      case RequestType::kJoin: {
-        if (!have[0]) return;
-        auto out = std::make_unique<OutputBuffer>();
-        out->aux = {r.last_joined};
-        handles_->Complete(entries[0].handle, true, "", std::move(out));
-        return;
-      }
+  switch (r.type) {
+    case RequestType::kBarrier:
+      // Negotiation already proved that every rank reached the barrier.
+      if (have[0]) handles_->Complete(entries[0].handle, true, "");
+      return;
+    case RequestType::kJoin: {
+      if (!have[0]) return;
+      auto out = std::make_unique<OutputBuffer>();
+      out->aux = {r.last_joined};
+      handles_->Complete(entries[0].handle, true, "", std::move(out));
+      return;
     }
-  } catch (const std::exception& ex) {
+    default:
+      break;
+  }
+
+  const std::string label = RequestLabel(r.type, r.names[0]) +
+                            (n > 1 ? " (fused with " + std::to_string(n - 1) + " more)" : std::string());
+  std::string why;
+  Backend* backend = registry_->Select(r, &why);
+  if (!backend) return fail_all(why);
+  int32_t device = kCpuDevice;
+  if (KindOfDevice(r.device) == DeviceKind::kCuda) {
+    device = gpu_device_ >= 0 ? gpu_device_.load() : 0;  // a joined rank: the GPU it drives
     for (size_t i = 0; i < n; ++i)
-      if (have[i]) handles_->Complete(entries[i].handle, false,
-                                      RequestLabel(r.type, r.names[i]) + " failed: " + ex.what());
+      if (have[i]) device = entries[i].request.device;
   }
-}
-
-// A fused allreduce on host memory. Tensors too big to share a piece are reduced
-// straight from their own memory (no copy) in cache-sized chunks; small ones are
-// packed into a cache-sized piece of the fusion buffer, reduced there, and copied out
-// while the piece is still in cache. Ranks that joined contribute zeros.
-void Engine::DoAllreduce(const Response& r, std::vector<TensorEntry>& entries, const std::vector<char>& have) {
-  const size_t n = r.names.size();
-  const DataType dt = r.dtype;
-  const int64_t es = DataTypeSize(dt);
-  const double pre = r.prescale;
-  // Average divides by the whole world, joined ranks included: they count as zeros (as in Horovod).
-  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
-  const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  const int64_t chunk_bytes = std::max<int64_t>(es, params_.host_chunk_bytes);
-  const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes / es);
-  const bool trace = timeline_.Active();
-
-  // Plan: a list of steps, each either one tensor alone or a piece of several.
-  struct Step {
-    std::vector<size_t> members;
-  };
-  std::vector<Step> plan;
-  Step piece;
-  int64_t piece_elems = 0;
+  Tracer tracer(&timeline_);
+  CollectiveJob job{r, entries, have, tracer, {}, device};
+  std::unique_ptr<Completion> completion;
+  try {
+    completion = backend->Run(job);
+  } catch (const std::exception& ex) {
+    const std::string message = label + " failed on rank " + std::to_string(rank()) + " (" + backend->Name() +
+                                " backend, " + DeviceLabel(device) + "): " + ex.what();
+    fail_all(message);
+    // The peers have queued their part on their GPUs and would wait for this rank's
+    // forever: the job stops everywhere, with this reason.
+    if (backend->Device() != DeviceKind::kHost) Fail(message);
+    return;
+  }
+  std::shared_ptr<ReadyEvent> ready = completion ? completion->Ready() : nullptr;
   for (size_t i = 0; i < n; ++i) {
-    const int64_t cnt = r.sizes[i];
-    if (cnt == 0) continue;
-    if (n == 1 || cnt * es >= std::min(params_.fusion_direct_bytes, chunk_bytes / 2)) {
-      plan.push_back(Step{{i}});
-      continue;
-    }
-    if (piece_elems + cnt > chunk_elems) {
-      plan.push_back(std::move(piece));
-      piece = Step{};
-      piece_elems = 0;
-    }
-    piece.members.push_back(i);
-    piece_elems += cnt;
+    if (!have[i]) continue;
+    std::unique_ptr<OutputBuffer> out = i < job.outputs.size() ? std::move(job.outputs[i]) : nullptr;
+    handles_->Complete(entries[i].handle, true, "", std::move(out), ready);
   }
-  if (!piece.members.empty()) plan.push_back(std::move(piece));
-
-  for (const Step& step : plan) {
-    if (step.members.size() == 1) {
-      const size_t i = step.members[0];
-      const int64_t cnt = r.sizes[i];
-      const int64_t t0 = NowMicros();
-      if (have[i]) {
-        huge_pages_.Prepare(entries[i].input, cnt * es);
-        if (entries[i].output != entries[i].input) huge_pages_.Prepare(entries[i].output, cnt * es);
-      }
-      for (int64_t off = 0; off < cnt; off += chunk_elems) {
-        const int64_t c = std::min(chunk_elems, cnt - off);
-        if (!have[i]) {
-          uint8_t* z = scratch_.Get(c * es);
-          std::memset(z, 0, static_cast<size_t>(c * es));
-          // The same factor as every other rank: a backend may scale on any rank's behalf.
-          collectives_->Allreduce(z, z, c, dt, op, post);
-          continue;
-        }
-        const uint8_t* src = static_cast<const uint8_t*>(entries[i].input) + off * es;
-        uint8_t* dst = static_cast<uint8_t*>(entries[i].output) + off * es;
-        if (pre != 1.0) {
-          ScaleCopy(dst, src, c, dt, pre);
-          src = dst;
-        }
-        collectives_->Allreduce(src, dst, c, dt, op, post);
-      }
-      if (trace && have[i]) Trace(entries[i], "MPI_ALLREDUCE", t0, NowMicros());
-      continue;
-    }
-    // Pack, reduce, unpack one piece.
-    int64_t total = 0;
-    for (size_t i : step.members) total += r.sizes[i];
-    uint8_t* buf = fusion_.Get(chunk_bytes);
-    int64_t off = 0;
-    std::vector<int64_t> copy_in_end(step.members.size());
-    const int64_t t_in = NowMicros();
-    for (size_t k = 0; k < step.members.size(); ++k) {
-      const size_t i = step.members[k];
-      const int64_t c = r.sizes[i];
-      if (!have[i]) std::memset(buf + off * es, 0, static_cast<size_t>(c * es));
-      else if (pre != 1.0) ScaleCopy(buf + off * es, entries[i].input, c, dt, pre);
-      else std::memcpy(buf + off * es, entries[i].input, static_cast<size_t>(c * es));
-      off += c;
-      if (trace) copy_in_end[k] = NowMicros();
-    }
-    const int64_t t_mpi = NowMicros();
-    huge_pages_.Prepare(buf, total * es);
-    collectives_->Allreduce(buf, buf, total, dt, op, 1.0);  // scaled as it is copied out
-    const int64_t t_out = NowMicros();
-    off = 0;
-    for (size_t k = 0; k < step.members.size(); ++k) {
-      const size_t i = step.members[k];
-      const int64_t c = r.sizes[i];
-      const int64_t s = trace ? NowMicros() : 0;
-      if (have[i]) {
-        if (post != 1.0) ScaleCopy(entries[i].output, buf + off * es, c, dt, post);
-        else std::memcpy(entries[i].output, buf + off * es, static_cast<size_t>(c * es));
-        if (trace) {
-          Trace(entries[i], "MEMCPY_IN_FUSION_BUFFER", k ? copy_in_end[k - 1] : t_in, copy_in_end[k]);
-          Trace(entries[i], "MPI_ALLREDUCE", t_mpi, t_out);
-          Trace(entries[i], "MEMCPY_OUT_FUSION_BUFFER", s, NowMicros());
-        }
-      }
-      off += c;
-    }
+  if (completion) {
+    in_flight_.push_back(InFlight{std::move(completion), label, NowMicros()});
+    ++in_flight_count_;
+    ++device_collectives_;
   }
-  for (size_t i = 0; i < n; ++i)
-    if (have[i]) handles_->Complete(entries[i].handle, true, "");
-}
-
-// An allgather of one tensor or of several fused ones (r.sizes: the first dimension
-// of each name on each rank, name after name). One tensor is gathered straight from
-// its own memory into its output. Several are packed, rank by rank, into one block per
-// rank: this rank copies its tensors into the fusion buffer, one MPI_Allgatherv moves
-// every block, and each output is cut from the blocks of all ranks. The coordinator
-// fuses only small tensors, so the copies stay in cache.
-void Engine::DoAllgather(const Response& r, std::vector<TensorEntry>& entries, const std::vector<char>& have) {
-  const size_t n = r.names.size();
-  for (size_t i = 0; i < n; ++i)  // every rank submitted it before rank 0 answered
-    if (!have[i]) throw std::runtime_error("allgather '" + r.names[i] + "' is not queued on this rank");
-  const int64_t t0 = NowMicros();
-  std::vector<int64_t> row(n);  // bytes per row of each tensor
-  std::vector<std::unique_ptr<OutputBuffer>> outs(n);
-  std::vector<int64_t> block(size_, 0);  // bytes each rank contributes
-  for (size_t i = 0; i < n; ++i) {
-    const std::vector<int64_t>& shape = entries[i].request.shape;
-    row[i] = RowElements(shape) * DataTypeSize(entries[i].request.dtype);
-    int64_t rows = 0;
-    for (int q = 0; q < size_; ++q) {
-      const int64_t k = r.sizes[i * size_ + q];
-      rows += k;
-      block[q] += k * row[i];
-    }
-    auto& out = outs[i];
-    out = std::make_unique<OutputBuffer>();
-    out->bytes = rows * row[i];
-    out->data.reset(new uint8_t[std::max<int64_t>(1, out->bytes)]);
-    out->dtype = entries[i].request.dtype;
-    out->shape = shape;
-    out->shape[0] = rows;
-  }
-  int64_t total = 0;
-  for (int64_t b : block) total += b;
-  const bool trace = timeline_.Active();
-  if (n == 1) {
-    if (total > 0) collectives_->Allgatherv(entries[0].input, block[rank_], outs[0]->data.get(), block);
-    if (trace) Trace(entries[0], "MPI_ALLGATHER", t0, NowMicros());
-  } else if (total > 0) {
-    uint8_t* buf = fusion_.Get(total + block[rank_]);
-    uint8_t* mine = buf + total;  // this rank's block, packed
-    int64_t off = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t bytes = r.sizes[i * size_ + rank_] * row[i];
-      std::memcpy(mine + off, entries[i].input, static_cast<size_t>(bytes));
-      off += bytes;
-    }
-    const int64_t t_mpi = NowMicros();
-    collectives_->Allgatherv(mine, block[rank_], buf, block);
-    const int64_t t_out = NowMicros();
-    std::vector<int64_t> at(size_);  // where the next tensor starts in each rank's block
-    int64_t start_q = 0;
-    for (int q = 0; q < size_; ++q) {
-      at[q] = start_q;
-      start_q += block[q];
-    }
-    for (size_t i = 0; i < n; ++i) {
-      uint8_t* dst = outs[i]->data.get();
-      for (int q = 0; q < size_; ++q) {
-        const int64_t bytes = r.sizes[i * size_ + q] * row[i];
-        std::memcpy(dst, buf + at[q], static_cast<size_t>(bytes));
-        dst += bytes;
-        at[q] += bytes;
-      }
-    }
-    if (trace) {
-      const int64_t t_end = NowMicros();
-      for (size_t i = 0; i < n; ++i) {
-        Trace(entries[i], "MEMCPY_IN_FUSION_BUFFER", t0, t_mpi);
-        Trace(entries[i], "MPI_ALLGATHER", t_mpi, t_out);
-        Trace(entries[i], "MEMCPY_OUT_FUSION_BUFFER", t_out, t_end);
-      }
-    }
-  }
-  for (size_t i = 0; i < n; ++i) handles_->Complete(entries[i].handle, true, "", std::move(outs[i]));
-}
-
-void Engine::DoAlltoall(const Response& r, TensorEntry& e) {
-  const int64_t t0 = NowMicros();
-  const std::vector<int64_t>& shape = e.request.shape;
-  const int64_t row = RowElements(shape) * DataTypeSize(r.dtype);
-  std::vector<int64_t> send(size_), recv(size_);
-  auto out = std::make_unique<OutputBuffer>();
-  int64_t rows = 0, total_send = 0, total_recv = 0;
-  for (int q = 0; q < size_; ++q) {
-    send[q] = r.sizes[rank_ * size_ + q] * row;
-    recv[q] = r.sizes[q * size_ + rank_] * row;
-    rows += r.sizes[q * size_ + rank_];
-    out->aux.push_back(r.sizes[q * size_ + rank_]);
-    total_send += send[q];
-    total_recv += recv[q];
-  }
-  out->data.reset(new uint8_t[std::max<int64_t>(1, total_recv)]);
-  out->bytes = total_recv;
-  out->dtype = r.dtype;
-  out->shape = shape;
-  out->shape[0] = rows;
-  // Every rank runs the collective unless nobody moves any data.
-  int64_t moved = 0;
-  for (int64_t v : r.sizes) moved += v;
-  if (moved > 0 && row > 0) collectives_->Alltoallv(e.input, send, out->data.get(), recv);
-  if (timeline_.Active()) Trace(e, "MPI_ALLTOALL", t0, NowMicros());
-  handles_->Complete(e.handle, true, "", std::move(out));
-}
-
-void Engine::DoReducescatter(const Response& r, TensorEntry& e) {
-  const int64_t t0 = NowMicros();
-  const std::vector<int64_t>& shape = e.request.shape;
-  const DataType dt = r.dtype;
-  const int64_t es = DataTypeSize(dt);
-  const int64_t row_elems = RowElements(shape);
-  const int64_t dim0 = shape[0];
-  std::vector<int64_t> counts(size_);
-  for (int q = 0; q < size_; ++q) counts[q] = (dim0 / size_ + (q < dim0 % size_ ? 1 : 0)) * row_elems;
-  auto out = std::make_unique<OutputBuffer>();
-  const int64_t my = counts[rank_];
-  out->data.reset(new uint8_t[std::max<int64_t>(1, my * es)]);
-  out->bytes = my * es;
-  out->dtype = dt;
-  out->shape = shape;
-  out->shape[0] = my / std::max<int64_t>(1, row_elems);
-  if (row_elems == 0) out->shape[0] = dim0 / size_ + (rank_ < dim0 % size_ ? 1 : 0);
-  const int64_t total = dim0 * row_elems;
-  if (total > 0) {
-    const void* src = e.input;
-    if (r.prescale != 1.0) {
-      uint8_t* tmp = scratch_.Get(total * es);
-      ScaleCopy(tmp, e.input, total, dt, r.prescale);
-      src = tmp;
-    }
-    const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-    collectives_->ReduceScatter(src, out->data.get(), counts, dt, op);
-    const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
-    ScaleBuffer(out->data.get(), my, dt, post);
-  }
-  if (timeline_.Active()) Trace(e, "MPI_REDUCESCATTER", t0, NowMicros());
-  handles_->Complete(e.handle, true, "", std::move(out));
 }
 
 }  // namespace hvdlite

@@ -9,7 +9,8 @@ int64_t HandleTable::Create() {
   return h;
 }
 
-void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out) {
+void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out,
+                           std::shared_ptr<ReadyEvent> ready) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = states_.find(h);
@@ -18,6 +19,7 @@ void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::un
     it->second.ok = ok;
     it->second.error = error;
     it->second.out = std::move(out);
+    it->second.ready = std::move(ready);
   }
   cv_.notify_all();
 }
@@ -28,7 +30,7 @@ bool HandleTable::Poll(int64_t h) {
   return it == states_.end() || it->second.done;
 }
 
-bool HandleTable::Wait(int64_t h, std::string* error, bool release) {
+bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready) {
   std::unique_lock<std::mutex> lk(mu_);
   auto it = states_.find(h);
   if (it == states_.end()) {
@@ -46,6 +48,7 @@ bool HandleTable::Wait(int64_t h, std::string* error, bool release) {
   }
   const bool ok = st.ok;
   *error = release ? std::move(st.error) : st.error;
+  if (ready) *ready = st.ready;
   if (release) states_.erase(h);
   return ok;
 }

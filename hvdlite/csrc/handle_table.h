@@ -16,10 +16,40 @@
 
 namespace hvdlite {
 
+// A consumer's view of device work in flight (a collective queued on a GPU stream):
+// order a consumer's stream after it, or ask whether it finished.
+class ReadyEvent {
+ public:
+  virtual ~ReadyEvent() = default;
+  // Makes `stream` (a cudaStream_t of the same device) wait for the work; the host
+  // does not wait.
+  virtual void OrderBefore(uintptr_t stream) = 0;
+  virtual bool Query() = 0;
+  virtual void Synchronize() = 0;
+  virtual int32_t device() const = 0;
+};
+
+// Device memory the engine allocated for a result. Freed when the last owner lets go,
+// ordered after the work queued on `stream` (see gpu/cuda_runtime.h).
+class DeviceAllocation {
+ public:
+  virtual ~DeviceAllocation() = default;
+  virtual void* data() const = 0;
+  virtual int64_t bytes() const = 0;
+  virtual int32_t device() const = 0;
+  // The stream whose work produced the contents (hvdlite's stream of the device).
+  virtual uintptr_t stream() const = 0;
+  // A consumer's stream that uses the memory: freeing waits for its work queued so far.
+  virtual void UsedOn(uintptr_t stream) = 0;
+};
+
 // Memory the engine allocated for a result whose size was only known after
-// negotiation; handed to Python without a copy.
+// negotiation; handed to Python without a copy. Host results are in `data`, device
+// results in `device_data`.
 struct OutputBuffer {
   std::unique_ptr<uint8_t[]> data;
+  std::shared_ptr<DeviceAllocation> device_data;
+  int32_t device = kCpuDevice;
   int64_t bytes = 0;
   std::vector<int64_t> shape;
   DataType dtype = DataType::kUInt8;
@@ -29,12 +59,16 @@ struct OutputBuffer {
 class HandleTable {
  public:
   int64_t Create();
-  void Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out = nullptr);
+  // `ready`: the handle's work is queued on a device and done once that event fires;
+  // consumers order their streams after it (see Wait).
+  void Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out = nullptr,
+                std::shared_ptr<ReadyEvent> ready = nullptr);
   bool Poll(int64_t h);
   // Blocks until done; returns ok and fills `error`. A caller about to block first
   // runs the waiter hook (the engine uses it to stop sleeping between polls). With
   // `release`, also forgets the handle (as Release does), under the same lock.
-  bool Wait(int64_t h, std::string* error, bool release = false);
+  // `ready`, if given, receives the handle's device event (null for host work).
+  bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
   // Fail every unfinished handle (engine shutting down).
@@ -51,6 +85,7 @@ class HandleTable {
     bool ok = true;
     std::string error;
     std::unique_ptr<OutputBuffer> out;
+    std::shared_ptr<ReadyEvent> ready;
   };
   std::mutex mu_;
   std::condition_variable cv_;

@@ -14,6 +14,7 @@ Response ResponseTo(const Request& q) {
   r.postscale = q.postscale;
   r.root = q.root;
   r.device = q.device;
+  r.process_set = q.process_set;
   return r;
 }
 
@@ -78,7 +79,7 @@ void Put(Writer& w, const Request& r) {
   w.Pod(r.rank); w.Pod(static_cast<int32_t>(r.type)); w.Pod(static_cast<int32_t>(r.dtype));
   w.Str(r.name); w.Vec(r.shape); w.Pod(static_cast<int32_t>(r.reduce_op));
   w.Pod(r.prescale); w.Pod(r.postscale); w.Pod(r.root); w.Vec(r.splits);
-  w.Pod(r.group_id); w.Pod(r.group_size); w.Pod(r.device); w.Str(r.error);
+  w.Pod(r.group_id); w.Pod(r.group_size); w.Pod(r.device); w.Pod(r.process_set); w.Str(r.error);
 }
 
 Request GetRequest(Reader& rd) {
@@ -96,6 +97,7 @@ Request GetRequest(Reader& rd) {
   r.group_id = rd.Pod<int32_t>();
   r.group_size = rd.Pod<int32_t>();
   r.device = rd.Pod<int32_t>();
+  r.process_set = rd.Pod<int32_t>();
   r.error = rd.Str();
   return r;
 }
@@ -105,7 +107,7 @@ void Put(Writer& w, const Response& r) {
   w.Pod<uint32_t>(static_cast<uint32_t>(r.names.size()));
   for (const auto& n : r.names) w.Str(n);
   w.Pod(static_cast<int32_t>(r.dtype)); w.Pod(static_cast<int32_t>(r.reduce_op));
-  w.Pod(r.prescale); w.Pod(r.postscale); w.Pod(r.root); w.Pod(r.device);
+  w.Pod(r.prescale); w.Pod(r.postscale); w.Pod(r.root); w.Pod(r.device); w.Pod(r.process_set);
   w.Vec(r.sizes); w.Vec(r.cache_ids); w.Vec(r.joined_ranks); w.Pod(r.last_joined);
 }
 
@@ -122,6 +124,7 @@ Response GetResponse(Reader& rd) {
   r.postscale = rd.Pod<double>();
   r.root = rd.Pod<int32_t>();
   r.device = rd.Pod<int32_t>();
+  r.process_set = rd.Pod<int32_t>();
   r.sizes = rd.Vec<int64_t>();
   r.cache_ids = rd.Vec<int32_t>();
   r.joined_ranks = rd.Vec<int32_t>();
@@ -134,6 +137,7 @@ Response GetResponse(Reader& rd) {
 std::vector<uint8_t> Serialize(const RequestList& list) {
   Writer w;
   w.Pod<uint8_t>(list.shutdown); w.Pod<uint8_t>(list.shutdown_ack);
+  w.Pod<uint8_t>(list.failure); w.Str(list.shutdown_reason);
   w.Vec(list.cache_hits);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.requests.size()));
   for (const auto& r : list.requests) Put(w, r);
@@ -145,6 +149,8 @@ RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
   RequestList list;
   list.shutdown = rd.Pod<uint8_t>();
   list.shutdown_ack = rd.Pod<uint8_t>();
+  list.failure = rd.Pod<uint8_t>();
+  list.shutdown_reason = rd.Str();
   list.cache_hits = rd.Vec<int32_t>();
   auto n = rd.Pod<uint32_t>();
   list.requests.reserve(n);
@@ -154,7 +160,7 @@ RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
 
 std::vector<uint8_t> Serialize(const ResponseList& list) {
   Writer w;
-  w.Pod<uint8_t>(list.shutdown); w.Str(list.shutdown_reason);
+  w.Pod<uint8_t>(list.shutdown); w.Str(list.shutdown_reason); w.Pod<uint8_t>(list.failure);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) Put(w, r);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.cached.size()));
@@ -168,6 +174,7 @@ ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
   ResponseList list;
   list.shutdown = rd.Pod<uint8_t>();
   list.shutdown_reason = rd.Str();
+  list.failure = rd.Pod<uint8_t>();
   auto n = rd.Pod<uint32_t>();
   list.responses.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(GetResponse(rd));

@@ -24,7 +24,12 @@ struct Request {
   std::vector<int64_t> splits;  // alltoall: rows sent to each rank
   int32_t group_id = -1;        // grouped allreduce: members share an id
   int32_t group_size = 0;
+  // Where this rank's tensor lives: kCpuDevice (host memory) or a CUDA device index.
+  // Ranks must agree on the kind of device, not on the index (each drives its own GPU).
   int32_t device = kCpuDevice;
+  // The process set the collective runs in (0: all ranks). Only the global set exists
+  // so far; the field keeps the wire format ready for more.
+  int32_t process_set = 0;
   // Non-empty: this rank cannot take part (bad input it found itself). The request
   // still goes to the coordinator, which fails the collective on every rank with this
   // message, so the ranks that did submit it are not left waiting.
@@ -37,6 +42,10 @@ struct RequestList {
   std::vector<int32_t> cache_hits;  // ids of cached requests now ready on this rank
   bool shutdown = false;            // this rank asks the job to shut down
   bool shutdown_ack = false;        // this rank saw the shutdown and will send no more
+  // With `shutdown`: a failure on this rank (a GPU collective failed), and why. The
+  // other ranks abort their device work instead of waiting for this rank's part.
+  bool failure = false;
+  std::string shutdown_reason;
 };
 
 // The coordinator's instruction, identical on every rank: run this collective on
@@ -50,7 +59,8 @@ struct Response {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root = -1;
-  int32_t device = kCpuDevice;
+  int32_t device = kCpuDevice;  // rank 0's device; its kind is every rank's kind
+  int32_t process_set = 0;
   // allreduce: element count per name; allgather: first dimension per rank, for each
   // name in turn (names.size() * world size entries); alltoall: the splits matrix,
   // row r = rows rank r sends to each rank.
@@ -69,6 +79,7 @@ struct ResponseList {
   std::vector<int32_t> order;
   bool shutdown = false;
   std::string shutdown_reason;
+  bool failure = false;  // the shutdown is a failure: abort device work in flight
 };
 
 // A response carrying `q`'s kind, dtype, reduce op, scale factors, root and device,

@@ -70,6 +70,16 @@ void ReadLogLevel(int* out) {
   else Ignored("LOG_LEVEL", v, "trace, debug, info, warning, error, fatal or 0-5");
 }
 
+// HOROVOD_GPU_<suffix>: NCCL or MPI (host-staged). Horovod's other values (DDL, MLSL,
+// CCL, GLOO) name backends hvdlite does not have: reported and ignored.
+void ReadGpuBackend(const char* suffix, std::string* out) {
+  const char* v = GetEnv(suffix);
+  if (!v || !*v) return;
+  if (strcasecmp(v, "NCCL") == 0) *out = "NCCL";
+  else if (strcasecmp(v, "MPI") == 0) *out = "MPI";
+  else Ignored(suffix, v, "NCCL or MPI (hvdlite has no other GPU backend)");
+}
+
 }  // namespace
 
 Parameters Parameters::FromEnvironment() {
@@ -89,6 +99,14 @@ Parameters Parameters::FromEnvironment() {
   ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
   if (const char* v = GetEnv("HUGE_PAGES")) p.huge_pages = Truthy(v);
+  std::string all = "NCCL";
+  ReadGpuBackend("GPU_OPERATIONS", &all);
+  for (std::string& b : p.gpu_backend) b = all;
+  ReadGpuBackend("GPU_ALLREDUCE", &p.gpu_backend[static_cast<int>(RequestType::kAllreduce)]);
+  ReadGpuBackend("GPU_ALLGATHER", &p.gpu_backend[static_cast<int>(RequestType::kAllgather)]);
+  ReadGpuBackend("GPU_BROADCAST", &p.gpu_backend[static_cast<int>(RequestType::kBroadcast)]);
+  ReadGpuBackend("GPU_ALLTOALL", &p.gpu_backend[static_cast<int>(RequestType::kAlltoall)]);
+  ReadGpuBackend("GPU_REDUCESCATTER", &p.gpu_backend[static_cast<int>(RequestType::kReducescatter)]);
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;
   if (p.cache_capacity < 0) p.cache_capacity = 0;

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common.h"
+
 namespace hvdlite {
 
 struct Parameters {
@@ -40,6 +42,9 @@ struct Parameters {
   // they are reused (see host_memory.h). HVDLITE_HUGE_PAGES=0 leaves their mapping alone.
   bool huge_pages = true;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
+  // GPU tensors: the backend each kind of collective prefers, by request type ("NCCL",
+  // or "MPI" for host-staged), from HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OP>.
+  std::string gpu_backend[kNumRequestTypes] = {"NCCL", "NCCL", "NCCL", "NCCL", "NCCL", "NCCL", "NCCL"};
 
   static Parameters FromEnvironment();
 };

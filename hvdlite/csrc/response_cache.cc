@@ -13,7 +13,8 @@ int32_t ResponseCache::Lookup(const Request& r) const {
   if (it == by_name_.end()) return -1;
   const Request& c = entries_.at(it->second);
   if (c.type == r.type && c.dtype == r.dtype && c.shape == r.shape && c.reduce_op == r.reduce_op &&
-      c.prescale == r.prescale && c.postscale == r.postscale && c.root == r.root && c.device == r.device)
+      c.prescale == r.prescale && c.postscale == r.postscale && c.root == r.root && c.device == r.device &&
+      c.process_set == r.process_set)
     return it->second;
   return -1;
 }

@@ -4,11 +4,13 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "handle_table.h"
 #include "message.h"
 
 namespace hvdlite {
@@ -19,6 +21,9 @@ struct TensorEntry {
   void* output = nullptr;
   int64_t handle = 0;
   int64_t enqueue_us = 0;
+  // GPU tensors: an event recorded, at enqueue, on the stream that produces the tensor
+  // (the framework's current stream). The collective waits for it on the device.
+  std::shared_ptr<ReadyEvent> produced;
 };
 
 class TensorQueue {

@@ -100,6 +100,9 @@ struct Library {
   fake_common::AppendLog log{"HVDLITE_FAKE_NCCL_LOG"};
   double init_timeout_s = fake_common::env_double("HVDLITE_FAKE_NCCL_INIT_TIMEOUT_S", 60.0);
   bool dead_peer_hang = fake_common::env_string("HVDLITE_FAKE_NCCL_DEAD_PEER") == "hang";
+  // HVDLITE_FAKE_NCCL_ASYNC_MODE=stall: an ASYNC_FAIL operation neither finishes nor
+  // reports an error; it waits until its communicator is aborted (a peer that stopped).
+  bool async_stall = fake_common::env_string("HVDLITE_FAKE_NCCL_ASYNC_MODE") == "stall";
   size_t slot_bytes = static_cast<size_t>(
       std::max(4096L, fake_common::env_long("HVDLITE_FAKE_NCCL_SLOT_BYTES", 1L << 20)));
   std::vector<FailSpec> fail_specs;
@@ -765,7 +768,10 @@ void run_task(void* arg) {
                                text_printf("communicator failed on rank %d", c.hdr->broken_rank.load()));
       skip = true;
     }
-    if (!skip && t->inject_async_failure) {
+    if (!skip && t->inject_async_failure && l.async_stall) {
+      while (!c.aborted.load() && !c.hdr->broken.load() && !l.shutdown.load()) c.cv.wait_for(lock, kPollInterval);
+      skip = true;  // stalled until aborted: the peers wait too
+    } else if (!skip && t->inject_async_failure) {
       c.set_async_error_locked(ncclInternalError, "injected asynchronous failure");
       skip = true;  // the peers' side of this operation waits for this rank forever
     }

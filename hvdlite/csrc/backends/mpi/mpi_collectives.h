@@ -1,30 +1,33 @@
-// Host-memory collectives over MPI, on the engine's own duplicate of the communicator.
+// Host-memory collectives over MPI, on the engine's own duplicate of the communicator:
+// the transport under the MPI backend (mpi_backend.h).
 #pragma once
 
 #include <mpi.h>
 
-#include "collectives.h"
-#include "fusion_buffer.h"
+#include <cstdint>
+#include <vector>
+
+#include "backends/mpi/fusion_buffer.h"
+#include "common.h"
 
 namespace hvdlite {
 
-class MpiCollectives : public Collectives {
+class MpiCollectives {
  public:
   // Allreduces whose ring segments (bytes / ranks) reach `ring_min_segment_bytes` run
   // as hvdlite's own ring (see RingAllreduce); smaller ones, and every other
   // collective, are MPI's.
   MpiCollectives(MPI_Comm comm, int64_t ring_min_segment_bytes);
-  const char* Name() const override { return "MPI"; }
   void Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
-                 double postscale) override;
+                 double postscale);
   void Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
-                  const std::vector<int64_t>& recv_bytes) override;
-  void Broadcast(void* buf, int64_t bytes, int root) override;
+                  const std::vector<int64_t>& recv_bytes);
+  void Broadcast(void* buf, int64_t bytes, int root);
   void Alltoallv(const void* sendbuf, const std::vector<int64_t>& send_bytes, void* recvbuf,
-                 const std::vector<int64_t>& recv_bytes) override;
+                 const std::vector<int64_t>& recv_bytes);
   void ReduceScatter(const void* sendbuf, void* recvbuf, const std::vector<int64_t>& recv_counts,
-                     DataType dt, ReduceOp op) override;
-  void Barrier() override;
+                     DataType dt, ReduceOp op);
+  void Barrier();
 
  private:
   void RingAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,

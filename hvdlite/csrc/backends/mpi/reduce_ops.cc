@@ -1,4 +1,4 @@
-#include "reduce_ops.h"
+#include "backends/mpi/reduce_ops.h"
 
 #include <cstring>
 #include <stdexcept>

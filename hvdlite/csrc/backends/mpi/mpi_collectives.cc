@@ -1,11 +1,11 @@
-#include "mpi_collectives.h"
+#include "backends/mpi/mpi_collectives.h"
 
 #include <algorithm>
 #include <climits>
 #include <stdexcept>
 #include <string>
 
-#include "reduce_ops.h"
+#include "backends/mpi/reduce_ops.h"
 
 namespace hvdlite {
 namespace {

@@ -1,4 +1,4 @@
-#include "host_memory.h"
+#include "backends/mpi/host_memory.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>

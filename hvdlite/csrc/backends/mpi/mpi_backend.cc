@@ -1,0 +1,290 @@
+#include "backends/mpi/mpi_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "backends/layout.h"
+#include "backends/mpi/reduce_ops.h"
+
+namespace hvdlite {
+
+MpiBackend::MpiBackend(MPI_Comm world, const Parameters& params)
+    : params_(params), mpi_(world, params.ring_min_segment_bytes), huge_pages_(params.huge_pages) {
+  MPI_Comm_rank(world, &rank_);
+  MPI_Comm_size(world, &size_);
+}
+
+bool MpiBackend::Supports(const Response& r, std::string* why_not) const {
+  if (KindOfDevice(r.device) != DeviceKind::kHost) {
+    *why_not = "the MPI backend takes host memory";
+    return false;
+  }
+  return true;
+}
+
+FusionLimits MpiBackend::Fusion() const {
+  FusionLimits f;
+  f.allreduce_bytes = params_.fusion_threshold_bytes;
+  // Small allgathers are packed with memcpy: only while the copies stay in cache.
+  f.allgather_tensor_bytes = params_.fusion_direct_bytes;
+  f.allgather_bytes = std::min(params_.fusion_threshold_bytes, params_.host_chunk_bytes);
+  return f;
+}
+
+std::unique_ptr<Completion> MpiBackend::Run(CollectiveJob& job) {
+  switch (job.response.type) {
+    case RequestType::kAllreduce:
+      Allreduce(job);
+      break;
+    case RequestType::kAllgather:
+      Allgather(job);
+      break;
+    case RequestType::kBroadcast:
+      Broadcast(job);
+      break;
+    case RequestType::kAlltoall:
+      Alltoall(job);
+      break;
+    case RequestType::kReducescatter:
+      Reducescatter(job);
+      break;
+    default:
+      throw std::runtime_error(std::string("the MPI backend has no ") + RequestTypeName(job.response.type));
+  }
+  return nullptr;  // MPI's calls have finished
+}
+
+// A fused allreduce on host memory. Tensors too big to share a piece are reduced
+// straight from their own memory (no copy) in cache-sized chunks; small ones are
+// packed into a cache-sized piece of the fusion buffer, reduced there, and copied out
+// while the piece is still in cache. Ranks that joined contribute zeros.
+void MpiBackend::Allreduce(CollectiveJob& job) {
+  const Response& r = job.response;
+  std::vector<TensorEntry>& entries = job.entries;
+  const std::vector<char>& have = job.have;
+  const size_t n = r.names.size();
+  const DataType dt = r.dtype;
+  const int64_t es = DataTypeSize(dt);
+  const double pre = r.prescale;
+  // Average divides by the whole world, joined ranks included: they count as zeros (as in Horovod).
+  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+  const int64_t chunk_bytes = std::max<int64_t>(es, params_.host_chunk_bytes);
+  const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes / es);
+  const bool trace = job.trace.Active();
+
+  // Plan: a list of steps, each either one tensor alone or a piece of several.
+  struct Step {
+    std::vector<size_t> members;
+  };
+  std::vector<Step> plan;
+  Step piece;
+  int64_t piece_elems = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t cnt = r.sizes[i];
+    if (cnt == 0) continue;
+    if (n == 1 || cnt * es >= std::min(params_.fusion_direct_bytes, chunk_bytes / 2)) {
+      plan.push_back(Step{{i}});
+      continue;
+    }
+    if (piece_elems + cnt > chunk_elems) {
+      plan.push_back(std::move(piece));
+      piece = Step{};
+      piece_elems = 0;
+    }
+    piece.members.push_back(i);
+    piece_elems += cnt;
+  }
+  if (!piece.members.empty()) plan.push_back(std::move(piece));
+
+  for (const Step& step : plan) {
+    if (step.members.size() == 1) {
+      const size_t i = step.members[0];
+      const int64_t cnt = r.sizes[i];
+      const int64_t t0 = NowMicros();
+      if (have[i]) {
+        huge_pages_.Prepare(entries[i].input, cnt * es);
+        if (entries[i].output != entries[i].input) huge_pages_.Prepare(entries[i].output, cnt * es);
+      }
+      for (int64_t off = 0; off < cnt; off += chunk_elems) {
+        const int64_t c = std::min(chunk_elems, cnt - off);
+        if (!have[i]) {
+          uint8_t* z = scratch_.Get(c * es);
+          std::memset(z, 0, static_cast<size_t>(c * es));
+          // The same factor as every other rank: a backend may scale on any rank's behalf.
+          mpi_.Allreduce(z, z, c, dt, op, post);
+          continue;
+        }
+        const uint8_t* src = static_cast<const uint8_t*>(entries[i].input) + off * es;
+        uint8_t* dst = static_cast<uint8_t*>(entries[i].output) + off * es;
+        if (pre != 1.0) {
+          ScaleCopy(dst, src, c, dt, pre);
+          src = dst;
+        }
+        mpi_.Allreduce(src, dst, c, dt, op, post);
+      }
+      if (trace && have[i]) job.trace.Phase(r.names[i], "MPI_ALLREDUCE", t0, NowMicros());
+      continue;
+    }
+    // Pack, reduce, unpack one piece.
+    int64_t total = 0;
+    for (size_t i : step.members) total += r.sizes[i];
+    uint8_t* buf = fusion_.Get(chunk_bytes);
+    int64_t off = 0;
+    std::vector<int64_t> copy_in_end(step.members.size());
+    const int64_t t_in = NowMicros();
+    for (size_t k = 0; k < step.members.size(); ++k) {
+      const size_t i = step.members[k];
+      const int64_t c = r.sizes[i];
+      if (!have[i]) std::memset(buf + off * es, 0, static_cast<size_t>(c * es));
+      else if (pre != 1.0) ScaleCopy(buf + off * es, entries[i].input, c, dt, pre);
+      else std::memcpy(buf + off * es, entries[i].input, static_cast<size_t>(c * es));
+      off += c;
+      if (trace) copy_in_end[k] = NowMicros();
+    }
+    const int64_t t_mpi = NowMicros();
+    huge_pages_.Prepare(buf, total * es);
+    mpi_.Allreduce(buf, buf, total, dt, op, 1.0);  // scaled as it is copied out
+    const int64_t t_out = NowMicros();
+    off = 0;
+    for (size_t k = 0; k < step.members.size(); ++k) {
+      const size_t i = step.members[k];
+      const int64_t c = r.sizes[i];
+      const int64_t s = trace ? NowMicros() : 0;
+      if (have[i]) {
+        if (post != 1.0) ScaleCopy(entries[i].output, buf + off * es, c, dt, post);
+        else std::memcpy(entries[i].output, buf + off * es, static_cast<size_t>(c * es));
+        if (trace) {
+          job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", k ? copy_in_end[k - 1] : t_in, copy_in_end[k]);
+          job.trace.Phase(r.names[i], "MPI_ALLREDUCE", t_mpi, t_out);
+          job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", s, NowMicros());
+        }
+      }
+      off += c;
+    }
+  }
+}
+
+// An allgather of one tensor or of several fused ones. One tensor is gathered straight
+// from its own memory into its output. Several are packed, rank by rank, into one block
+// per rank: this rank copies its tensors into the fusion buffer, one MPI_Allgatherv
+// moves every block, and each output is cut from the blocks of all ranks. The
+// coordinator fuses only small tensors (Fusion()), so the copies stay in cache.
+void MpiBackend::Allgather(CollectiveJob& job) {
+  const Response& r = job.response;
+  std::vector<TensorEntry>& entries = job.entries;
+  const size_t n = r.names.size();
+  for (size_t i = 0; i < n; ++i)  // every rank submitted it before rank 0 answered
+    if (!job.have[i]) throw std::runtime_error("allgather '" + r.names[i] + "' is not queued on this rank");
+  const int64_t t0 = NowMicros();
+  const GatherLayout g = PlanAllgather(r, entries, size_);
+  job.outputs.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto out = std::make_unique<OutputBuffer>();
+    out->bytes = g.OutputBytes(i);
+    out->data.reset(new uint8_t[std::max<int64_t>(1, out->bytes)]);
+    out->dtype = entries[i].request.dtype;
+    out->shape = g.OutputShape(i, entries[i].request.shape);
+    job.outputs[i] = std::move(out);
+  }
+  const bool trace = job.trace.Active();
+  if (n == 1) {
+    if (g.total > 0) mpi_.Allgatherv(entries[0].input, g.block[rank_], job.outputs[0]->data.get(), g.block);
+    if (trace) job.trace.Phase(r.names[0], "MPI_ALLGATHER", t0, NowMicros());
+    return;
+  }
+  if (g.total == 0) return;
+  uint8_t* buf = fusion_.Get(g.total + g.block[rank_]);
+  uint8_t* mine = buf + g.total;  // this rank's block, packed
+  int64_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t bytes = g.Bytes(i, rank_);
+    std::memcpy(mine + off, entries[i].input, static_cast<size_t>(bytes));
+    off += bytes;
+  }
+  const int64_t t_mpi = NowMicros();
+  mpi_.Allgatherv(mine, g.block[rank_], buf, g.block);
+  const int64_t t_out = NowMicros();
+  std::vector<int64_t> at = g.block_offset;  // where the next tensor starts in each rank's block
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* dst = job.outputs[i]->data.get();
+    for (int q = 0; q < size_; ++q) {
+      const int64_t bytes = g.Bytes(i, q);
+      std::memcpy(dst, buf + at[q], static_cast<size_t>(bytes));
+      dst += bytes;
+      at[q] += bytes;
+    }
+  }
+  if (trace) {
+    const int64_t t_end = NowMicros();
+    for (size_t i = 0; i < n; ++i) {
+      job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", t0, t_mpi);
+      job.trace.Phase(r.names[i], "MPI_ALLGATHER", t_mpi, t_out);
+      job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", t_out, t_end);
+    }
+  }
+}
+
+void MpiBackend::Broadcast(CollectiveJob& job) {
+  if (!job.have[0]) return;
+  const Response& r = job.response;
+  TensorEntry& e = job.entries[0];
+  const int64_t t0 = NowMicros();
+  void* buf = e.output ? e.output : const_cast<void*>(e.input);
+  const int64_t bytes = r.sizes[0] * DataTypeSize(r.dtype);
+  if (bytes > 0) mpi_.Broadcast(buf, bytes, r.root);
+  if (job.trace.Active()) job.trace.Phase(r.names[0], "MPI_BCAST", t0, NowMicros());
+}
+
+void MpiBackend::Alltoall(CollectiveJob& job) {
+  if (!job.have[0]) return;
+  const Response& r = job.response;
+  TensorEntry& e = job.entries[0];
+  const int64_t t0 = NowMicros();
+  const AlltoallLayout a = PlanAlltoall(r, e, rank_, size_);
+  auto out = std::make_unique<OutputBuffer>();
+  out->data.reset(new uint8_t[std::max<int64_t>(1, a.total_recv)]);
+  out->bytes = a.total_recv;
+  out->dtype = r.dtype;
+  out->shape = a.output_shape;
+  out->aux = a.received_rows;
+  // Every rank runs the collective unless nobody moves any data.
+  if (a.moves_data) mpi_.Alltoallv(e.input, a.send_bytes, out->data.get(), a.recv_bytes);
+  if (job.trace.Active()) job.trace.Phase(r.names[0], "MPI_ALLTOALL", t0, NowMicros());
+  job.outputs.resize(1);
+  job.outputs[0] = std::move(out);
+}
+
+void MpiBackend::Reducescatter(CollectiveJob& job) {
+  if (!job.have[0]) return;
+  const Response& r = job.response;
+  TensorEntry& e = job.entries[0];
+  const int64_t t0 = NowMicros();
+  const DataType dt = r.dtype;
+  const int64_t es = DataTypeSize(dt);
+  const ScatterLayout s = PlanReducescatter(e.request.shape, rank_, size_);
+  auto out = std::make_unique<OutputBuffer>();
+  const int64_t my = s.counts[rank_];
+  out->data.reset(new uint8_t[std::max<int64_t>(1, my * es)]);
+  out->bytes = my * es;
+  out->dtype = dt;
+  out->shape = s.output_shape;
+  if (s.total > 0) {
+    const void* src = e.input;
+    if (r.prescale != 1.0) {
+      uint8_t* tmp = scratch_.Get(s.total * es);
+      ScaleCopy(tmp, e.input, s.total, dt, r.prescale);
+      src = tmp;
+    }
+    const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+    mpi_.ReduceScatter(src, out->data.get(), s.counts, dt, op);
+    const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+    ScaleBuffer(out->data.get(), my, dt, post);
+  }
+  if (job.trace.Active()) job.trace.Phase(r.names[0], "MPI_REDUCESCATTER", t0, NowMicros());
+  job.outputs.resize(1);
+  job.outputs[0] = std::move(out);
+}
+
+}  // namespace hvdlite

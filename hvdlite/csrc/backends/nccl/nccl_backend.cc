@@ -1,0 +1,474 @@
+#include "backends/nccl/nccl_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "backends/layout.h"
+#include "control_channel.h"
+#include "half.h"
+#include "logging.h"
+
+namespace hvdlite {
+namespace {
+
+nccl::DataType NcclType(DataType dt) {
+  switch (dt) {
+    case DataType::kUInt8: return nccl::kUint8;
+    case DataType::kInt8: return nccl::kInt8;
+    case DataType::kInt32: return nccl::kInt32;
+    case DataType::kInt64: return nccl::kInt64;
+    case DataType::kFloat16: return nccl::kFloat16;
+    case DataType::kBFloat16: return nccl::kBfloat16;
+    case DataType::kFloat32: return nccl::kFloat32;
+    case DataType::kFloat64: return nccl::kFloat64;
+  }
+  throw std::runtime_error("no NCCL type for " + std::string(DataTypeName(dt)));
+}
+
+bool IsFloat(DataType dt) {
+  return dt == DataType::kFloat16 || dt == DataType::kBFloat16 || dt == DataType::kFloat32 || dt == DataType::kFloat64;
+}
+
+// Device work of one response: done when its event fires, failed if the communicator
+// reports an asynchronous error first. Records the collective's phase in the timeline
+// when it sees the work finish.
+class NcclCompletion : public Completion {
+ public:
+  NcclCompletion(std::shared_ptr<ReadyEvent> ready, const nccl::Library* lib, nccl::Comm comm,
+                 std::vector<std::string> names, const char* phase, int64_t start_us, const Tracer& trace)
+      : ready_(std::move(ready)), lib_(lib), comm_(comm), names_(std::move(names)), phase_(phase),
+        start_us_(start_us), trace_(trace) {}
+
+  bool Done() override {
+    if (done_) return true;
+    nccl::Result async = nccl::kSuccess;
+    if (lib_->api().CommGetAsyncError(comm_, &async) != nccl::kSuccess || (async != nccl::kSuccess && async != nccl::kInProgress)) {
+      error_ = "NCCL reported an asynchronous error: " + lib_->ErrorString(async, comm_);
+      done_ = true;
+      return true;
+    }
+    try {
+      done_ = ready_->Query();
+    } catch (const std::exception& ex) {
+      error_ = ex.what();
+      done_ = true;
+    }
+    if (done_ && error_.empty() && trace_.Active()) {
+      const int64_t now = NowMicros();
+      for (const std::string& n : names_) trace_.Phase(n, phase_, start_us_, now);
+    }
+    return done_;
+  }
+  std::string Error() override { return error_; }
+  std::shared_ptr<ReadyEvent> Ready() override { return ready_; }
+
+ private:
+  std::shared_ptr<ReadyEvent> ready_;
+  const nccl::Library* lib_;
+  nccl::Comm comm_;
+  std::vector<std::string> names_;
+  const char* phase_;
+  int64_t start_us_;
+  Tracer trace_;
+  bool done_ = false;
+  std::string error_;
+};
+
+// A stream-ordered device allocation handed out as a result.
+std::unique_ptr<OutputBuffer> DeviceOutput(GpuContext::Device& d, int64_t bytes, DataType dt,
+                                           std::vector<int64_t> shape) {
+  auto out = std::make_unique<OutputBuffer>();
+  out->device_data = std::make_shared<cuda::StreamMemory>(d.events, d.stream, bytes);
+  out->device = d.index;
+  out->bytes = bytes;
+  out->dtype = dt;
+  out->shape = std::move(shape);
+  return out;
+}
+
+}  // namespace
+
+NcclBackend::NcclBackend(ControlChannel* channel, GpuContext* gpus, const Parameters& params, int rank, int size)
+    : channel_(channel), gpus_(gpus), params_(params), rank_(rank), size_(size) {}
+
+NcclBackend::~NcclBackend() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [device, c] : comms_) {
+    if (!c.comm) continue;
+    try {
+      cuda::DeviceGuard guard(cuda::Runtime::Get(), device);
+      // Destroy waits for the communicator's queued work; an aborted one is gone already.
+      if (!c.aborted) lib_->api().CommDestroy(c.comm);
+    } catch (const std::exception& ex) {
+      HVD_WARN("destroying the NCCL communicator of GPU " << device << ": " << ex.what());
+    }
+  }
+}
+
+bool NcclBackend::Supports(const Response& r, std::string* why_not) const {
+  if (KindOfDevice(r.device) != DeviceKind::kCuda) {
+    *why_not = "the NCCL backend takes GPU memory";
+    return false;
+  }
+  if (r.type != RequestType::kAllreduce && r.type != RequestType::kReducescatter) return true;
+  if (r.reduce_op == ReduceOp::kAdasum) {
+    *why_not = "NCCL has no Adasum";
+    return false;
+  }
+  const bool scaled = r.prescale != 1.0 || r.postscale != 1.0;
+  if (!scaled) return true;
+  if (r.reduce_op != ReduceOp::kSum && r.reduce_op != ReduceOp::kAverage) {
+    *why_not = std::string("a scale factor with ") + ReduceOpName(r.reduce_op) +
+               " (NCCL can only scale a sum, and hvdlite has no GPU kernels of its own)";
+    return false;
+  }
+  if (!IsFloat(r.dtype)) {
+    *why_not = std::string("a scale factor on ") + DataTypeName(r.dtype) + " (NCCL scales floating-point sums only)";
+    return false;
+  }
+  return true;
+}
+
+FusionLimits NcclBackend::Fusion() const {
+  // On a GPU copies are cheap and launches are not: one large buffer, as in Horovod.
+  FusionLimits f;
+  f.allreduce_bytes = params_.fusion_threshold_bytes;
+  f.allgather_tensor_bytes = params_.fusion_threshold_bytes;
+  f.allgather_bytes = params_.fusion_threshold_bytes;
+  return f;
+}
+
+void NcclBackend::Check(nccl::Result r, const char* what, nccl::Comm comm) const {
+  if (r == nccl::kSuccess) return;
+  throw std::runtime_error(std::string(what) + " failed: " + lib_->ErrorString(r, comm));
+}
+
+nccl::Comm NcclBackend::CommFor(int device) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = comms_.find(device);
+    if (it != comms_.end()) {
+      if (it->second.aborted)
+        throw std::runtime_error("the NCCL communicator of GPU " + std::to_string(device) +
+                                 " was aborted after an earlier failure");
+      return it->second.comm;
+    }
+  }
+  // Every rank reaches this point for the same response. First agree that every rank
+  // can load NCCL, so that nobody waits in ncclCommInitRank for a rank that never comes.
+  std::string why;
+  nccl::Library* lib = nccl::Library::TryGet(&why);
+  const std::vector<std::string> notes = channel_->GatherNotes(lib ? std::string() : why);
+  std::string missing;
+  for (int r = 0; r < size_; ++r)
+    if (!notes[r].empty()) missing += "\nrank " + std::to_string(r) + ": " + notes[r];
+  if (!missing.empty()) throw std::runtime_error("NCCL cannot be loaded on every rank:" + missing);
+  lib_ = lib;
+
+  struct Shared {
+    int32_t ok;
+    char why[480];
+    nccl::UniqueId id;
+  } shared{};
+  if (rank_ == 0) {
+    const nccl::Result r = lib_->api().GetUniqueId(&shared.id);
+    shared.ok = r == nccl::kSuccess;
+    if (!shared.ok) std::snprintf(shared.why, sizeof shared.why, "%s", lib_->ErrorString(r).c_str());
+  }
+  channel_->Share(&shared, sizeof shared, 0);
+  if (!shared.ok) throw std::runtime_error(std::string("ncclGetUniqueId failed on rank 0: ") + shared.why);
+
+  cuda::DeviceGuard guard(cuda::Runtime::Get(), device);
+  nccl::Comm comm = nullptr;
+  const nccl::Result r = lib_->api().CommInitRank(&comm, size_, shared.id, rank_);
+  Check(r, "ncclCommInitRank", nullptr);
+  HVD_INFO("NCCL communicator for GPU " << device << " ready (" << size_ << " ranks, NCCL "
+                                        << lib_->VersionString() << ")");
+  std::lock_guard<std::mutex> lk(mu_);
+  comms_[device].comm = comm;
+  return comm;
+}
+
+void NcclBackend::Abort(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [device, c] : comms_) {
+    if (!c.comm || c.aborted) continue;
+    HVD_WARN("aborting the NCCL communicator of GPU " << device << ": " << why);
+    lib_->api().CommAbort(c.comm);
+    c.aborted = true;
+  }
+}
+
+void NcclBackend::Copy(GpuContext::Device& d, void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0 || dst == src) return;
+  d.rt.Check(d.rt.api().MemcpyAsync(dst, src, static_cast<size_t>(bytes), cuda::kDeviceToDevice, d.stream->get()),
+             "cudaMemcpyAsync");
+}
+
+nccl::RedOp NcclBackend::ReductionFor(const Response& r, nccl::Comm comm, bool* created) {
+  *created = false;
+  switch (r.reduce_op) {
+    case ReduceOp::kMin: return nccl::kMin;
+    case ReduceOp::kMax: return nccl::kMax;
+    case ReduceOp::kProduct: return nccl::kProd;
+    default: break;
+  }
+  const bool average = r.reduce_op == ReduceOp::kAverage;
+  double factor = r.prescale * r.postscale;
+  if (factor == 1.0) return average ? nccl::kAvg : nccl::kSum;
+  if (average) factor /= size_;
+  // Scaling each rank's input before the sum: the result is the scaled sum (with one
+  // rounding per input instead of one at the end).
+  union {
+    double f64;
+    float f32;
+    uint16_t f16;
+  } scalar{};
+  switch (r.dtype) {
+    case DataType::kFloat64: scalar.f64 = factor; break;
+    case DataType::kFloat32: scalar.f32 = static_cast<float>(factor); break;
+    case DataType::kFloat16: scalar.f16 = FloatToHalf(static_cast<float>(factor)); break;
+    case DataType::kBFloat16: scalar.f16 = FloatToBFloat16(static_cast<float>(factor)); break;
+    default: throw std::runtime_error("NCCL cannot scale " + std::string(DataTypeName(r.dtype)));
+  }
+  nccl::RedOp op = nccl::kSum;
+  Check(lib_->api().RedOpCreatePreMulSum(&op, &scalar, NcclType(r.dtype), nccl::kScalarHostImmediate, comm),
+        "ncclRedOpCreatePreMulSum", comm);
+  *created = true;
+  return op;
+}
+
+std::unique_ptr<Completion> NcclBackend::Run(CollectiveJob& job) {
+  const Response& r = job.response;
+  GpuContext::Device& d = gpus_->Get(job.device);
+  nccl::Comm comm = CommFor(job.device);
+  cuda::DeviceGuard guard(d.rt, d.index);
+  // The producers' work comes first: each tensor's event was recorded on the stream
+  // that made it when it was enqueued.
+  for (size_t i = 0; i < job.entries.size(); ++i)
+    if (job.have[i] && job.entries[i].produced) job.entries[i].produced->OrderBefore(reinterpret_cast<uintptr_t>(d.stream->get()));
+  const int64_t start = NowMicros();
+  const char* phase = "NCCL_ALLREDUCE";
+  switch (r.type) {
+    case RequestType::kAllreduce: Allreduce(job, d, comm); break;
+    case RequestType::kAllgather: Allgather(job, d, comm); phase = "NCCL_ALLGATHER"; break;
+    case RequestType::kBroadcast: Broadcast(job, d, comm); phase = "NCCL_BCAST"; break;
+    case RequestType::kAlltoall: Alltoall(job, d, comm); phase = "NCCL_ALLTOALL"; break;
+    case RequestType::kReducescatter: Reducescatter(job, d, comm); phase = "NCCL_REDUCESCATTER"; break;
+    default: throw std::runtime_error(std::string("the NCCL backend has no ") + RequestTypeName(r.type));
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < job.entries.size(); ++i)
+    if (job.have[i]) names.push_back(r.names[i]);
+  return std::make_unique<NcclCompletion>(d.events->Record(d.stream->get()), lib_, comm, std::move(names), phase,
+                                          start, job.trace);
+}
+
+// One NCCL call per response: a tensor alone is reduced where it lies; several are
+// packed into the device fusion buffer, reduced there and copied out. A joined rank's
+// tensors are zeros.
+void NcclBackend::Allreduce(CollectiveJob& job, GpuContext::Device& d, nccl::Comm comm) {
+  const Response& r = job.response;
+  const size_t n = r.names.size();
+  const int64_t es = DataTypeSize(r.dtype);
+  bool created = false;
+  const nccl::RedOp op = ReductionFor(r, comm, &created);
+  cuda::Stream s = d.stream->get();
+  auto call = [&](const void* in, void* out, int64_t count) {
+    Check(lib_->api().AllReduce(in, out, static_cast<size_t>(count), NcclType(r.dtype), op, comm, s), "ncclAllReduce",
+          comm);
+  };
+  try {
+    if (n == 1) {
+      const int64_t count = r.sizes[0];
+      if (job.have[0]) {
+        call(job.entries[0].input, job.entries[0].output, count);
+      } else {
+        uint8_t* z = d.scratch.Get(count * es, s);
+        d.rt.Check(d.rt.api().MemsetAsync(z, 0, static_cast<size_t>(count * es), s), "cudaMemsetAsync");
+        call(z, z, count);
+      }
+    } else {
+      int64_t total = 0;
+      for (int64_t c : r.sizes) total += c;
+      uint8_t* buf = d.fusion.Get(total * es, s);
+      const int64_t t_in = NowMicros();
+      int64_t off = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t bytes = r.sizes[i] * es;
+        if (job.have[i]) Copy(d, buf + off, job.entries[i].input, bytes);
+        else if (bytes > 0)
+          d.rt.Check(d.rt.api().MemsetAsync(buf + off, 0, static_cast<size_t>(bytes), s), "cudaMemsetAsync");
+        off += bytes;
+      }
+      const int64_t t_call = NowMicros();
+      call(buf, buf, total);
+      const int64_t t_out = NowMicros();
+      off = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t bytes = r.sizes[i] * es;
+        if (job.have[i]) Copy(d, job.entries[i].output, buf + off, bytes);
+        off += bytes;
+      }
+      if (job.trace.Active()) {
+        const int64_t t_end = NowMicros();
+        for (size_t i = 0; i < n; ++i) {
+          if (!job.have[i]) continue;
+          job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", t_in, t_call);
+          job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", t_out, t_end);
+        }
+      }
+    }
+  } catch (...) {
+    if (created) lib_->api().RedOpDestroy(op, comm);
+    throw;
+  }
+  // An op may be destroyed once the last call that uses it has been queued.
+  if (created) lib_->api().RedOpDestroy(op, comm);
+}
+
+// Rank q's block goes to every rank by a broadcast rooted at q, all in one group: that
+// is an allgather with a different size per rank (ncclAllGather when they are equal).
+// Several tensors are packed into one block per rank first and cut apart afterwards.
+void NcclBackend::Allgather(CollectiveJob& job, GpuContext::Device& d, nccl::Comm comm) {
+  const Response& r = job.response;
+  const size_t n = r.names.size();
+  for (size_t i = 0; i < n; ++i)
+    if (!job.have[i]) throw std::runtime_error("allgather '" + r.names[i] + "' is not queued on this rank");
+  cuda::Stream s = d.stream->get();
+  const GatherLayout g = PlanAllgather(r, job.entries, size_);
+  job.outputs.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    job.outputs[i] = DeviceOutput(d, g.OutputBytes(i), job.entries[i].request.dtype,
+                                  g.OutputShape(i, job.entries[i].request.shape));
+  if (g.total == 0) return;
+  // Gather every rank's block into `dst` (blocks in rank order), this rank's from `mine`.
+  auto gather = [&](const void* mine, uint8_t* dst) {
+    bool equal = true;
+    for (int q = 1; q < size_; ++q) equal = equal && g.block[q] == g.block[0];
+    if (equal) {
+      Check(lib_->api().AllGather(mine, dst, static_cast<size_t>(g.block[0]), nccl::kUint8, comm, s), "ncclAllGather",
+            comm);
+      return;
+    }
+    Check(lib_->api().GroupStart(), "ncclGroupStart", comm);
+    nccl::Result rc = nccl::kSuccess;
+    for (int q = 0; q < size_ && rc == nccl::kSuccess; ++q) {
+      if (g.block[q] == 0) continue;
+      rc = lib_->api().Broadcast(q == rank_ ? mine : dst + g.block_offset[q], dst + g.block_offset[q],
+                                 static_cast<size_t>(g.block[q]), nccl::kUint8, q, comm, s);
+    }
+    const nccl::Result end = lib_->api().GroupEnd();
+    Check(rc, "ncclBroadcast", comm);
+    Check(end, "ncclGroupEnd", comm);
+  };
+  if (n == 1) {
+    gather(job.entries[0].input, static_cast<uint8_t*>(job.outputs[0]->device_data->data()));
+    return;
+  }
+  uint8_t* buf = d.fusion.Get(g.total + g.block[rank_], s);
+  uint8_t* mine = buf + g.total;
+  int64_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Copy(d, mine + off, job.entries[i].input, g.Bytes(i, rank_));
+    off += g.Bytes(i, rank_);
+  }
+  gather(mine, buf);
+  std::vector<int64_t> at = g.block_offset;
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* dst = static_cast<uint8_t*>(job.outputs[i]->device_data->data());
+    for (int q = 0; q < size_; ++q) {
+      const int64_t bytes = g.Bytes(i, q);
+      Copy(d, dst, buf + at[q], bytes);
+      dst += bytes;
+      at[q] += bytes;
+    }
+  }
+}
+
+void NcclBackend::Broadcast(CollectiveJob& job, GpuContext::Device& d, nccl::Comm comm) {
+  if (!job.have[0]) return;
+  const Response& r = job.response;
+  TensorEntry& e = job.entries[0];
+  void* buf = e.output ? e.output : const_cast<void*>(e.input);
+  const int64_t bytes = r.sizes[0] * DataTypeSize(r.dtype);
+  if (bytes == 0) return;
+  Check(lib_->api().Broadcast(buf, buf, static_cast<size_t>(bytes), nccl::kUint8, r.root, comm, d.stream->get()),
+        "ncclBroadcast", comm);
+}
+
+void NcclBackend::Alltoall(CollectiveJob& job, GpuContext::Device& d, nccl::Comm comm) {
+  if (!job.have[0]) return;
+  const Response& r = job.response;
+  TensorEntry& e = job.entries[0];
+  const AlltoallLayout a = PlanAlltoall(r, e, rank_, size_);
+  job.outputs.resize(1);
+  job.outputs[0] = DeviceOutput(d, a.total_recv, r.dtype, a.output_shape);
+  job.outputs[0]->aux = a.received_rows;
+  if (!a.moves_data) return;
+  cuda::Stream s = d.stream->get();
+  const uint8_t* in = static_cast<const uint8_t*>(e.input);
+  uint8_t* out = static_cast<uint8_t*>(job.outputs[0]->device_data->data());
+  Check(lib_->api().GroupStart(), "ncclGroupStart", comm);
+  nccl::Result rc = nccl::kSuccess;
+  const char* failed = "";
+  for (int q = 0; q < size_ && rc == nccl::kSuccess; ++q) {
+    if (a.send_bytes[q] > 0) {
+      rc = lib_->api().Send(in + a.send_offset[q], static_cast<size_t>(a.send_bytes[q]), nccl::kUint8, q, comm, s);
+      failed = "ncclSend";
+    }
+    if (rc == nccl::kSuccess && a.recv_bytes[q] > 0) {
+      rc = lib_->api().Recv(out + a.recv_offset[q], static_cast<size_t>(a.recv_bytes[q]), nccl::kUint8, q, comm, s);
+      failed = "ncclRecv";
+    }
+  }
+  const nccl::Result end = lib_->api().GroupEnd();
+  Check(rc, failed, comm);
+  Check(end, "ncclGroupEnd", comm);
+}
+
+// NCCL's reducescatter gives every rank the same number of elements; Horovod's gives the
+// first dim0 % size ranks one row more. Uneven shares are padded to the largest one.
+void NcclBackend::Reducescatter(CollectiveJob& job, GpuContext::Device& d, nccl::Comm comm) {
+  if (!job.have[0]) return;
+  const Response& r = job.response;
+  TensorEntry& e = job.entries[0];
+  const int64_t es = DataTypeSize(r.dtype);
+  const ScatterLayout sl = PlanReducescatter(e.request.shape, rank_, size_);
+  job.outputs.resize(1);
+  job.outputs[0] = DeviceOutput(d, sl.counts[rank_] * es, r.dtype, sl.output_shape);
+  if (sl.total == 0) return;
+  cuda::Stream s = d.stream->get();
+  uint8_t* out = static_cast<uint8_t*>(job.outputs[0]->device_data->data());
+  bool created = false;
+  const nccl::RedOp op = ReductionFor(r, comm, &created);
+  try {
+    const int64_t share = sl.counts[0];  // the largest
+    bool even = true;
+    for (int64_t c : sl.counts) even = even && c == share;
+    if (even) {
+      Check(lib_->api().ReduceScatter(e.input, out, static_cast<size_t>(share), NcclType(r.dtype), op, comm, s),
+            "ncclReduceScatter", comm);
+    } else {
+      uint8_t* buf = d.fusion.Get(share * size_ * es, s);
+      for (int q = 0; q < size_; ++q) {
+        uint8_t* slot = buf + q * share * es;
+        Copy(d, slot, static_cast<const uint8_t*>(e.input) + sl.offset[q] * es, sl.counts[q] * es);
+        if (sl.counts[q] < share)
+          d.rt.Check(d.rt.api().MemsetAsync(slot + sl.counts[q] * es, 0, static_cast<size_t>((share - sl.counts[q]) * es), s),
+                     "cudaMemsetAsync");
+      }
+      uint8_t* mine = buf + rank_ * share * es;  // in place, as NCCL defines it
+      Check(lib_->api().ReduceScatter(buf, mine, static_cast<size_t>(share), NcclType(r.dtype), op, comm, s),
+            "ncclReduceScatter", comm);
+      Copy(d, out, mine, sl.counts[rank_] * es);
+    }
+  } catch (...) {
+    if (created) lib_->api().RedOpDestroy(op, comm);
+    throw;
+  }
+  if (created) lib_->api().RedOpDestroy(op, comm);
+}
+
+}  // namespace hvdlite
