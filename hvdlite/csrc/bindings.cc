@@ -221,7 +221,10 @@ int64_t Refuse(int type, const std::string& name, const std::string& message, in
 // engine output). Returns whether it succeeded, with the reason in `error` if not.
 // With `consumer` (a cudaStream_t), a collective queued on a GPU is ordered before the
 // work the consumer queues on that stream from now on; the host does not wait for it.
-bool WaitFor(int64_t h, bool release, std::string* error, std::optional<uintptr_t> consumer = std::nullopt) {
+// With `sync_host` instead, the host waits for the device work (for data whose owner
+// named no stream to order).
+bool WaitFor(int64_t h, bool release, std::string* error, std::optional<uintptr_t> consumer = std::nullopt,
+             bool sync_host = false) {
   if (ForkedCopy()) {  // the request was the parent's; nothing here completes it
     *error = ForkedMessage();
     return false;
@@ -233,21 +236,22 @@ bool WaitFor(int64_t h, bool release, std::string* error, std::optional<uintptr_
   // The engine may run itself on this thread while it waits (Engine::Wait).
   ok = engine ? engine->Wait(h, error, release, &ready) : g_handles.Wait(h, error, release, &ready);
   engine.reset();  // the last owner, if another thread shut down meanwhile
-  if (ok && ready && consumer) {
+  if (ok && ready && (consumer || sync_host)) {
     try {
       cuda::DeviceGuard guard(cuda::Runtime::Get(), ready->device());
-      ready->OrderBefore(*consumer);
+      if (consumer) ready->OrderBefore(*consumer);
+      else ready->Synchronize();
     } catch (const std::exception& ex) {
-      *error = std::string("ordering the consumer's stream after the collective: ") + ex.what();
+      *error = std::string("ordering the consumer after the collective: ") + ex.what();
       ok = false;
     }
   }
   return ok;
 }
 
-py::tuple Wait(int64_t h, bool release, std::optional<uintptr_t> stream) {
+py::tuple Wait(int64_t h, bool release, std::optional<uintptr_t> stream, bool sync_host) {
   std::string error;
-  const bool ok = WaitFor(h, release, &error, stream);
+  const bool ok = WaitFor(h, release, &error, stream, sync_host);
   return py::make_tuple(ok, error);
 }
 
@@ -561,7 +565,8 @@ PYBIND11_MODULE(_core, m) {
     RaiseIfForkedCopy();
     return g_handles.Poll(h);
   });
-  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false, py::arg("stream") = py::none());
+  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false, py::arg("stream") = py::none(),
+        py::arg("sync_host") = false);
   m.def("run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
                   double prescale, double postscale, int root) {
     RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false);
@@ -647,6 +652,15 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("set_library_search_folders", &SetLibrarySearchFolders);
   m.def("gpu_info", &GpuInfo);
+  // Whether ncclGetUniqueId works here (it needs no GPU): the loader test's check that
+  // the table of functions matches the library.
+  m.def("nccl_unique_id_works", [] {
+    std::string error;
+    nccl::Library* lib = nccl::Library::TryGet(&error);
+    if (!lib) throw std::runtime_error(error);
+    nccl::UniqueId id{};
+    return lib->api().GetUniqueId(&id) == nccl::kSuccess;
+  });
 
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     std::string error;

@@ -216,9 +216,21 @@ void Engine::BeginShutdown(const std::string& reason, bool failure) {
 
 void Engine::Fail(const std::string& reason) {
   HVD_ERROR(reason);
+  if (rank() == 0) {
+    BeginShutdown(reason, /*failure=*/true);  // aborts this rank's device work too
+    return;
+  }
+  // Tell the coordinator before aborting: the abort makes the peers' device work fail
+  // too, and the job's reason should be this rank's, the cause.
+  if (!shutting_down_) {
+    RequestList report;
+    report.shutdown = true;
+    report.failure = true;
+    report.shutdown_reason = reason;
+    channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(report)));
+    shutting_down_ = true;
+  }
   registry_->AbortAll(reason);  // nothing of this rank's waits for a peer any more
-  if (rank() == 0) BeginShutdown(reason, /*failure=*/true);
-  else if (failure_.empty()) failure_ = reason;  // WorkerStep reports it
 }
 
 bool Engine::CoordinatorStep() {
@@ -275,7 +287,7 @@ bool Engine::CoordinatorStep() {
 bool Engine::WorkerStep() {
   bool progress = false;
   std::vector<Request> fresh = queue_.TakeNew();
-  const bool ask_shutdown = (stop_requested_ || !failure_.empty()) && !shutting_down_;
+  const bool ask_shutdown = stop_requested_ && !shutting_down_;
   if (!fresh.empty() || ask_shutdown) {
     progress = true;
     RequestList list;
@@ -288,8 +300,6 @@ bool Engine::WorkerStep() {
     requests_as_ids_ += static_cast<int64_t>(list.cache_hits.size());
     if (ask_shutdown) {
       list.shutdown = true;
-      list.failure = !failure_.empty();
-      list.shutdown_reason = failure_;
       shutting_down_ = true;
     }
     channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(list)));
@@ -340,7 +350,7 @@ bool Engine::PollInFlight() {
       progress = true;
       continue;
     }
-    if (limit_us > 0 && now - it->start_us > limit_us && failure_.empty() && !shutting_down_)
+    if (limit_us > 0 && now - it->start_us > limit_us && !shutting_down_)
       Fail(it->label + " did not finish on the GPU within " + std::to_string(static_cast<int64_t>(params_.stall_shutdown_seconds)) +
            " s on rank " + std::to_string(rank()) +
            " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): a peer died or stopped taking part; NCCL was aborted");

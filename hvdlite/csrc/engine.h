@@ -136,7 +136,6 @@ class Engine {
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> running_{true};
   bool shutting_down_ = false;   // coordinator: shutdown announced; worker: asked for it
-  std::string failure_;          // worker: a failure to report to the coordinator
   int acks_ = 0;
   std::string shutdown_reason_;
   int64_t last_stall_check_us_ = 0;
