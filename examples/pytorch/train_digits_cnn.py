@@ -20,6 +20,10 @@ bits, and over many steps a ReLU or max-pool decision can flip, so long runs dri
 slightly; ``--float64`` makes that negligible.) Because the global batch stays fixed, the
 learning rate is not scaled with the number of ranks here.
 
+On a machine with GPUs (``--device cuda``, the default when PyTorch sees one) each rank
+pins the GPU of its local rank, as Horovod's examples do, and the gradients are averaged
+on the GPUs by NCCL.
+
 Rank 0 shows a progress bar on stderr (its loss is the average over all ranks), prints
 metrics averaged over all ranks, and writes a checkpoint after every epoch
 (``--checkpoint``); ``--resume`` continues from it.
@@ -77,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train in this single process on the same global batches, without hvdlite")
     p.add_argument("--float64", action="store_true",
                    help="train in float64: distributed and reference runs then agree to ~1e-12")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where to train: auto picks the GPU of this rank's local rank when PyTorch sees one")
     p.add_argument("--threads", type=int, default=1,
                    help="PyTorch threads per process (ranks usually share the cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -91,12 +97,13 @@ class Comm:
         self.reference = reference
         if reference:
             self.hvd = None
-            self.rank, self.size, self.local_size = 0, 1, 1
+            self.rank, self.size, self.local_size, self.local_rank = 0, 1, 1, 0
         else:
             import hvdlite.torch as hvd
             hvd.init()
             self.hvd = hvd
             self.rank, self.size, self.local_size = hvd.rank(), hvd.size(), hvd.local_size()
+            self.local_rank = hvd.local_rank()
 
     def sum(self, values: list[float]) -> list[float]:
         if self.hvd is None:
@@ -150,10 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"({size})", file=sys.stderr)
         return 2
     local_batch = args.batch_size // size
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        # One GPU per process: the one of this rank's index on its host.
+        torch.cuda.set_device(comm.local_rank % torch.cuda.device_count())
+    device = torch.device("cuda" if use_cuda else "cpu")
 
-    x_tr, y_tr, x_te, y_te = load_data(args.seed)
+    x_tr, y_tr, x_te, y_te = (t.to(device) for t in load_data(args.seed))
     torch.manual_seed(args.seed)
-    model = DigitsCNN()
+    model = DigitsCNN().to(device)
     if args.float64:
         model, x_tr, x_te = model.double(), x_tr.double(), x_te.double()
     optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr,
@@ -161,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     start_epoch = 0
     ckpt = Path(args.checkpoint) if args.checkpoint else None
     if args.resume and ckpt is not None and rank == 0 and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=False, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         model.train()
-        order = torch.from_numpy(np.random.default_rng(args.seed + epoch).permutation(len(x_tr)))
+        order = torch.from_numpy(np.random.default_rng(args.seed + epoch).permutation(len(x_tr))).to(device)
         loss_sum = correct = seen = 0.0
         bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{args.epochs}", leave=False,
                    file=sys.stderr, **bar_size(sys.stderr)) if show else None
@@ -220,10 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     test_acc = evaluate(model, x_te, y_te, comm)
     if rank == 0:
         mode = "single process (reference)" if args.reference else f"{size} ranks"
+        mode += " on GPUs" if use_cuda else ""
         print(f"trained on {mode} in {time.perf_counter() - t0:.1f} s")
         print(f"final test accuracy: {test_acc:.4f}", flush=True)
         if args.save_params:
-            np.savez(args.save_params, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
+            np.savez(args.save_params, **{k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
             print(f"saved parameters to {args.save_params}")
     if hvd is not None:
         hvd.shutdown()
