@@ -2,24 +2,54 @@
 
 ``import hvdlite as hvd`` gives the framework-neutral API over NumPy arrays;
 ``hvdlite.torch`` and ``hvdlite.tensorflow`` (with ``.keras``) give the same for
-PyTorch and TensorFlow. The engine is loaded by ``hvd.init()``, not at import.
+PyTorch and TensorFlow. MPI starts at ``hvd.init()``, not at import.
+
+``import hvdlite`` itself loads no compiled code, so that the launcher
+(``hvdlite-run``, ``--check-build``) works even where the engine is not built. The
+NumPy collectives (:mod:`hvdlite.mpi_ops`) take their codes from the engine, so they
+are imported when one of their names is first used here.
 """
+from typing import Any
+
 from hvdlite.common.basics import (
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank, cross_size,
     mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
     ddl_built, ccl_built, cuda_built, rocm_built, start_timeline, stop_timeline,
 )
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
-from hvdlite.mpi_ops import *  # noqa: F401,F403
-from hvdlite.mpi_ops import __all__ as _ops_all
 from hvdlite.runner.function import run
 
 __version__ = "0.1.0"
+
+# hvdlite.mpi_ops.__all__ (tests/test_imports.py checks that the two agree).
+_NUMPY_OPS = (
+    "Average", "Sum", "Min", "Max", "Product", "Adasum",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object",
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The NumPy collectives, imported on first use (see the module's docstring)."""
+    if name in _NUMPY_OPS:
+        import hvdlite.mpi_ops as numpy_ops  # loads the engine's extension for its codes
+        # Bound here once, so that later lookups no longer come to this function.
+        globals().update((n, getattr(numpy_ops, n)) for n in _NUMPY_OPS)
+        return globals()[name]
+    raise AttributeError(f"module 'hvdlite' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NUMPY_OPS))
+
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError",
-    "NotInitializedError", "__version__", "run", *_ops_all,
+    "NotInitializedError", "__version__", "run", *_NUMPY_OPS,
 ]

@@ -8,15 +8,16 @@ calls agree without naming anything.
 """
 from __future__ import annotations
 
-import pickle
 from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
-from hvdlite.common import basics as _basics, ops as _ops
-from hvdlite.common.basics import _load_core, size as _size
-from hvdlite.common.exceptions import HvdliteError
-from hvdlite.common.ops import Average, Sum, Min, Max, Product, Adasum, Handle
+from hvdlite.common import basics as _basics, codes as _codes, ops as _ops
+from hvdlite.common.basics import _load_core
+from hvdlite.common.codes import Average, Sum, Min, Max, Product, Adasum
+from hvdlite.common.exceptions import HvdliteError, HvdliteValueError
+from hvdlite.common.handles import Handle
+from hvdlite.common.objects import allgather_object, broadcast_object
 
 __all__ = [
     "Average", "Sum", "Min", "Max", "Product", "Adasum",
@@ -104,9 +105,9 @@ def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: 
     The engine's ``direct_run`` does all of it in C, and once the engine is loaded this
     module's ``_direct_run`` *is* that function: right after a large collective has
     flushed the CPU caches, every Python-level call and lookup between the user's call
-    and the engine costs microseconds (docs/performance.md, session 11). Until then this
-    stand-in declines, and binds the engine's function at the first call that finds it
-    loaded."""
+    and the engine costs microseconds (docs/performance.md, session 11). This stand-in
+    binds the engine's function at the first call (the engine's module is loaded with
+    this one, for its codes; a stand-in that finds it not loaded declines)."""
     global _direct_run
     core = _basics._core_module
     if core is None:
@@ -129,24 +130,15 @@ def _run(kind: int, arr: np.ndarray, out: np.ndarray | None, name: str | None, o
              postscale_factor=postscale_factor, root_rank=root_rank)
 
 
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes  # NumPy has no bfloat16; ml_dtypes (shipped with TF/JAX) does
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+def _engine_output(parts: Sequence[_ops.Request]) -> np.ndarray:
+    data, shape, dtype = parts[0].output()
+    return data.view(_codes.np_dtype(dtype)).reshape(shape)
 
 
-def _engine_output(h: Handle) -> np.ndarray:
-    data, shape, dtype = h.output()
-    return data.view(_np_dtype(dtype)).reshape(shape)
-
-
-def _resolve_op(average: bool | None, op: int | None) -> int:
-    if op is not None and average is not None:
-        raise ValueError("pass either op or the deprecated average argument, not both")
-    if op is None:
-        return Sum if average is False else Average
-    return op
+def _returns(result: Any) -> Any:
+    """A handle's finish function that returns `result`: the array the engine writes
+    into (or the list of them, for a group)."""
+    return lambda _parts: result
 
 
 class _label:
@@ -169,13 +161,13 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
                     postscale_factor: float = 1.0) -> Handle:
     """Start reducing `tensor` across ranks; `synchronize(handle)` returns a new array.
     The default op is Average, as in Horovod."""
+    op = _ops.resolve_op(op, average)
     inp = _checked(tensor, _label("allreduce", name))
     out = np.empty_like(inp)
-    h = _ops.submit(_ops.ALLREDUCE, _raw(inp), _raw(out), name=name, op=_resolve_op(average, op),
-                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                    keepalive=(inp, out))
-    h.result_fn = lambda _h, out=out: out
-    return h
+    req = _ops.submit(_ops.ALLREDUCE, _raw(inp), _raw(out), name=name, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      keepalive=(inp, out))
+    return Handle([req], _returns(out), req.name)
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
@@ -185,9 +177,10 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
         out = np.empty_like(tensor, order="C")
         if _direct_run(_ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
             return out
+    op = _ops.resolve_op(op, average)
     inp = _checked(tensor, _label("allreduce", name))
     out = np.empty_like(inp)
-    _run(_ops.ALLREDUCE, inp, out, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    _run(_ops.ALLREDUCE, inp, out, name, op, prescale_factor, postscale_factor)
     return out
 
 
@@ -195,12 +188,12 @@ def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str 
                      op: int | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0) -> Handle:
     """In-place form of :func:`allreduce_async`: the result overwrites `tensor`."""
+    op = _ops.resolve_op(op, average)
     arr = _checked(tensor, _label("allreduce", name), in_place=True)
     raw = _raw(arr)
-    h = _ops.submit(_ops.ALLREDUCE, raw, raw, name=name, op=_resolve_op(average, op),
-                    prescale_factor=prescale_factor, postscale_factor=postscale_factor, keepalive=arr)
-    h.result_fn = lambda _h, arr=arr: arr
-    return h
+    req = _ops.submit(_ops.ALLREDUCE, raw, raw, name=name, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor, keepalive=arr)
+    return Handle([req], _returns(arr), req.name)
 
 
 def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
@@ -209,61 +202,39 @@ def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None
     """Reduce `tensor` across ranks in place and return it."""
     if _direct_run(_ALLREDUCE, tensor, tensor, name, average, op, prescale_factor, postscale_factor, -1):
         return tensor
+    op = _ops.resolve_op(op, average)
     arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("allreduce", name), in_place=True)
-    _run(_ops.ALLREDUCE, arr, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    _run(_ops.ALLREDUCE, arr, arr, name, op, prescale_factor, postscale_factor)
     return arr
 
 
 def _grouped(tensors: Sequence[Any], inplace: bool, average: bool | None, name: str | None,
              op: int | None, prescale_factor: float, postscale_factor: float) -> Handle:
-    op = _resolve_op(average, op)
+    op = _ops.resolve_op(op, average, stacklevel=4)
     gid = _ops.new_group_id()
     base = name if name is not None else _ops.auto_name("grouped_allreduce")
-    views = [_view(t, inplace) for t in tensors]
-    bad = next((i for i, (_, problem) in enumerate(views) if problem is not None), None)
-    if bad is not None:
-        # The other ranks submit the whole group: fail every member everywhere.
-        problem = views[bad][1]
-        _ops.refuse_all(_ops.ALLREDUCE, [f"{base}.{i}" for i in range(len(tensors))],
-                        [problem if i == bad else f"member {bad} of its group: {problem}"
-                         for i in range(len(tensors))], group_id=gid)
-    handles = []
-    for i, (arr, _) in enumerate(views):
-        label = f"{base}.{i}"
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    # The other ranks submit the whole group: a member this rank cannot use fails every
+    # member everywhere.
+    arrays = _ops.stage_or_refuse(_ops.ALLREDUCE, names, tensors,
+                                  lambda t: _usable(t, inplace), group_id=gid, op=op)
+    requests, outputs = [], []
+    for label, arr in zip(names, arrays):
         out = arr if inplace else np.empty_like(arr)
-        h = _ops.submit(_ops.ALLREDUCE, _raw(arr), _raw(out), name=label, op=op,
-                        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                        group_id=gid, group_size=len(tensors), keepalive=(arr, out))
-        h.result_fn = lambda _h, out=out: out
-        handles.append(h)
-    return _GroupHandle(handles)
+        requests.append(_ops.submit(_ops.ALLREDUCE, _raw(arr), _raw(out), name=label, op=op,
+                                    prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, group_id=gid,
+                                    group_size=len(tensors), keepalive=(arr, out)))
+        outputs.append(out)
+    return Handle(requests, _returns(outputs), base)
 
 
-class _GroupHandle(Handle):
-    """One handle for the members of a grouped allreduce."""
-
-    def __init__(self, members: list[Handle]) -> None:  # noqa: D107 - internal
-        super().__init__(-1, _ops.ALLREDUCE, "group", None)
-        self._members = members
-        self._done = True  # the members carry the state
-
-    def poll(self) -> bool:
-        return all(m.poll() for m in self._members)
-
-    def wait(self) -> None:
-        errors = []
-        for m in self._members:
-            try:
-                m.wait()
-            except HvdliteError as exc:
-                errors.append(str(exc))
-        if errors:
-            raise HvdliteError("; ".join(errors))
-
-    def result(self) -> list[Any]:
-        self.wait()
-        return [m.result() for m in self._members]
-
+def _usable(tensor: Any, in_place: bool) -> np.ndarray:
+    """:func:`_view`, raising the problem (for :func:`hvdlite.common.ops.stage_or_refuse`)."""
+    arr, problem = _view(tensor, in_place)
+    if problem is not None:
+        raise HvdliteError(problem)
+    return arr
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
@@ -298,9 +269,8 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = Non
 def allgather_async(tensor: Any, name: str | None = None) -> Handle:
     """Concatenate every rank's `tensor` along the first dimension (which may differ)."""
     inp = _checked(tensor, _label("allgather", name))
-    h = _ops.submit(_ops.ALLGATHER, _raw(inp), name=name, keepalive=inp)
-    h.result_fn = _engine_output
-    return h
+    req = _ops.submit(_ops.ALLGATHER, _raw(inp), name=name, keepalive=inp)
+    return Handle([req], _engine_output, req.name)
 
 
 @_ops.blocking
@@ -311,9 +281,8 @@ def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> Handle:
     """Overwrite `tensor` with root_rank's value, in place."""
     arr = _checked(tensor, _label("broadcast", name), in_place=True)
-    h = _ops.submit(_ops.BROADCAST, _raw(arr), name=name, root_rank=int(root_rank), keepalive=arr)
-    h.result_fn = lambda _h, arr=arr: arr
-    return h
+    req = _ops.submit(_ops.BROADCAST, _raw(arr), name=name, root_rank=int(root_rank), keepalive=arr)
+    return Handle([req], _returns(arr), req.name)
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
@@ -338,13 +307,18 @@ def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str |
     """Send rows of `tensor` to every rank: ``splits[r]`` rows to rank r (default: equal
     parts) and receive theirs, concatenated in rank order."""
     inp = _checked(tensor, _label("alltoall", name))
-    sp = None if splits is None else [int(s) for s in np.asarray(splits).reshape(-1)]
-    h = _ops.submit(_ops.ALLTOALL, _raw(inp), name=name, splits=sp, keepalive=inp)
+    sp = None
+    if splits is not None:
+        try:
+            sp = [int(s) for s in np.asarray(splits).reshape(-1)]
+        except (TypeError, ValueError) as exc:
+            _ops.refuse(_ops.ALLTOALL, name, f"splits must be integers ({exc})",
+                        HvdliteValueError)
+    req = _ops.submit(_ops.ALLTOALL, _raw(inp), name=name, splits=sp, keepalive=inp)
     if splits is None:
-        h.result_fn = _engine_output
-    else:
-        h.result_fn = lambda _h: (_engine_output(_h), np.asarray(_h.aux(), dtype=np.int32))
-    return h
+        return Handle([req], _engine_output, req.name)
+    return Handle([req], lambda parts: (_engine_output(parts),
+                                        np.asarray(parts[0].aux(), dtype=np.int32)), req.name)
 
 
 @_ops.blocking
@@ -358,10 +332,9 @@ def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None,
     """Reduce `tensor` across ranks and give each rank one slice of the first dimension:
     rank r gets dim0 // size rows, plus one if r < dim0 % size."""
     inp = _checked(tensor, _label("reducescatter", name))
-    h = _ops.submit(_ops.REDUCESCATTER, _raw(inp), name=name, op=op, prescale_factor=prescale_factor,
-                    postscale_factor=postscale_factor, keepalive=inp)
-    h.result_fn = _engine_output
-    return h
+    req = _ops.submit(_ops.REDUCESCATTER, _raw(inp), name=name, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor, keepalive=inp)
+    return Handle([req], _engine_output, req.name)
 
 
 @_ops.blocking
@@ -382,8 +355,8 @@ def join() -> int:
     """Declare that this rank has no more data. Until every rank has joined, the other
     ranks' allreduces go ahead with zeros from this one (Average still divides by
     ``size()``, as in Horovod). Returns the rank that joined last."""
-    h = _ops.submit(_ops.JOIN, _ops.EMPTY, name="join")
-    return int(h.aux()[0])
+    req = _ops.submit(_ops.JOIN, _ops.EMPTY, name="join")
+    return int(req.aux()[0])
 
 
 def poll(handle: Handle) -> bool:
@@ -393,31 +366,4 @@ def poll(handle: Handle) -> bool:
 
 def synchronize(handle: Handle) -> Any:
     """Wait for `handle` and return its result; raises HvdliteError if it failed."""
-    return handle.result()
-
-
-# ---- Python objects -------------------------------------------------------------------
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    """Return root_rank's `obj` on every rank (pickled)."""
-    from hvdlite.common.basics import rank as _rank
-    base = name or _ops.auto_name("broadcast_object")
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if _rank() == root_rank else np.empty(0, np.uint8)
-    length = broadcast_(np.array([payload.size], dtype=np.int64), root_rank, name=f"{base}.len")
-    buf = payload.copy() if _rank() == root_rank else np.empty(int(length[0]), np.uint8)
-    broadcast_(buf, root_rank, name=f"{base}.data")
-    return pickle.loads(buf.tobytes())
-
-
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Return the list of every rank's `obj`, in rank order (pickled)."""
-    base = name or _ops.auto_name("allgather_object")
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    lengths = allgather(np.array([payload.size], dtype=np.int64), name=f"{base}.len")
-    data = allgather(payload, name=f"{base}.data")
-    out, off = [], 0
-    for n in lengths.tolist():
-        out.append(pickle.loads(data[off:off + n].tobytes()))
-        off += n
-    assert len(out) == _size()
-    return out
+    return handle.wait()

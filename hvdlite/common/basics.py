@@ -5,20 +5,31 @@ import atexit
 import os
 from typing import Any
 
+from hvdlite.common import mpi_lib, naming
 from hvdlite.common.exceptions import HvdliteError, NotInitializedError
 
 _core_module: Any = None
 
 
 def _load_core() -> Any:
-    """Import the compiled engine, making sure the MPI library it links is found."""
+    """Import the compiled engine, making sure the MPI library it links is found.
+
+    Loading it only maps the libraries into the process; MPI starts at :func:`init`."""
     global _core_module
     if _core_module is None:
-        from hvdlite.common import mpi_lib
         mpi_lib.preload()
+        # Imported here, not at the top: importing hvdlite (and so the launcher,
+        # `hvdlite-run --check-build`) must work where the extension is not built.
         from hvdlite import _core  # the pybind11 extension built from hvdlite/csrc
         _core_module = _core
     return _core_module
+
+
+# Why hvd.init(process_sets=...) and every other process set than the global one fail
+# (hvdlite.common.process_sets builds on this module and uses the same words).
+PROCESS_SETS_UNSUPPORTED = (
+    "hvdlite implements only the global process set (all ranks); to run on a subset of "
+    "the ranks, call hvd.init() with that list of ranks or an mpi4py communicator")
 
 
 def core() -> Any:
@@ -70,8 +81,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     after ``shutdown()`` it starts the engine afresh.
     """
     if process_sets is not None:
-        from hvdlite.common.process_sets import _UNSUPPORTED
-        raise NotImplementedError(_UNSUPPORTED)
+        raise NotImplementedError(PROCESS_SETS_UNSUPPORTED)
     _check_not_a_child()
     c = _load_core()
     if c.is_initialized():
@@ -85,8 +95,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             from mpi4py import MPI  # only needed when the user hands us a communicator
             comm_handle = int(MPI._handleof(comm))
     _tune_mpi_environment()
-    from hvdlite.common import ops
-    ops.reset_auto_names()
+    naming.reset_auto_names()
     global _shut_down_here
     _shut_down_here = False
     c.init(comm_handle, ranks)  # a process not among `ranks` stays uninitialized

@@ -14,6 +14,41 @@ class HvdliteError(RuntimeError):
 HorovodInternalError = HvdliteError
 
 
+# Input that one rank could not use is refused on every rank (see
+# hvdlite.common.ops.refuse). Where Horovod raises a TypeError, ValueError or
+# NotImplementedError for such input, the rank that refused it raises one of these:
+# the type a Horovod script catches, and an HvdliteError like the other ranks' failure.
+
+class HvdliteTypeError(HvdliteError, TypeError):
+    """A collective was refused on every rank because one rank's input has a type it
+    cannot take (a dtype the operation does not support, a sparse tensor, ...)."""
+
+
+class HvdliteValueError(HvdliteError, ValueError):
+    """A collective was refused on every rank because one rank passed a bad value
+    (an unknown reduce op, splits that are not integers, ...)."""
+
+
+class HvdliteNotImplementedError(HvdliteError, NotImplementedError):
+    """A collective was refused on every rank because one rank asked for something
+    hvdlite does not implement (the Adasum reduction, ...)."""
+
+
+def refusal_error_for(exc: BaseException) -> type[HvdliteError]:
+    """The :class:`HvdliteError` class to raise when input was refused because a local
+    check raised `exc`: the one that is also `exc`'s built-in type, so that
+    ``except TypeError`` (or ValueError, NotImplementedError) still catches it."""
+    if isinstance(exc, HvdliteError):
+        return type(exc)
+    if isinstance(exc, NotImplementedError):
+        return HvdliteNotImplementedError
+    if isinstance(exc, TypeError):
+        return HvdliteTypeError
+    if isinstance(exc, ValueError):
+        return HvdliteValueError
+    return HvdliteError
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """Horovod's signal, in elastic training, that hosts were added or removed. hvdlite's
     world is fixed, so hvdlite never raises it; the name exists for scripts that catch it."""

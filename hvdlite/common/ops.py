@@ -3,67 +3,36 @@
 A front end describes its tensor as raw memory -- a data pointer, a dtype name and a
 shape -- and submits it with :func:`submit`. The C++ engine negotiates the collective
 with the other ranks on its background thread and fills the output. The returned
-:class:`Handle` keeps the front end's objects alive until the operation finishes.
+:class:`Request` keeps the front end's objects alive until the operation finishes; the
+front end hands its caller a :class:`Handle` over its requests.
 
 Outputs whose size is only known after negotiation (allgather, alltoall,
-reducescatter) are allocated by the engine; :meth:`Handle.output` hands them over
+reducescatter) are allocated by the engine; :meth:`Request.output` hands them over
 as a :class:`numpy.ndarray` of ``uint8`` without a copy, together with their shape and
 dtype, so each framework can view the bytes as its own tensor.
+
+Also here, the same for every front end: Horovod's rules for the ``op`` and ``average``
+arguments (:func:`resolve_op`), and the refusal of input that only this rank cannot use
+(:func:`refuse`, :func:`stage_or_refuse`), which fails the collective on every rank
+instead of leaving the other ranks waiting for this one.
 """
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
-from typing import Any, NoReturn, Sequence
+import warnings
+from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
-import numpy as np
-
-from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common import basics as _basics
-
-# Reduction ops: Horovod's constants and values.
-Average = 0
-Sum = 1
-Adasum = 2  # accepted by name only; not implemented (rejected with a clear error)
-Min = 3
-Max = 4
-Product = 5
-
-_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product", Adasum: "Adasum"}
-
-# Kinds of request, as the engine numbers them.
-ALLREDUCE = 0
-ALLGATHER = 1
-BROADCAST = 2
-ALLTOALL = 3
-REDUCESCATTER = 4
-BARRIER = 5
-JOIN = 6
-
-# Kinds whose result the engine allocates (join: only the last rank, in ``aux``).
-_ENGINE_OUTPUT = (ALLGATHER, ALLTOALL, REDUCESCATTER, JOIN)
-
-KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast",
-              ALLTOALL: "alltoall", REDUCESCATTER: "reducescatter", BARRIER: "barrier",
-              JOIN: "join"}
-
-# Element types the engine reduces, by name; the numbers are the engine's codes.
-DTYPES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4,
-          "bfloat16": 5, "float32": 6, "float64": 7}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-# The engine's name of each NumPy dtype it reduces. numpy's dtype.name is a slow Python
-# property, and every collective call needs the name: the front ends look it up here.
-NAME_OF_NP_DTYPE = {np.dtype(n): n for n in DTYPES if n != "bfloat16"}
-try:
-    import ml_dtypes as _ml_dtypes
-    NAME_OF_NP_DTYPE[np.dtype(_ml_dtypes.bfloat16)] = "bfloat16"
-except ImportError:  # bfloat16 arrays can only come from ml_dtypes anyway
-    pass
-ITEMSIZE = {"uint8": 1, "int8": 1, "int32": 4, "int64": 8, "float16": 2,
-            "bfloat16": 2, "float32": 4, "float64": 8}
-
-CPU_DEVICE = -1
+# The engine's codes, used by the front ends as _ops.<NAME>.
+from hvdlite.common.codes import (  # noqa: F401
+    ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, CPU_DEVICE, DTYPE_NAMES, DTYPES,
+    ENGINE_OUTPUT, ITEMSIZE, JOIN, KIND_NAMES, NAME_OF_NP_DTYPE, OP_NAMES, REDUCESCATTER,
+    SUPPORTED_OPS, Adasum, Average, Max, Min, Product, Sum)
+from hvdlite.common.exceptions import (HvdliteError, HvdliteNotImplementedError, HvdliteTypeError,
+                                       HvdliteValueError, refusal_error_for)
+from hvdlite.common.handles import Handle, Refusal, Request, _orphans, _reap_orphans  # noqa: F401
+from hvdlite.common.naming import auto_name, new_group_id, reset_auto_names  # noqa: F401
 
 
 class RawTensor:
@@ -91,121 +60,60 @@ class RawTensor:
         return f"RawTensor(ptr={self.ptr:#x}, dtype={self.dtype!r}, shape={self.shape!r})"
 
 
-# Deterministic names for unnamed requests: ranks that issue the same sequence of
-# unnamed calls of one kind get the same names.
-_name_lock = threading.Lock()
-_name_counters: dict[str, Any] = {}
+# ---- the reduce op ---------------------------------------------------------------------
+
+def resolve_op(op: Any, average: Any, stacklevel: int = 3) -> Any:
+    """The reduce op of a call with Horovod's ``op`` and deprecated ``average``
+    arguments, by Horovod's rules: both given is a ``ValueError``; ``average`` alone
+    warns (``DeprecationWarning``) and means Average if true, else Sum; neither means
+    Average; otherwise ``op`` as given.
+
+    The ``ValueError`` is raised here, before anything is sent, as Horovod does: every
+    rank runs the same call. The op itself is checked when the request is submitted
+    (:func:`op_problem`): Adasum and unknown ops are refused there, on every rank.
+    ``stacklevel`` points the warning at the user's call (3: the caller's caller)."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average; pass only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` is deprecated; use `op=hvd.Average` or "
+                      "`op=hvd.Sum` instead.", DeprecationWarning, stacklevel=stacklevel)
+        return Average if average else Sum
+    return Average
 
 
-def auto_name(kind: str) -> str:
-    """Return the next generated name for an unnamed request of this kind. Such names
-    contain ".noname." and never repeat; the engine does not cache them (names that
-    repeat, like a gradient's, must not contain ".noname.")."""
-    with _name_lock:
-        counter = _name_counters.setdefault(kind, itertools.count())
-        return f"{kind}.noname.{next(counter)}"
+def op_problem(op: Any) -> tuple[str, type[HvdliteError]] | None:
+    """None if the engine runs reduce op `op`; else why not, and the error to raise
+    (Adasum: :class:`HvdliteNotImplementedError`; anything else unknown:
+    :class:`HvdliteValueError`)."""
+    try:
+        if op in SUPPORTED_OPS:
+            return None
+    except TypeError:  # unhashable: certainly no op
+        pass
+    if op == Adasum:
+        return ("the Adasum op is not supported by hvdlite; use Average, Sum, Min, Max or "
+                "Product", HvdliteNotImplementedError)
+    return (f"unknown reduce op {op!r}; use Average, Sum, Min, Max or Product",
+            HvdliteValueError)
 
 
-def reset_auto_names() -> None:
-    """Restart generated names (called by ``init``), so every rank starts equal."""
-    with _name_lock:
-        _name_counters.clear()
+def describe_op(op: Any) -> str:
+    """A reduce op as messages name it: its Horovod name, else its value."""
+    try:
+        return OP_NAMES.get(op, repr(op))
+    except TypeError:  # unhashable
+        return repr(op)
 
 
-class Handle:
-    """An operation in flight. ``wait()`` blocks (GIL released) until it is done and
-    raises :class:`HvdliteError` if it failed."""
-
-    __slots__ = ("_id", "_keepalive", "_done", "_error", "kind", "name", "_output", "_aux",
-                 "result_fn", "__weakref__")
-
-    def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any) -> None:
-        self._id = handle_id
-        self.kind = kind
-        self.name = name
-        self._keepalive = keepalive
-        self._done = False
-        self._error: str | None = None
-        self._output: tuple[np.ndarray, tuple[int, ...], str] | None = None
-        self._aux: list[int] | None = None
-        # Set by a front end: turns the finished handle into what synchronize() returns.
-        self.result_fn: Any = None
-
-    def result(self) -> Any:
-        """Wait, then return the front end's result (``result_fn(self)``), or None."""
-        self.wait()
-        return self.result_fn(self) if self.result_fn is not None else None
-
-    def poll(self) -> bool:
-        """True once the operation has finished (successfully or not)."""
-        if self._done:
-            return True
-        return bool(_basics._load_core().poll(self._id))
-
-    def wait(self) -> None:
-        if not self._done:
-            core = _basics._load_core()  # handles outlive a shutdown and report its reason
-            has_output = self.kind in _ENGINE_OUTPUT
-            ok, message = core.wait(self._id, not has_output)  # release now if nothing to take
-            if has_output:
-                if ok:
-                    buf, shape, dtype_code, aux = core.take_output(self._id)
-                    self._aux = list(aux)
-                    if self.kind != JOIN:
-                        self._output = (np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8),
-                                        tuple(shape), DTYPE_NAMES[dtype_code])
-                core.release(self._id)
-            self._done = True
-            self._error = None if ok else message
-            self._keepalive = None
-        if self._error is not None:
-            raise HvdliteError(self._error)
-
-    def output(self) -> tuple[np.ndarray, tuple[int, ...], str]:
-        """For allgather/alltoall/reducescatter: ``(uint8 bytes, shape, dtype name)``.
-        The bytes are engine-owned memory handed over without a copy."""
-        self.wait()
-        assert self._output is not None, "this kind of request has no engine-allocated output"
-        return self._output
-
-    def aux(self) -> list[int]:
-        """Extra integers of the result: alltoall's received splits, join's last rank."""
-        self.wait()
-        return list(self._aux or [])
-
-    def __del__(self) -> None:
-        # Dropped before completion: the engine may still write into the memory, so
-        # keep it alive until the operation finishes (checked on later submissions).
-        if not self._done and self._keepalive is not None:
-            with _orphan_lock:
-                _orphans.append((self._id, self._keepalive))
-
-
-_orphan_lock = threading.Lock()
-# Changed in place only: the engine's direct path holds this list (see mpi_ops._direct_run).
-_orphans: list[tuple[int, Any]] = []
-
-
-def _reap_orphans(core: Any) -> None:
-    if not _orphans:  # the common case, checked without the lock
-        return
-    with _orphan_lock:
-        if not _orphans:
-            return
-        keep = []
-        for hid, ka in _orphans:
-            if core.poll(hid):
-                core.release(hid)
-            else:
-                keep.append((hid, ka))
-        _orphans[:] = keep
-
+# ---- submitting ------------------------------------------------------------------------
 
 def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
            name: str | None = None, op: int = Sum, prescale_factor: float = 1.0,
            postscale_factor: float = 1.0, root_rank: int = -1,
            splits: Sequence[int] | None = None, group_id: int = -1, group_size: int = 0,
-           keepalive: Any = None) -> Handle:
+           keepalive: Any = None) -> Request:
     """Hand one request to the engine and return at once.
 
     kind: ALLREDUCE (output required; may equal ``tensor`` for in-place), BROADCAST
@@ -216,6 +124,10 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     ``postscale_factor`` yourself. ``splits``: alltoall's rows per destination rank.
     ``group_id``/``group_size``: members of one grouped allreduce share a group id
     from :func:`new_group_id` and are negotiated and fused as a unit.
+
+    An unsupported dtype or op is refused on every rank here (and raised). Members of
+    a group are refused one by one here, so a front end checks the whole group first
+    (:func:`stage_or_refuse`), and refuses it whole.
     """
     core, name = _prepare(kind, name, tensor.dtype, op)
     out_ptr = output.ptr if output is not None else 0
@@ -227,7 +139,7 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
                            group_id, group_size, _caller.waits)
     except RuntimeError as exc:
         _reraise(exc)
-    return Handle(hid, kind, name, keepalive)
+    return Request(hid, kind, name, keepalive)
 
 
 def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
@@ -238,12 +150,9 @@ def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str
     a call that finds the engine not running is sorted out by :func:`_reraise`.
     Everything else takes :func:`_prepare_fully`."""
     core = _basics._core_module
-    if core is None or _orphans or name is None or dtype not in DTYPES or op not in _SUPPORTED_OPS:
+    if core is None or _orphans or name is None or dtype not in DTYPES or op not in SUPPORTED_OPS:
         return _prepare_fully(kind, name, dtype, op)
     return core, name
-
-
-_SUPPORTED_OPS = frozenset(op for op in _OP_NAMES if op != Adasum)
 
 
 def _prepare_fully(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
@@ -255,11 +164,11 @@ def _prepare_fully(kind: int, name: str | None, dtype: str, op: int) -> tuple[An
     if name is None:
         name = auto_name(KIND_NAMES[kind])
     if dtype not in DTYPES:
-        refuse_all(kind, [name], [f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}"])
-    if op == Adasum:
-        refuse_all(kind, [name], ["the Adasum op is not supported by hvdlite"])
-    if op not in _OP_NAMES:
-        refuse_all(kind, [name], [f"unknown reduce op {op!r}"])
+        refuse(kind, name, f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}",
+               HvdliteTypeError)
+    problem = op_problem(op)
+    if problem is not None:
+        refuse(kind, name, *problem)
     return core, name
 
 
@@ -275,34 +184,92 @@ def _reraise(exc: RuntimeError) -> NoReturn:
     raise exc
 
 
-def refuse(kind: int, name: str | None, problem: str) -> NoReturn:
-    """Fail a collective that this rank cannot take part in, on every rank, and raise.
+# ---- refusing input only this rank cannot use -----------------------------------------
 
-    For a front end whose own check of the caller's input failed (`problem` says what).
+def refusal(kind: int, name: str | None, problem: str, group_id: int = -1, group_size: int = 0,
+            error: type[HvdliteError] = HvdliteError) -> Refusal:
+    """Submit, without waiting, a request that this rank cannot take part in.
+
     The other ranks may have submitted the same collective; raising only here would
     leave them waiting for this rank forever. Instead the request goes to the
     coordinator marked as refused (under the name it would have had, generated when
     None, so later unnamed calls still agree), and every rank's collective fails with
-    "rank R: <kind> '<name>': <problem>". Raises that :class:`HvdliteError` here too,
-    once the other ranks have submitted it."""
-    refuse_all(kind, [name], [problem])
+    "rank R: <kind> '<name>': <problem>". Waiting for the returned :class:`Refusal`
+    raises that message as `error`. ``group_id``/``group_size``: the grouped allreduce
+    it belongs to."""
+    core = _basics.core()
+    kname = KIND_NAMES[kind]
+    if name is None:
+        name = auto_name(kname)
+    hid = core.refuse(kind, name, f"{kname} '{name}': {problem}", group_id, group_size)
+    return Refusal(hid, kind, name, error)
+
+
+def refuse(kind: int, name: str | None, problem: str,
+           error: type[HvdliteError] = HvdliteError) -> NoReturn:
+    """Fail a collective that this rank cannot take part in, on every rank, and raise.
+
+    For a front end whose own check of the caller's input failed (`problem` says what;
+    see :func:`refusal`). Raises `error` (an :class:`HvdliteError` class; one that is
+    also a TypeError, ValueError, ... where Horovod raises that type) with the message
+    every rank gets, once the other ranks have submitted the collective."""
+    refuse_all(kind, [name], [problem], error=error)
 
 
 def refuse_all(kind: int, names: Sequence[str | None], problems: Sequence[str],
-               group_id: int = -1) -> NoReturn:
-    """:func:`refuse` for several requests that the other ranks submit together (the
-    members of a grouped allreduce, `group_id` from :func:`new_group_id`): all are
-    refused before any is waited for, since the coordinator answers a group only once
-    it is whole. Raises every member's error, as a failed group does on the other ranks."""
-    core = _basics.core()
-    kname = KIND_NAMES[kind]
-    handles = []
-    for name, problem in zip(names, problems):
-        if name is None:
-            name = auto_name(kname)
-        handles.append(core.refuse(kind, name, f"{kname} '{name}': {problem}", group_id,
-                                   len(names) if group_id >= 0 else 0))
-    raise HvdliteError("; ".join(core.wait(h, True)[1] for h in handles))
+               group_id: int = -1, error: type[HvdliteError] = HvdliteError) -> NoReturn:
+    """:func:`refuse` for the requests that the other ranks submit together in one call
+    (the members of a grouped allreduce, `group_id` from :func:`new_group_id`, or the
+    requests of one call that are not an engine group): all are refused before any is
+    waited for, since the other ranks may wait for them all and the coordinator
+    answers a group only once it is whole. Raises every request's error, joined."""
+    size = len(names) if group_id >= 0 else 0
+    refused = [refusal(kind, name, problem, group_id, size) for name, problem in zip(names, problems)]
+    messages = []
+    for r in refused:
+        try:
+            r.wait()
+        except HvdliteError as exc:
+            messages.append(str(exc))
+    raise error("; ".join(messages) or "; ".join(problems))
+
+
+_Staged = TypeVar("_Staged")
+
+
+def stage_or_refuse(kind: int, names: Sequence[str], inputs: Sequence[Any],
+                    stage: Callable[[Any], _Staged], group_id: int = -1,
+                    op: Any = None) -> list[_Staged]:
+    """``[stage(x) for x in inputs]`` for the inputs of one collective call, one
+    request each (named `names`); if a local check fails, the whole call is refused on
+    every rank and the error raised.
+
+    `stage` turns a caller's input into what the front end submits, raising (TypeError,
+    ValueError, NotImplementedError, ...) with the problem when it cannot. Only this
+    rank sees that problem, while the others submit the same call. So every request
+    of the call is refused (as one grouped allreduce when `group_id` >= 0) and the
+    error raised here is the :class:`HvdliteError` that is also the check's type
+    (:class:`HvdliteTypeError` for a TypeError, ...), naming the rank and the problem.
+    With `op`, the reduce op is checked first (:func:`op_problem`)."""
+    bad, problem, error = -1, "", HvdliteError
+    if op is not None and (why := op_problem(op)) is not None:
+        if not names:
+            raise why[1](why[0])  # nothing to refuse: an empty call is empty everywhere
+        bad, (problem, error) = 0, why
+        problems = [problem] * len(names)
+    else:
+        staged: list[_Staged] = []
+        for i, x in enumerate(inputs):
+            try:
+                staged.append(stage(x))
+            except Exception as exc:  # noqa: BLE001 - any failure here would hang the others
+                bad, problem, error = i, str(exc) or type(exc).__name__, refusal_error_for(exc)
+                break
+        if bad < 0:
+            return staged
+        problems = [problem if i == bad else f"member {bad} of its group: {problem}"
+                    for i in range(len(names))]
+    refuse_all(kind, names, problems, group_id, error)
 
 
 def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = None,
@@ -349,16 +316,6 @@ def blocking(fn: Any) -> Any:
         finally:
             _caller.waits = False
     return call
-
-
-_group_lock = threading.Lock()
-_group_counter = itertools.count()
-
-
-def new_group_id() -> int:
-    """A fresh id for one grouped allreduce (the same sequence on every rank)."""
-    with _group_lock:
-        return next(_group_counter)
 
 
 EMPTY = RawTensor(0, "uint8", (0,))

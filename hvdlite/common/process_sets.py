@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hvdlite.common.basics import rank, size
-
-_UNSUPPORTED = ("hvdlite implements only the global process set (all ranks); to run on a "
-                "subset of the ranks, call hvd.init() with that list of ranks or an mpi4py "
-                "communicator")
+from hvdlite.common.basics import PROCESS_SETS_UNSUPPORTED as _UNSUPPORTED, rank, size
 
 
 class ProcessSet:

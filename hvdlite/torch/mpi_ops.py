@@ -20,6 +20,12 @@ and float64 are handed to the engine without a copy. Anything else works too:
 * GPU tensors go through host memory: the tensor is copied to the host after the work
   queued on the current CUDA stream has finished, reduced with MPI, and copied back on
   the current stream.
+
+Input that one rank cannot use (a dtype the op cannot reduce, a sparse tensor, splits
+that are not integers, an op only that rank asks for) fails the collective on every
+rank, with a message naming that rank and the problem, instead of leaving the other
+ranks waiting; on that rank the error is also the ``TypeError``, ``ValueError`` or
+``NotImplementedError`` Horovod raises for such input.
 """
 from __future__ import annotations
 
@@ -30,28 +36,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from hvdlite.common import ops as _ops
+from hvdlite.common import codes as _codes, ops as _ops
 from hvdlite.common.process_sets import check_process_set
 from hvdlite.common.basics import rank, size
+from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - Horovod's constants
 from hvdlite.common.exceptions import HorovodInternalError, HvdliteError  # noqa: F401
+from hvdlite.common.handles import Handle
 from hvdlite.torch.compression import Compression, Compressor
 
-# Reduction ops (Horovod's constants).
-Average = _ops.Average
-Sum = _ops.Sum
-Adasum = _ops.Adasum
-Min = _ops.Min
-Max = _ops.Max
-Product = _ops.Product
-
-_NATIVE: dict[torch.dtype, str] = {
-    torch.uint8: "uint8", torch.int8: "int8", torch.int32: "int32", torch.int64: "int64",
-    torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-    torch.float64: "float64",
-}
+# The torch dtypes the engine reduces, by the engine's name, and back.
+_NATIVE: dict[torch.dtype, str] = _codes.framework_dtypes(torch)
 _FROM_NAME: dict[str, torch.dtype] = {v: k for k, v in _NATIVE.items()}
-
-
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,8 +126,9 @@ def _stage_move(t: torch.Tensor) -> _Stage:
     return _Stage(t, eng, "uint8", shares, lambda r: r.view(dtype))
 
 
-def _stage_reduce(t: torch.Tensor, op: int, what: str) -> _Stage:
-    """Stage for reductions (allreduce, reducescatter)."""
+def _stage_reduce(t: torch.Tensor, op: int) -> _Stage:
+    """Stage for reductions (allreduce, reducescatter). Raises TypeError for a tensor
+    that cannot be reduced with `op` (the caller refuses it on every rank)."""
     host = _to_host(t)
     shares = host.data_ptr() == t.data_ptr() and t.device.type == "cpu" and t.is_contiguous()
     dtype = host.dtype
@@ -140,17 +136,19 @@ def _stage_reduce(t: torch.Tensor, op: int, what: str) -> _Stage:
         return _Stage(t, host, _NATIVE[dtype], shares, _identity)
     if dtype == torch.bool:
         if op not in (Min, Max):
-            raise TypeError(f"{what}: a bool tensor can only be reduced with Min (logical and) "
-                            f"or Max (logical or); convert it, e.g. tensor.to(torch.int32)")
+            raise TypeError(f"a bool tensor can only be reduced with Min (logical and) or Max "
+                            f"(logical or), not {_ops.describe_op(op)}; convert it, e.g. "
+                            f"tensor.to(torch.int32)")
         return _Stage(t, host.view(torch.uint8), "uint8", shares, lambda r: r.view(torch.bool))
     if dtype in (torch.int16, torch.uint16):
         return _Stage(t, host.to(torch.int32), "int32", False, lambda r: r.to(dtype))
     if dtype.is_complex:
         if op not in (Sum, Average):
-            raise TypeError(f"{what}: complex tensors can only be reduced with Sum or Average")
+            raise TypeError(f"complex tensors ({dtype}) can only be reduced with Sum or Average, "
+                            f"not {_ops.describe_op(op)}")
         real = torch.view_as_real(host)
         return _Stage(t, real, _NATIVE[real.dtype], shares, lambda r: torch.view_as_complex(r))
-    raise TypeError(f"{what}: dtype {dtype} cannot be reduced; supported dtypes: "
+    raise TypeError(f"dtype {dtype} cannot be reduced; supported dtypes: "
                     f"{', '.join(str(d) for d in _NATIVE)} (and int16, bool with Min/Max, "
                     f"complex with Sum/Average)")
 
@@ -168,59 +166,18 @@ def _engine_tensor(buf: np.ndarray, shape: Sequence[int], dtype_name: str) -> to
 
 
 # ---------------------------------------------------------------------------------------
-# Handles
+# Handles: hvdlite.common.handles.Handle. Where finishing does tensor arithmetic on the
+# results (copies back, dtype conversions), it runs with autograd off.
 
 
-class Handle:
-    """An operation in flight, returned by the ``_async`` functions.
+class _NoGradHandle(Handle):
+    """A :class:`Handle` whose finish function runs under ``torch.no_grad()``."""
 
-    Use :func:`poll` to ask whether it finished and :func:`synchronize` to wait for it and
-    get its result (calling ``synchronize`` again returns the same result)."""
+    __slots__ = ()
 
-    __slots__ = ("_parts", "_finish", "_result", "_done", "_error", "_plain", "name",
-                 "__weakref__")
-
-    def __init__(self, parts: list[Any], finish: Callable[[list[Any]], Any], name: str,
-                 plain: bool = False) -> None:
-        self._parts = parts
-        self._finish = finish
-        self._result: Any = None
-        self._done = False
-        self._error: BaseException | None = None
-        self._plain = plain  # finish() does no tensor arithmetic: no autograd guard needed
-        self.name = name
-
-    def poll(self) -> bool:
-        return self._done or all(p.poll() for p in self._parts)
-
-    def wait(self) -> Any:
-        if not self._done:
-            error: BaseException | None = None
-            for p in self._parts:
-                try:
-                    p.wait()
-                except HvdliteError as e:  # keep waiting for the rest so nothing dangles
-                    if error is None:
-                        error = e
-            if error is None:
-                try:
-                    if self._plain:
-                        self._result = self._finish(self._parts)
-                    else:
-                        with torch.no_grad():
-                            self._result = self._finish(self._parts)
-                except BaseException as e:  # noqa: BLE001 - reported to the caller below
-                    error = e
-            self._done = True
-            self._error = error
-            self._parts = []
-            self._finish = None  # type: ignore[assignment]
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def __repr__(self) -> str:
-        return f"<hvdlite.torch handle {self.name!r} {'done' if self._done else 'pending'}>"
+    def _run_finish(self) -> Any:
+        with torch.no_grad():
+            return super()._run_finish()
 
 
 def poll(handle: Handle) -> bool:
@@ -241,18 +198,14 @@ def synchronize(handle: Handle) -> Any:
     return handle.wait()
 
 
-def _resolve_op(op: int | None, average: bool | None) -> int:
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average; pass only one of them.")
-    if average is not None:
-        warnings.warn("Parameter `average` is deprecated; use `op=hvd.Average` or "
-                      "`op=hvd.Sum` instead.", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    if op is None:
-        return Average
-    if op == Adasum:
-        raise NotImplementedError("hvdlite does not implement the Adasum reduction")
-    return int(op)
+# Horovod's rules for op= and the deprecated average=, as in every front end.
+_resolve_op = _ops.resolve_op
+
+# Staging a tensor may fail on this rank only (a dtype the op cannot reduce, a sparse
+# tensor, bad splits). Every function below stages all tensors of a call through
+# _ops.stage_or_refuse before it submits any: a failure refuses the whole call on every
+# rank, and raises here an HvdliteError that is also the TypeError/ValueError the check
+# raised, instead of leaving the other ranks waiting for this one.
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,12 +214,9 @@ def _resolve_op(op: int | None, average: bool | None) -> int:
 
 def _allreduce_submit(stages: list[_Stage], outputs: list[torch.Tensor], names: list[str], op: int,
                       prescale_factor: float, postscale_factor: float,
-                      group: bool, group_id: int | None = None) -> list[_ops.Handle]:
+                      gid: int) -> list[_ops.Request]:
     parts = []
-    gid, gsize = (-1, 0)
-    if group:
-        gid = _ops.new_group_id() if group_id is None else group_id
-        gsize = len(stages)
+    gsize = len(stages) if gid >= 0 else 0
     for st, out, nm in zip(stages, outputs, names):
         parts.append(_ops.submit(
             _ops.ALLREDUCE, st.raw(), _ops.RawTensor(out.data_ptr(), st.dtype, tuple(out.shape)),
@@ -295,20 +245,23 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                keepalive=(t, out))
             if inplace:
-                return Handle([part], lambda _: _modified(out), base, plain=True)
-            return Handle([part], lambda _: out, base, plain=True)
+                return Handle([part], lambda _: _modified(out), base)
+            return Handle([part], lambda _: out, base)
     names = [f"{base}.{i}" for i in range(len(tensors))] if grouped else [base]
-    stages = [_stage_reduce(t, op, f"{kind} '{n}'") for t, n in zip(tensors, names)]
+    gid = -1
+    if grouped:
+        gid = _ops.new_group_id() if group_id is None else group_id
+    stages = _ops.stage_or_refuse(_ops.ALLREDUCE, names, tensors, lambda t: _stage_reduce(t, op),
+                                  gid, op)
     outputs = []
     for st in stages:
         if inplace:
             outputs.append(st.eng)  # reduce in the staged buffer (the tensor itself if shared)
         else:
             outputs.append(torch.empty_like(st.eng))
-    parts = _allreduce_submit(stages, outputs, names, op, prescale_factor, postscale_factor, grouped,
-                              group_id)
+    parts = _allreduce_submit(stages, outputs, names, op, prescale_factor, postscale_factor, gid)
 
-    def finish(_: list[_ops.Handle]) -> Any:
+    def finish(_: list[_ops.Request]) -> Any:
         results = []
         for st, out in zip(stages, outputs):
             if inplace:
@@ -319,7 +272,7 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
                 results.append(st.to_user_device(st.back(out)))
         return results if grouped else results[0]
 
-    return Handle(parts, finish, base)
+    return _NoGradHandle(parts, finish, base)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -468,13 +421,20 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
     """Reduce a sparse COO tensor by gathering every rank's indices and values; the result
     is an uncoalesced sparse tensor (divided by the number of ranks for ``Average``)."""
     check_process_set(process_set)
-    if op not in (Sum, Average):
-        raise NotImplementedError("sparse allreduce supports only Sum and Average")
-    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    idx = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices")
-    val = allgather_async(t._values().contiguous(), name=f"{name}.values")
+    names = [f"{name}.indices", f"{name}.values"]
 
-    def finish(_: list[_ops.Handle]) -> torch.Tensor:
+    def rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if op not in (Sum, Average):
+            raise NotImplementedError(f"sparse allreduce supports only Sum and Average, not "
+                                      f"{_ops.describe_op(op)}")
+        t = x.coalesce() if not x.is_coalesced() else x
+        return t, t._indices().transpose(0, 1).contiguous(), t._values().contiguous()
+
+    [(t, indices, values)] = _ops.stage_or_refuse(_ops.ALLGATHER, names, [tensor], rows)
+    idx = allgather_async(indices, name=names[0])
+    val = allgather_async(values, name=names[1])
+
+    def finish(_: list[Handle]) -> torch.Tensor:
         values = synchronize(val)
         indices = synchronize(idx)
         if op == Average:
@@ -482,7 +442,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
                                        check_invariants=False)
 
-    return Handle([idx, val], finish, name)
+    return _NoGradHandle([idx, val], finish, name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -491,14 +451,18 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
 
 def _allgather_impl(tensor: torch.Tensor, name: str | None) -> Handle:
     nm = name if name is not None else _ops.auto_name("allgather")
-    st = _stage_move(tensor)
+    [st] = _ops.stage_or_refuse(_ops.ALLGATHER, [nm], [tensor], _stage_move)
+    return _allgather_staged(st, nm)
+
+
+def _allgather_staged(st: _Stage, nm: str) -> Handle:
     part = _ops.submit(_ops.ALLGATHER, st.raw(), name=nm, keepalive=st)
 
-    def finish(parts: list[_ops.Handle]) -> torch.Tensor:
+    def finish(parts: list[_ops.Request]) -> torch.Tensor:
         buf, shape, dt = parts[0].output()
         return st.to_user_device(st.back(_engine_tensor(buf, shape, dt)))
 
-    return Handle([part], finish, nm)
+    return _NoGradHandle([part], finish, nm)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -544,8 +508,10 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
 
 def _grouped_allgather_impl(tensors: Sequence[torch.Tensor], name: str | None) -> Handle:
     base = name if name is not None else _ops.auto_name("grouped_allgather")
-    subs = [_allgather_impl(t, f"{base}.{i}") for i, t in enumerate(tensors)]
-    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    stages = _ops.stage_or_refuse(_ops.ALLGATHER, names, tensors, _stage_move)
+    subs = [_allgather_staged(st, nm) for st, nm in zip(stages, names)]
+    return Handle(subs, lambda _: [h.wait() for h in subs], base)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -571,12 +537,12 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 
 def _broadcast_impl(tensor: torch.Tensor, root_rank: int, name: str | None, inplace: bool) -> Handle:
     nm = name if name is not None else _ops.auto_name("broadcast")
-    st = _stage_move(tensor)
+    [st] = _ops.stage_or_refuse(_ops.BROADCAST, [nm], [tensor], _stage_move)
     buf = st.eng if (inplace or not st.shares) else st.eng.clone()
     raw = _ops.RawTensor(buf.data_ptr(), st.dtype, tuple(buf.shape))
     part = _ops.submit(_ops.BROADCAST, raw, name=nm, root_rank=int(root_rank), keepalive=(st, buf))
 
-    def finish(_: list[_ops.Handle]) -> torch.Tensor:
+    def finish(_: list[_ops.Request]) -> torch.Tensor:
         result = st.back(buf).reshape(tensor.shape)
         if inplace:
             if not (st.shares and buf is st.eng):
@@ -584,7 +550,7 @@ def _broadcast_impl(tensor: torch.Tensor, root_rank: int, name: str | None, inpl
             return _modified(st.src)
         return st.to_user_device(result)
 
-    return Handle([part], finish, nm)
+    return _NoGradHandle([part], finish, nm)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -640,26 +606,31 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 
 def _splits_list(splits: Any) -> list[int] | None:
+    """`splits` as a list of ints; ValueError if it is not a sequence of integers. (How
+    many, whether negative, whether they add up: checked against the other ranks'.)"""
     if splits is None:
         return None
-    if isinstance(splits, torch.Tensor):
-        return [int(s) for s in splits.reshape(-1).tolist()]
-    return [int(s) for s in splits]
+    try:
+        if isinstance(splits, torch.Tensor):
+            return [int(s) for s in splits.reshape(-1).tolist()]
+        return [int(s) for s in splits]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"splits must be a sequence of integers, got {splits!r} ({exc})") from None
 
 
 def _alltoall_impl(tensor: torch.Tensor, splits: Any, name: str | None) -> Handle:
     nm = name if name is not None else _ops.auto_name("alltoall")
-    st = _stage_move(tensor)
-    sp = _splits_list(splits)
+    [(st, sp)] = _ops.stage_or_refuse(_ops.ALLTOALL, [nm], [tensor],
+                                      lambda t: (_stage_move(t), _splits_list(splits)))
     part = _ops.submit(_ops.ALLTOALL, st.raw(), name=nm, splits=sp, keepalive=st)
 
-    def finish(parts: list[_ops.Handle]) -> tuple[torch.Tensor, torch.Tensor]:
+    def finish(parts: list[_ops.Request]) -> tuple[torch.Tensor, torch.Tensor]:
         buf, shape, dt = parts[0].output()
         out = st.to_user_device(st.back(_engine_tensor(buf, shape, dt)))
         received = torch.tensor(parts[0].aux(), dtype=torch.int32)
         return out, received
 
-    return Handle([part], finish, nm)
+    return _NoGradHandle([part], finish, nm)
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
@@ -705,20 +676,31 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 # Reducescatter
 
 
+def _stage_reducescatter(op: int) -> Callable[[torch.Tensor], _Stage]:
+    def stage(t: torch.Tensor) -> _Stage:
+        if op not in (Sum, Average):
+            raise ValueError(f"reducescatter supports only Sum and Average, not "
+                             f"{_ops.describe_op(op)}")
+        return _stage_reduce(t, op)
+    return stage
+
+
 def _reducescatter_impl(tensor: torch.Tensor, name: str | None, op: int, pre: float,
                         post: float) -> Handle:
     nm = name if name is not None else _ops.auto_name("reducescatter")
-    if op not in (Sum, Average):
-        raise ValueError(f"reducescatter '{nm}': only Sum and Average are supported")
-    st = _stage_reduce(tensor, op, f"reducescatter '{nm}'")
+    [st] = _ops.stage_or_refuse(_ops.REDUCESCATTER, [nm], [tensor], _stage_reducescatter(op))
+    return _reducescatter_staged(st, nm, op, pre, post)
+
+
+def _reducescatter_staged(st: _Stage, nm: str, op: int, pre: float, post: float) -> Handle:
     part = _ops.submit(_ops.REDUCESCATTER, st.raw(), name=nm, op=op, prescale_factor=pre,
                        postscale_factor=post, keepalive=st)
 
-    def finish(parts: list[_ops.Handle]) -> torch.Tensor:
+    def finish(parts: list[_ops.Request]) -> torch.Tensor:
         buf, shape, dt = parts[0].output()
         return st.to_user_device(st.back(_engine_tensor(buf, shape, dt)))
 
-    return Handle([part], finish, nm)
+    return _NoGradHandle([part], finish, nm)
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
@@ -757,7 +739,7 @@ def _reducescatter_apply(tensors: Sequence[torch.Tensor], name: str | None,
                          compression: type[Compressor], op: int, pre: float,
                          post: float) -> list[torch.Tensor]:
     pairs = [compression.compress(t) for t in tensors]
-    outs = _ReducescatterFn.apply(name, int(op), float(pre), float(post), *[p[0] for p in pairs])
+    outs = _ReducescatterFn.apply(name, op, float(pre), float(post), *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
@@ -779,8 +761,10 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
 def _grouped_reducescatter_impl(tensors: Sequence[torch.Tensor], name: str | None, op: int,
                                 pre: float, post: float) -> Handle:
     base = name if name is not None else _ops.auto_name("grouped_reducescatter")
-    subs = [_reducescatter_impl(t, f"{base}.{i}", op, pre, post) for i, t in enumerate(tensors)]
-    return Handle(list(subs), lambda _: [h.wait() for h in subs], base)
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    stages = _ops.stage_or_refuse(_ops.REDUCESCATTER, names, tensors, _stage_reducescatter(op))
+    subs = [_reducescatter_staged(st, nm, op, pre, post) for st, nm in zip(stages, names)]
+    return Handle(subs, lambda _: [h.wait() for h in subs], base)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -789,7 +773,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter of each tensor of a list; :func:`synchronize` returns a list."""
     check_process_set(process_set)
-    return _grouped_reducescatter_impl(tensors, name, int(op), float(prescale_factor),
+    return _grouped_reducescatter_impl(tensors, name, op, float(prescale_factor),
                                        float(postscale_factor))
 
 

@@ -385,6 +385,26 @@ def check_bad_input_on_one_rank(r: int, n: int) -> None:
     expect_error(lambda: hvd.broadcast_(np.ones((4, 4))[:, ::2] if r == bad else np.ones((4, 2)), 0,
                                         name="one.bcast"),
                  f"rank {bad}: broadcast 'one.bcast'", "C-contiguous")
+    # An op only this rank asks for: refused everywhere; here also the NotImplementedError
+    # or ValueError a Horovod script catches. In a group it refuses the whole group.
+    for op, needle, kind in ((hvd.Adasum, "Adasum", NotImplementedError),
+                             (17, "unknown reduce op 17", ValueError)):
+        mine = op if r == bad else hvd.Sum
+        for what, call in (("allreduce", lambda: hvd.allreduce(np.ones(3), op=mine, name=f"op.{needle}")),
+                           ("group", lambda: hvd.grouped_allreduce([np.ones(3), np.ones(2)], op=mine,
+                                                                   name=f"op.group.{needle}"))):
+            try:
+                call()
+            except hvd.HvdliteError as exc:
+                assert f"rank {bad}: allreduce 'op." in str(exc) and needle in str(exc), str(exc)
+                assert r != bad or isinstance(exc, kind), (what, type(exc).__mro__)
+            else:
+                raise AssertionError(f"{what} with op {op} on rank {bad} raised nothing")
+            still_works(n, f"op.{what}.{needle}")
+    expect_error(lambda: hvd.alltoall(np.ones((2 * n, 2)), splits=["x"] * n if r == bad else [2] * n,
+                                      name="one.splits"),
+                 f"rank {bad}: alltoall 'one.splits'", "splits must be integers")
+    still_works(n, "one.splits")
     # A bad member fails the whole group, on every rank.
     members = [np.ones(3), np.ones(6)[::2] if r == bad else np.ones(3)]
     # (Which member's message a rank sees first depends on arrival order: a member

@@ -398,6 +398,72 @@ def errors_are_raised_and_recoverable():
     expect_close(got, [2.0 * N], "allreduce after errors")
 
 
+def expect_refused_everywhere(mode, what, fn, needles, bad_type=None):
+    """`fn` fails on every rank, naming the last rank (which passed the bad input) and
+    the problem; eagerly with FailedPreconditionError + HvdliteError, and on the bad rank
+    also as `bad_type`. The next collectives, named and unnamed, still work."""
+    bad = N - 1
+    try:
+        fn()
+        FAILURES.append(f"{mode} {what}: rank {R} raised nothing")
+    except Exception as e:  # in a graph, TensorFlow re-raises it as an OpError
+        msg = str(e)
+        expect(f"rank {bad}: " in msg, f"{mode} {what}: error does not name rank {bad}: {msg[:400]}")
+        for needle in needles:
+            expect(needle in msg, f"{mode} {what}: {needle!r} missing from the error: {msg[:400]}")
+        if mode == "eager":
+            expect_failed_precondition(e, f"{what}")
+            if R == bad and bad_type is not None:
+                expect(isinstance(e, bad_type), f"{what}: raised {type(e).__mro__}, not {bad_type}")
+        else:
+            expect(isinstance(e, tf.errors.OpError), f"{mode} {what}: raised {type(e).__mro__}")
+    got = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name=f"after.{mode}.{what}")
+    expect_close(got, [float(N)], f"{mode} named allreduce after {what}")
+    got = hvd.allreduce(tf.constant([float(R)]), op=hvd.Sum)
+    expect_close(got, [float(sum(range(N)))], f"{mode} unnamed allreduce after {what}")
+
+
+@check
+def input_one_rank_cannot_use_fails_on_every_rank():
+    """The last rank passes input that it alone cannot use; the collective fails on every
+    rank instead of leaving the others waiting for it (see expect_refused_everywhere)."""
+    if N == 1:
+        return
+    bad = R == N - 1
+    for mode, wrap in MODES.items():
+        x = tf.constant([True, False]) if bad else tf.constant([1.0, 2.0])
+        expect_refused_everywhere(mode, "allreduce of bool", wrap(lambda: hvd.allreduce(x, op=hvd.Sum)),
+                                  ("dtype bool cannot be reduced",))
+        members = [tf.ones([2]), tf.constant([True]) if bad else tf.ones([1])]
+        expect_refused_everywhere(mode, "grouped_allreduce with a bool member",
+                                  wrap(lambda: hvd.grouped_allreduce(members, op=hvd.Sum)),
+                                  ("bool cannot be reduced",))
+        g = tf.constant(1.0) if bad else tf.ones([2])
+        expect_refused_everywhere(mode, "allgather of a scalar", wrap(lambda: hvd.allgather(g)),
+                                  ("needs a tensor of rank >= 1",))
+        rs_op = hvd.Max if bad else hvd.Sum
+        expect_refused_everywhere(mode, "reducescatter with Max",
+                                  wrap(lambda: hvd.reducescatter(tf.ones([N, 2]), op=rs_op)),
+                                  ("only Sum and Average", "Max"), NotImplementedError)
+        sparse_op = hvd.Max if bad else hvd.Sum
+
+        def sparse_allreduce():
+            s = hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([R], tf.int64),
+                                               dense_shape=tf.constant([N, 2], tf.int64)), op=sparse_op)
+            return s.values
+        expect_refused_everywhere(mode, "IndexedSlices allreduce with Max", wrap(sparse_allreduce),
+                                  ("IndexedSlices", "Max"), NotImplementedError)
+    # Eagerly only: in a graph the splits below are refused when the graph is traced.
+    splits = ["two"] * N if bad else [1] * N
+    expect_refused_everywhere("eager", "alltoall with splits that are not integers",
+                              lambda: hvd.alltoall(tf.ones([N, 2]), splits=splits),
+                              ("splits must be integers",), ValueError)
+    op = hvd.Adasum if bad else hvd.Sum
+    expect_refused_everywhere("eager", "allreduce with Adasum",
+                              lambda: hvd.allreduce(tf.ones([2]), op=op, name="one.adasum"),
+                              ("Adasum", "not supported"), NotImplementedError)
+
+
 @check
 def engine_stop_fails_collectives_in_flight_with_unknown_error():
     """Rank 0 shuts down while the other ranks wait in an allreduce it never joins: their

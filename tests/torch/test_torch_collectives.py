@@ -32,3 +32,19 @@ def test_collectives_match_numpy(n: int) -> None:
 def test_gradients_match_hand_derived(n: int) -> None:
     out = run_ranks(n, "autograd_worker.py", timeout=200)
     assert_passed(out, n, GRAD_CASES)
+
+
+ERROR_CASES = ["reductions_refuse_tensors_one_rank_cannot_reduce", "reduce_ops_one_rank_asks_for",
+               "groups_fail_whole_when_one_member_is_bad", "moves_refuse_what_one_rank_cannot_send",
+               "sparse_allreduce_refuses_an_op_one_rank_asks_for",
+               "every_rank_passing_bad_input_raises_the_same_way"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [2, 3])
+def test_input_one_rank_cannot_use_fails_on_every_rank(n: int) -> None:
+    """One rank's bad input (a dtype the op cannot reduce, a sparse tensor, bad splits,
+    an op hvdlite does not run) fails the collective on every rank, naming the rank and
+    the problem, instead of leaving the others waiting; the next collective works."""
+    out = run_ranks(n, "errors_worker.py", timeout=200)
+    assert_passed(out, n, ERROR_CASES)

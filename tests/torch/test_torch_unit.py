@@ -65,12 +65,12 @@ def test_compression_leaves_integers_alone() -> None:
 
 def test_staging_is_zero_copy_for_contiguous_tensors() -> None:
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    st = _stage_reduce(x, hvd.Sum, "t")
+    st = _stage_reduce(x, hvd.Sum)
     assert st.shares and st.eng.data_ptr() == x.data_ptr() and st.dtype == "float32"
     bf = torch.zeros(4, dtype=torch.bfloat16)
-    assert _stage_reduce(bf, hvd.Sum, "t").dtype == "bfloat16"
+    assert _stage_reduce(bf, hvd.Sum).dtype == "bfloat16"
     t = x.t()
-    st = _stage_reduce(t, hvd.Sum, "t")
+    st = _stage_reduce(t, hvd.Sum)
     assert not st.shares and st.eng.is_contiguous() and torch.equal(st.eng, t)
     b = torch.tensor([True, False])
     st = _stage_move(b)
@@ -92,9 +92,9 @@ def test_staging_is_zero_copy_for_contiguous_tensors() -> None:
 
 def test_unsupported_reductions_raise_type_error() -> None:
     with pytest.raises(TypeError, match="bool"):
-        _stage_reduce(torch.tensor([True]), hvd.Sum, "x")
+        _stage_reduce(torch.tensor([True]), hvd.Sum)
     with pytest.raises(TypeError, match="complex"):
-        _stage_reduce(torch.tensor([1j]), hvd.Max, "x")
+        _stage_reduce(torch.tensor([1j]), hvd.Max)
 
 
 def test_synchronize_rejects_non_handles() -> None:
@@ -106,4 +106,4 @@ def test_sparse_tensors_are_rejected_with_advice() -> None:
     sp = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,),
                                  check_invariants=True)
     with pytest.raises(TypeError, match="sparse"):
-        _stage_reduce(sp, hvd.Sum, "x")
+        _stage_reduce(sp, hvd.Sum)

@@ -1,0 +1,199 @@
+"""Handles: the engine requests a front end submits, and what its calls return.
+
+:class:`Request` is one request in the engine (what :func:`hvdlite.common.ops.submit`
+returns). :class:`Handle` is what every front end's ``_async`` call returns: the
+requests the call submitted (its parts) and how to turn them into the caller's result
+once they are done; ``poll()`` and ``wait()`` work the same in every front end.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hvdlite.common import basics as _basics
+from hvdlite.common.codes import DTYPE_NAMES, ENGINE_OUTPUT, JOIN
+from hvdlite.common.exceptions import HvdliteError
+
+
+class Request:
+    """One request in the engine. ``wait()`` blocks until it is done and raises
+    :class:`HvdliteError` if it failed; the memory it reads and writes is kept alive
+    (``keepalive``) until then, even if the request is dropped before it finishes."""
+
+    __slots__ = ("_id", "_keepalive", "_done", "_error", "kind", "name", "_output", "_aux",
+                 "__weakref__")
+
+    def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any) -> None:
+        self._id = handle_id
+        self.kind = kind
+        self.name = name
+        self._keepalive = keepalive
+        self._done = False
+        self._error: str | None = None
+        self._output: tuple[np.ndarray, tuple[int, ...], str] | None = None
+        self._aux: list[int] | None = None
+
+    def poll(self) -> bool:
+        """True once the request has finished (successfully or not)."""
+        if self._done:
+            return True
+        return bool(_basics._load_core().poll(self._id))
+
+    def wait(self) -> None:
+        """Block until the request is done; raise :class:`HvdliteError` if it failed."""
+        if not self._done:
+            core = _basics._load_core()  # requests outlive a shutdown and report its reason
+            has_output = self.kind in ENGINE_OUTPUT
+            # The one place hvdlite waits on the engine (GIL released; every Handle and
+            # refusal waits through here). A GPU collective's consumer stream, to be
+            # ordered after the collective instead of blocking the host, is to be passed
+            # to core.wait here (its `stream` keyword).
+            ok, message = core.wait(self._id, not has_output)  # release now if nothing to take
+            if has_output:
+                if ok:
+                    buf, shape, dtype_code, aux = core.take_output(self._id)
+                    self._aux = list(aux)
+                    if self.kind != JOIN:
+                        self._output = (np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8),
+                                        tuple(shape), DTYPE_NAMES[dtype_code])
+                core.release(self._id)
+            self._done = True
+            self._error = None if ok else message
+            self._keepalive = None
+        if self._error is not None:
+            raise HvdliteError(self._error)
+
+    def output(self) -> tuple[np.ndarray, tuple[int, ...], str]:
+        """For allgather/alltoall/reducescatter: ``(uint8 bytes, shape, dtype name)``.
+        The bytes are engine-owned memory handed over without a copy."""
+        self.wait()
+        assert self._output is not None, "this kind of request has no engine-allocated output"
+        return self._output
+
+    def aux(self) -> list[int]:
+        """Extra integers of the result: alltoall's received splits, join's last rank."""
+        self.wait()
+        return list(self._aux or [])
+
+    def __del__(self) -> None:
+        # Dropped before completion: the engine may still write into the memory, so
+        # keep it alive until the operation finishes (checked on later submissions).
+        if not self._done and self._keepalive is not None:
+            with _orphan_lock:
+                _orphans.append((self._id, self._keepalive))
+
+
+class Refusal(Request):
+    """A request this rank refused (see :func:`hvdlite.common.ops.refusal`). It fails
+    on every rank; here ``wait()`` raises ``error_type`` (an :class:`HvdliteError`
+    class) with the coordinator's message, which names the rank and the problem."""
+
+    __slots__ = ("error_type",)
+
+    def __init__(self, handle_id: int, kind: int, name: str,
+                 error_type: type[HvdliteError] = HvdliteError) -> None:
+        # An empty keepalive: a refusal dropped unwaited is still reaped (released).
+        super().__init__(handle_id, kind, name, ())
+        self.error_type = error_type
+
+    def wait(self) -> None:
+        try:
+            super().wait()
+        except HvdliteError as exc:
+            raise self.error_type(str(exc)) from None
+
+
+_orphan_lock = threading.Lock()
+# Changed in place only: the engine's direct path holds this list (see mpi_ops._direct_run).
+_orphans: list[tuple[int, Any]] = []
+
+
+def _reap_orphans(core: Any) -> None:
+    if not _orphans:  # the common case, checked without the lock
+        return
+    with _orphan_lock:
+        if not _orphans:
+            return
+        keep = []
+        for hid, ka in _orphans:
+            if core.poll(hid):
+                core.release(hid)
+            else:
+                keep.append((hid, ka))
+        _orphans[:] = keep
+
+
+class Handle:
+    """An operation in flight, returned by the ``_async`` functions of every front end.
+
+    Pass it to ``poll()`` to ask whether it finished and to ``synchronize()`` to wait
+    for it and get its result; synchronizing again returns the same result (or raises
+    the same error). It raises :class:`HvdliteError` if the operation failed, for
+    example because ranks submitted mismatching shapes under one name.
+
+    Inside: the requests (or handles) the call submitted, ``parts``, and
+    ``finish(parts)``, which turns them into the result once all are done. ``error``
+    is a failure that happened while submitting: ``wait()`` raises it after the parts
+    that were submitted have finished. ``keepalive`` holds anything their memory
+    belongs to until then.
+    """
+
+    __slots__ = ("_parts", "_finish", "_result", "_done", "_error", "name", "keepalive",
+                 "__weakref__")
+
+    def __init__(self, parts: Sequence[Any], finish: Callable[[Sequence[Any]], Any], name: str,
+                 error: BaseException | None = None) -> None:
+        self._parts = parts
+        self._finish = finish
+        self._result: Any = None
+        self._done = False
+        self._error = error
+        self.name = name
+        self.keepalive: Any = None
+
+    @property
+    def submit_error(self) -> BaseException | None:
+        """The failure kept while submitting (``error``), until ``wait()`` raises it."""
+        return None if self._done else self._error
+
+    def poll(self) -> bool:
+        """True once every part has finished, so that ``wait()`` will not block."""
+        return self._done or all(p.poll() for p in self._parts)
+
+    def wait(self) -> Any:
+        """Wait for every part, then return the result (or raise the first failure)."""
+        if not self._done:
+            self._complete()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _complete(self) -> None:
+        error = self._error
+        # Each part waits on the engine in Request.wait (a CUDA consumer stream this
+        # handle may carry one day goes down from here to there).
+        for part in self._parts:
+            try:
+                part.wait()
+            except Exception as exc:  # noqa: BLE001 - keep waiting so that nothing dangles
+                if error is None:
+                    error = exc
+        if error is None:
+            try:
+                self._result = self._run_finish()
+            except Exception as exc:  # noqa: BLE001 - reported to the caller by wait()
+                error = exc
+        self._done = True
+        self._error = error
+        self._parts = ()
+        self._finish = None  # type: ignore[assignment]
+        self.keepalive = None
+
+    def _run_finish(self) -> Any:
+        """Call ``finish`` (a front end may wrap it, e.g. to switch autograd off)."""
+        return self._finish(self._parts)
+
+    def __repr__(self) -> str:
+        return f"<hvdlite handle {self.name!r} {'done' if self._done else 'pending'}>"
