@@ -28,7 +28,7 @@ _NUMPY_OPS = (
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object",
+    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object", "DeviceArray",
 )
 
 

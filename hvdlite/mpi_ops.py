@@ -5,6 +5,12 @@ or ``__dlpack__`` -- is accepted. Results are new NumPy arrays, except for the
 in-place forms (``allreduce_``, ``broadcast_``) which write into the array given.
 Unnamed calls get deterministic names, so ranks that issue the same sequence of
 calls agree without naming anything.
+
+GPU memory is accepted too: any object exposing ``__cuda_array_interface__`` (CuPy,
+Numba, PyTorch) or ``__dlpack__`` on a CUDA device. Such a collective runs on the GPU
+(NCCL), ordered after the producer's stream, and its result is a
+:class:`hvdlite.DeviceArray` (exposing both interfaces) on the same device; the
+in-place forms write into the object given, ordered before later work on its stream.
 """
 from __future__ import annotations
 
@@ -12,8 +18,9 @@ from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
-from hvdlite.common import basics as _basics, codes as _codes, ops as _ops
+from hvdlite.common import basics as _basics, codes as _codes, device as _device, ops as _ops
 from hvdlite.common.basics import _load_core
+from hvdlite.common.device import DeviceArray, DeviceView
 from hvdlite.common.codes import Average, Sum, Min, Max, Product, Adasum
 from hvdlite.common.exceptions import HvdliteError, HvdliteValueError
 from hvdlite.common.handles import Handle
@@ -25,7 +32,7 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object",
+    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object", "DeviceArray",
 ]
 
 
@@ -54,7 +61,10 @@ def _view(tensor: Any, in_place: bool) -> tuple[Any, str | None]:
     """``(array, None)``, or ``(None, problem)`` if `tensor` cannot be used. Out of
     place: a C-contiguous NumPy view (copied only if it is not contiguous; objects
     that only export DLPack are viewed through it). In place: `tensor` itself, which
-    must be a writable C-contiguous NumPy array."""
+    must be a writable C-contiguous NumPy array. GPU memory (see
+    :mod:`hvdlite.common.device`) gives a :class:`DeviceView`, used where it lies."""
+    if _device.is_device_array(tensor):
+        return _device_view(tensor, in_place)
     if in_place:
         if not isinstance(tensor, np.ndarray):
             return None, f"the in-place form needs a NumPy array, got {type(tensor).__name__}"
@@ -77,7 +87,18 @@ def _view(tensor: Any, in_place: bool) -> tuple[Any, str | None]:
     return np.asarray(arr, order="C"), None
 
 
-def _checked(tensor: Any, what: Any, in_place: bool = False) -> np.ndarray:
+def _device_view(tensor: Any, in_place: bool) -> tuple[DeviceView | None, str | None]:
+    view, problem = _device.view(tensor, _load_core())
+    if problem is not None:
+        return None, problem
+    if view.dtype not in _ops.NAME_OF_NP_DTYPE:
+        return None, f"unsupported dtype {view.dtype}; hvdlite supports {', '.join(_ops.DTYPES)}"
+    if in_place and view.readonly:
+        return None, "the in-place form needs writable memory (the device array is read-only)"
+    return view, None
+
+
+def _checked(tensor: Any, what: Any, in_place: bool = False) -> Any:
     """:func:`_view`, failing the collective on every rank if `tensor` cannot be used."""
     arr, problem = _view(tensor, in_place)
     if problem is not None:
@@ -85,10 +106,42 @@ def _checked(tensor: Any, what: Any, in_place: bool = False) -> np.ndarray:
     return arr
 
 
-def _raw(arr: np.ndarray) -> _ops.RawTensor:
+def _raw(arr: Any) -> _ops.RawTensor:
+    if type(arr) is DeviceView:
+        return _ops.RawTensor(arr.ptr, _ops.NAME_OF_NP_DTYPE[arr.dtype], arr.shape, arr.device, arr.stream)
     # The engine reads the address through the buffer protocol: ~10x cheaper than
     # arr.ctypes.data or arr.__array_interface__.
     return _ops.RawTensor(_load_core().address(arr), _ops.NAME_OF_NP_DTYPE[arr.dtype], arr.shape)
+
+
+def _output_like(arr: Any) -> tuple[Any, _ops.RawTensor]:
+    """A new result of `arr`'s shape and type, where `arr` lives, and its raw form: a
+    NumPy array, or a :class:`DeviceArray` on `arr`'s GPU."""
+    if type(arr) is not DeviceView:
+        out = np.empty_like(arr)
+        return out, _raw(out)
+    name = _ops.NAME_OF_NP_DTYPE[arr.dtype]
+    nbytes = arr.dtype.itemsize * int(np.prod(arr.shape, dtype=np.int64))
+    try:
+        result = _load_core().allocate_device(arr.device, nbytes, list(arr.shape), _ops.DTYPES[name])
+    except RuntimeError as exc:  # the engine stopped: raise why
+        _ops.raise_engine_error(exc)
+    out = DeviceArray(result, arr.shape, arr.dtype)
+    # Written by hvdlite on its own stream, after the input's producer: nothing to wait for.
+    return out, _ops.RawTensor(out.ptr, name, arr.shape, arr.device, None)
+
+
+def _order_consumer(req: _ops.Request, arr: Any) -> None:
+    """A GPU collective on the caller's device array, read or written in place: order
+    the array's own stream after the collective (later work there, reuse of its memory
+    included, waits for hvdlite), or wait on the host if the array named no stream."""
+    if type(arr) is DeviceView and arr.stream is None:
+        req.sync_host = True  # (a stream named is ordered by submit itself)
+
+
+def _user_object(arr: Any) -> Any:
+    """What an in-place call returns: the caller's own object."""
+    return arr.owner if type(arr) is DeviceView else arr
 
 
 _ALLREDUCE, _BROADCAST = _ops.ALLREDUCE, _ops.BROADCAST  # one lookup each on the direct path
@@ -130,8 +183,10 @@ def _run(kind: int, arr: np.ndarray, out: np.ndarray | None, name: str | None, o
              postscale_factor=postscale_factor, root_rank=root_rank)
 
 
-def _engine_output(parts: Sequence[_ops.Request]) -> np.ndarray:
+def _engine_output(parts: Sequence[_ops.Request]) -> Any:
     data, shape, dtype = parts[0].output()
+    if not isinstance(data, np.ndarray):  # a GPU result
+        return DeviceArray(data, shape, _codes.np_dtype(dtype))
     return data.view(_codes.np_dtype(dtype)).reshape(shape)
 
 
@@ -163,20 +218,23 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     The default op is Average, as in Horovod."""
     op = _ops.resolve_op(op, average)
     inp = _checked(tensor, _label("allreduce", name))
-    out = np.empty_like(inp)
-    req = _ops.submit(_ops.ALLREDUCE, _raw(inp), _raw(out), name=name, op=op,
+    out, out_raw = _output_like(inp)
+    req = _ops.submit(_ops.ALLREDUCE, _raw(inp), out_raw, name=name, op=op,
                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                       keepalive=(inp, out))
+    _order_consumer(req, inp)
     return Handle([req], _returns(out), req.name)
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
     if type(tensor) is np.ndarray:
         out = np.empty_like(tensor, order="C")
         if _direct_run(_ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
             return out
+    elif _device.is_device_array(tensor):
+        return _blocking_wait(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
     op = _ops.resolve_op(op, average)
     inp = _checked(tensor, _label("allreduce", name))
     out = np.empty_like(inp)
@@ -184,7 +242,12 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     return out
 
 
-def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
+@_ops.blocking
+def _blocking_wait(handle: Handle) -> Any:
+    return handle.wait()
+
+
+def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0) -> Handle:
     """In-place form of :func:`allreduce_async`: the result overwrites `tensor`."""
@@ -193,15 +256,18 @@ def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str 
     raw = _raw(arr)
     req = _ops.submit(_ops.ALLREDUCE, raw, raw, name=name, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor, keepalive=arr)
-    return Handle([req], _returns(arr), req.name)
+    _order_consumer(req, arr)
+    return Handle([req], _returns(_user_object(arr)), req.name)
 
 
-def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None,
+def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None,
                op: int | None = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0) -> np.ndarray:
+               postscale_factor: float = 1.0) -> Any:
     """Reduce `tensor` across ranks in place and return it."""
     if _direct_run(_ALLREDUCE, tensor, tensor, name, average, op, prescale_factor, postscale_factor, -1):
         return tensor
+    if _device.is_device_array(tensor):
+        return _blocking_wait(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
     op = _ops.resolve_op(op, average)
     arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("allreduce", name), in_place=True)
     _run(_ops.ALLREDUCE, arr, arr, name, op, prescale_factor, postscale_factor)
@@ -220,11 +286,15 @@ def _grouped(tensors: Sequence[Any], inplace: bool, average: bool | None, name: 
                                   lambda t: _usable(t, inplace), group_id=gid, op=op)
     requests, outputs = [], []
     for label, arr in zip(names, arrays):
-        out = arr if inplace else np.empty_like(arr)
-        requests.append(_ops.submit(_ops.ALLREDUCE, _raw(arr), _raw(out), name=label, op=op,
-                                    prescale_factor=prescale_factor,
-                                    postscale_factor=postscale_factor, group_id=gid,
-                                    group_size=len(tensors), keepalive=(arr, out)))
+        if inplace:
+            out, out_raw = _user_object(arr), _raw(arr)
+        else:
+            out, out_raw = _output_like(arr)
+        req = _ops.submit(_ops.ALLREDUCE, _raw(arr), out_raw, name=label, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                          group_id=gid, group_size=len(tensors), keepalive=(arr, out))
+        _order_consumer(req, arr)
+        requests.append(req)
         outputs.append(out)
     return Handle(requests, _returns(outputs), base)
 
@@ -270,6 +340,7 @@ def allgather_async(tensor: Any, name: str | None = None) -> Handle:
     """Concatenate every rank's `tensor` along the first dimension (which may differ)."""
     inp = _checked(tensor, _label("allgather", name))
     req = _ops.submit(_ops.ALLGATHER, _raw(inp), name=name, keepalive=inp)
+    _order_consumer(req, inp)
     return Handle([req], _engine_output, req.name)
 
 
@@ -278,16 +349,19 @@ def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
     return synchronize(allgather_async(tensor, name))
 
 
-def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> Handle:
+def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
     """Overwrite `tensor` with root_rank's value, in place."""
     arr = _checked(tensor, _label("broadcast", name), in_place=True)
     req = _ops.submit(_ops.BROADCAST, _raw(arr), name=name, root_rank=int(root_rank), keepalive=arr)
-    return Handle([req], _returns(arr), req.name)
+    _order_consumer(req, arr)
+    return Handle([req], _returns(_user_object(arr)), req.name)
 
 
-def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
+def broadcast_(tensor: Any, root_rank: int, name: str | None = None) -> Any:
     if _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
         return tensor
+    if _device.is_device_array(tensor):
+        return _blocking_wait(broadcast_async_(tensor, root_rank, name))
     arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("broadcast", name), in_place=True)
     _run(_ops.BROADCAST, arr, None, name, root_rank=int(root_rank))
     return arr
@@ -295,11 +369,24 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> n
 
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
     """Return root_rank's value of `tensor` as a new array; `tensor` is not modified."""
-    arr = np.array(_checked(tensor, _label("broadcast", name)), copy=True)
-    return broadcast_async_(arr, root_rank, name)
+    arr = _checked(tensor, _label("broadcast", name))
+    if type(arr) is not DeviceView:
+        return broadcast_async_(np.array(arr, copy=True), root_rank, name)
+    # A copy on the GPU, on hvdlite's stream after the producer's work; the broadcast
+    # follows on the same stream.
+    out, raw = _output_like(arr)
+    try:
+        _load_core().copy_on_device(arr.device, out.ptr, arr.ptr, out.nbytes, arr.stream)
+    except RuntimeError as exc:
+        _ops.raise_engine_error(exc)
+    req = _ops.submit(_ops.BROADCAST, raw, name=name, root_rank=int(root_rank), keepalive=(arr, out))
+    _order_consumer(req, arr)  # the copy read `arr` on hvdlite's stream
+    return Handle([req], _returns(out), req.name)
 
 
-def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
+def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> Any:
+    if _device.is_device_array(tensor):
+        return _blocking_wait(broadcast_async(tensor, root_rank, name))
     return broadcast_(np.array(_checked(tensor, _label("broadcast", name)), copy=True), root_rank, name)
 
 
@@ -315,6 +402,7 @@ def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str |
             _ops.refuse(_ops.ALLTOALL, name, f"splits must be integers ({exc})",
                         HvdliteValueError)
     req = _ops.submit(_ops.ALLTOALL, _raw(inp), name=name, splits=sp, keepalive=inp)
+    _order_consumer(req, inp)
     if splits is None:
         return Handle([req], _engine_output, req.name)
     return Handle([req], lambda parts: (_engine_output(parts),
@@ -334,6 +422,7 @@ def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None,
     inp = _checked(tensor, _label("reducescatter", name))
     req = _ops.submit(_ops.REDUCESCATTER, _raw(inp), name=name, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor, keepalive=inp)
+    _order_consumer(req, inp)
     return Handle([req], _engine_output, req.name)
 
 

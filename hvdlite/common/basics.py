@@ -5,7 +5,7 @@ import atexit
 import os
 from typing import Any
 
-from hvdlite.common import mpi_lib, naming
+from hvdlite.common import gpu_libraries, mpi_lib, naming
 from hvdlite.common.exceptions import HvdliteError, NotInitializedError
 
 _core_module: Any = None
@@ -40,6 +40,10 @@ def core() -> Any:
         if forked:
             raise HvdliteError(forked)
         reason = c.shutdown_reason()
+        if reason and c.stopped_by_failure():
+            # As Horovod after an internal failure: HorovodInternalError, which elastic
+            # training and scripts catch, rather than "not initialized".
+            raise HvdliteError(f"hvdlite is shut down: {reason}; call hvd.init() to start again")
         if reason:
             raise NotInitializedError(f"hvdlite is shut down: {reason}; call hvd.init() to start again")
         raise NotInitializedError(_not_running())
@@ -213,9 +217,13 @@ def gloo_built() -> bool:
     return False
 
 
-def nccl_built() -> bool:
-    """True once hvdlite's NCCL backend exists (not yet: GPU tensors go through host memory)."""
-    return False
+def nccl_built() -> int:
+    """NCCL's version code (e.g. 22303 for 2.23.3) if hvdlite's NCCL backend can load NCCL
+    in this process, else 0 -- Horovod's answer to "was it built with NCCL". hvdlite is
+    built without NCCL and opens it at run time (see hvdlite.common.gpu_libraries); this
+    opens it to find out."""
+    info = _gpu_info()["nccl"]
+    return int(info["version_code"]) if info["loaded"] else 0
 
 
 def ddl_built() -> bool:
@@ -227,7 +235,13 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """True if the CUDA runtime can be loaded in this process (hvdlite opens it at run
+    time; it is never compiled in)."""
+    return bool(_gpu_info()["cuda"]["loaded"])
+
+
+def _gpu_info() -> dict[str, Any]:
+    return gpu_libraries.describe(_load_core())
 
 
 def rocm_built() -> bool:

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hvdlite.common import basics as _basics, codes as _codes
+
 # CUDA's special stream handles, as the interfaces use them.
 LEGACY_DEFAULT_STREAM = 1
 PER_THREAD_DEFAULT_STREAM = 2
@@ -98,20 +100,20 @@ def _from_dlpack(obj: Any, core: Any) -> tuple[DeviceView | None, str | None]:
             return None, f"DLPack device type {kind} is not CUDA"
         capsule = obj.__dlpack__(stream=LEGACY_DEFAULT_STREAM)
         ptr, shape, typestr, contiguous = core.dlpack_describe(capsule)
+        dtype = _codes.np_dtype("bfloat16") if typestr == "bfloat16" else np.dtype(typestr)
     except Exception as exc:  # noqa: BLE001
         return None, f"it cannot be read through DLPack: {exc!r}"
     if not contiguous:
         return None, "the device array is not C-contiguous (make a contiguous copy first)"
     # The producer ordered its work before the legacy default stream (as asked above).
-    return DeviceView(int(ptr), tuple(shape), np.dtype(typestr), device, LEGACY_DEFAULT_STREAM, False,
-                      (obj, capsule)), None
+    return DeviceView(int(ptr), tuple(shape), dtype, device, LEGACY_DEFAULT_STREAM, False, (obj, capsule)), None
 
 
 def _device_of(ptr: int, core: Any) -> int | str:
     try:
         return int(core.device_of_pointer(ptr))
     except Exception as exc:  # noqa: BLE001 - reported as a refusal of the collective
-        return f"its memory is not usable as GPU memory: {exc}"
+        return f"hvdlite cannot use GPU memory here: {exc}"
 
 
 class DeviceArray:
@@ -132,6 +134,19 @@ class DeviceArray:
         self._result = result
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
+
+    @classmethod
+    def from_numpy(cls, array: Any, device: int) -> "DeviceArray":
+        """A copy of `array` on GPU `device` (the host waits for the copy). Needs
+        ``hvd.init()`` first: the memory comes from hvdlite's stream of the device."""
+        host = np.ascontiguousarray(array)
+        name = _codes.NAME_OF_NP_DTYPE.get(host.dtype)
+        if name is None:
+            raise TypeError(f"unsupported dtype {host.dtype}; hvdlite supports {', '.join(_codes.DTYPES)}")
+        core = _basics.core()
+        result = core.allocate_device(int(device), host.nbytes, list(host.shape), _codes.DTYPES[name])
+        core.copy_host_to_device(host.reshape(-1).view(np.uint8), int(result.ptr), int(device), int(result.stream))
+        return cls(result, host.shape, host.dtype)
 
     @property
     def device(self) -> int:
@@ -159,8 +174,7 @@ class DeviceArray:
 
     def __dlpack__(self, *, stream: int | None = None, max_version: Any = None, dl_device: Any = None,
                    copy: bool | None = None) -> Any:
-        from hvdlite.common import basics
-        core = basics._load_core()
+        core = _basics._load_core()
         consumer = LEGACY_DEFAULT_STREAM if stream is None else int(stream)
         if consumer != -1:  # -1: the consumer asks for no ordering
             core.order_stream_after(self.device, consumer, int(self._result.stream))
@@ -169,14 +183,12 @@ class DeviceArray:
             raise BufferError("hvdlite's device arrays can only be exported on their own device")
         if copy:
             raise BufferError("hvdlite's device arrays are exported without a copy")
-        from hvdlite.common import ops
-        return self._result.to_dlpack(list(self.shape), ops.DTYPES[ops.name_of_numpy_dtype(self.dtype)])
+        return self._result.to_dlpack(list(self.shape), _codes.DTYPES[_codes.NAME_OF_NP_DTYPE[self.dtype]])
 
     def get(self) -> np.ndarray:
         """A NumPy copy (waits for hvdlite's work on the device)."""
-        from hvdlite.common import basics
         out = np.empty(self.shape, self.dtype)
-        basics._load_core().copy_device_to_host(self.ptr, out.reshape(-1).view(np.uint8), self.device,
+        _basics._load_core().copy_device_to_host(self.ptr, out.reshape(-1).view(np.uint8), self.device,
                                                 int(self._result.stream))
         return out
 

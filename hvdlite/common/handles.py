@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from hvdlite.common import basics as _basics
-from hvdlite.common.codes import DTYPE_NAMES, ENGINE_OUTPUT, JOIN
+from hvdlite.common.codes import CPU_DEVICE, DTYPE_NAMES, ENGINE_OUTPUT, JOIN
 from hvdlite.common.exceptions import HvdliteError
 
 
@@ -23,7 +23,7 @@ class Request:
     (``keepalive``) until then, even if the request is dropped before it finishes."""
 
     __slots__ = ("_id", "_keepalive", "_done", "_error", "kind", "name", "_output", "_aux",
-                 "__weakref__")
+                 "device", "consumers", "sync_host", "__weakref__")
 
     def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any) -> None:
         self._id = handle_id
@@ -32,8 +32,17 @@ class Request:
         self._keepalive = keepalive
         self._done = False
         self._error: str | None = None
-        self._output: tuple[np.ndarray, tuple[int, ...], str] | None = None
+        self._output: tuple[Any, tuple[int, ...], str] | None = None
         self._aux: list[int] | None = None
+        # A GPU collective is done once it is queued on hvdlite's stream. The streams in
+        # `consumers` (cudaStream_t) are then ordered after it, the host does not wait:
+        # the stream that reads an in-place result, and the one that produced the input
+        # (so that its later work cannot reuse the input's memory before hvdlite read
+        # it). With `sync_host`, the host waits for it (memory whose owner named no
+        # stream). A device result carries the stream it was produced on besides.
+        self.consumers: tuple[int, ...] = ()
+        self.sync_host = False
+        self.device = CPU_DEVICE  # where the request's tensor lives
 
     def poll(self) -> bool:
         """True once the request has finished (successfully or not)."""
@@ -47,17 +56,17 @@ class Request:
             core = _basics._load_core()  # requests outlive a shutdown and report its reason
             has_output = self.kind in ENGINE_OUTPUT
             # The one place hvdlite waits on the engine (GIL released; every Handle and
-            # refusal waits through here). A GPU collective's consumer stream, to be
-            # ordered after the collective instead of blocking the host, is to be passed
-            # to core.wait here (its `stream` keyword).
-            ok, message = core.wait(self._id, not has_output)  # release now if nothing to take
+            # refusal waits through here), and orders a GPU consumer after the work.
+            if not self.consumers and not self.sync_host:
+                ok, message = core.wait(self._id, not has_output)  # release now if nothing to take
+            else:
+                ok, message = core.wait(self._id, not has_output, self.consumers, self.sync_host)
             if has_output:
                 if ok:
                     buf, shape, dtype_code, aux = core.take_output(self._id)
                     self._aux = list(aux)
                     if self.kind != JOIN:
-                        self._output = (np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8),
-                                        tuple(shape), DTYPE_NAMES[dtype_code])
+                        self._output = (_host_bytes(buf, self.consumers), tuple(shape), DTYPE_NAMES[dtype_code])
                 core.release(self._id)
             self._done = True
             self._error = None if ok else message
@@ -65,9 +74,11 @@ class Request:
         if self._error is not None:
             raise HvdliteError(self._error)
 
-    def output(self) -> tuple[np.ndarray, tuple[int, ...], str]:
+    def output(self) -> tuple[Any, tuple[int, ...], str]:
         """For allgather/alltoall/reducescatter: ``(uint8 bytes, shape, dtype name)``.
-        The bytes are engine-owned memory handed over without a copy."""
+        The bytes are engine-owned memory handed over without a copy: a NumPy array, or
+        for a GPU collective the engine's ``DeviceResult`` (see
+        :mod:`hvdlite.common.device`)."""
         self.wait()
         assert self._output is not None, "this kind of request has no engine-allocated output"
         return self._output
@@ -83,6 +94,16 @@ class Request:
         if not self._done and self._keepalive is not None:
             with _orphan_lock:
                 _orphans.append((self._id, self._keepalive))
+
+
+def _host_bytes(buf: Any, consumers: tuple[int, ...]) -> Any:
+    """An engine output as the front ends take it: host results as NumPy bytes; GPU
+    results (``DeviceResult``) as they are, noted as used on the consumers' streams."""
+    if hasattr(buf, "to_dlpack"):
+        for stream in consumers:
+            buf.used_on(stream)
+        return buf
+    return np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8)
 
 
 class Refusal(Request):

@@ -23,7 +23,7 @@ import threading
 import warnings
 from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
-from hvdlite.common import basics as _basics
+from hvdlite.common import basics as _basics, gpu_libraries
 # The engine's codes, used by the front ends as _ops.<NAME>.
 from hvdlite.common.codes import (  # noqa: F401
     ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, CPU_DEVICE, DTYPE_NAMES, DTYPES,
@@ -36,18 +36,23 @@ from hvdlite.common.naming import auto_name, new_group_id, reset_auto_names  # n
 
 
 class RawTensor:
-    """Host memory as the engine sees it. ``ptr`` must stay valid and the memory
+    """Memory as the engine sees it. ``ptr`` must stay valid and the memory
     C-contiguous until the request completes (keep the owner in ``keepalive``).
+    ``device``: ``CPU_DEVICE`` for host memory, else the CUDA device's index; then
+    ``stream`` is the cudaStream_t whose queued work produces the contents (the
+    collective is ordered after it), or None if nothing needs waiting for.
 
     A plain slotted class rather than a dataclass: it is built on every collective call.
     """
-    __slots__ = ("ptr", "dtype", "shape", "device")
+    __slots__ = ("ptr", "dtype", "shape", "device", "stream")
 
-    def __init__(self, ptr: int, dtype: str, shape: tuple[int, ...], device: int = CPU_DEVICE) -> None:
+    def __init__(self, ptr: int, dtype: str, shape: tuple[int, ...], device: int = CPU_DEVICE,
+                 stream: int | None = None) -> None:
         self.ptr = ptr
         self.dtype = dtype
         self.shape = shape
         self.device = device
+        self.stream = stream
 
     @property
     def nbytes(self) -> int:
@@ -132,14 +137,29 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     core, name = _prepare(kind, name, tensor.dtype, op)
     out_ptr = output.ptr if output is not None else 0
     try:
-        hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
-                           tensor.shape, tensor.device, op,
-                           float(prescale_factor), float(postscale_factor), root_rank,
-                           splits if splits is not None else (),
-                           group_id, group_size, _caller.waits)
+        if tensor.device == CPU_DEVICE:
+            hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
+                               tensor.shape, tensor.device, op,
+                               float(prescale_factor), float(postscale_factor), root_rank,
+                               splits if splits is not None else (),
+                               group_id, group_size, _caller.waits)
+        else:
+            gpu_libraries.configure(core)  # where the NVIDIA wheels are, before the first GPU tensor
+            hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
+                               tensor.shape, tensor.device, op,
+                               float(prescale_factor), float(postscale_factor), root_rank,
+                               splits if splits is not None else (),
+                               group_id, group_size, _caller.waits, tensor.stream)
     except RuntimeError as exc:
-        _reraise(exc)
-    return Request(hid, kind, name, keepalive)
+        raise_engine_error(exc)
+    req = Request(hid, kind, name, keepalive)
+    if tensor.device != CPU_DEVICE:
+        req.device = tensor.device
+        if tensor.stream is not None:
+            # The producer's stream waits for the collective once it is waited for: its
+            # later work (reuse of the input's memory included) comes after hvdlite's.
+            req.consumers = (tensor.stream,)
+    return req
 
 
 def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
@@ -147,7 +167,7 @@ def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str
 
     Every collective call passes here, so the common case (a named request of a known
     dtype and op, no dropped handles to reap) costs two lookups and no further call;
-    a call that finds the engine not running is sorted out by :func:`_reraise`.
+    a call that finds the engine not running is sorted out by :func:`raise_engine_error`.
     Everything else takes :func:`_prepare_fully`."""
     core = _basics._core_module
     if core is None or _orphans or name is None or dtype not in DTYPES or op not in SUPPORTED_OPS:
@@ -172,7 +192,7 @@ def _prepare_fully(kind: int, name: str | None, dtype: str, op: int) -> tuple[An
     return core, name
 
 
-def _reraise(exc: RuntimeError) -> NoReturn:
+def raise_engine_error(exc: RuntimeError) -> NoReturn:
     """Raise what an engine call failed with. The engine says only "not initialized"
     when it is not running; :func:`hvdlite.common.basics.core` knows the full reason
     (never initialized, shut down and why, a forked child) and raises it instead."""
@@ -290,7 +310,7 @@ def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = N
         core.run(kind, name, tensor, output, DTYPES[dtype], op, float(prescale_factor),
                  float(postscale_factor), root_rank)
     except RuntimeError as exc:
-        _reraise(exc)
+        raise_engine_error(exc)
 
 
 class _Caller(threading.local):

@@ -219,11 +219,11 @@ int64_t Refuse(int type, const std::string& name, const std::string& message, in
 
 // Waits for `h` (GIL released); with `release`, also forgets it (for results with no
 // engine output). Returns whether it succeeded, with the reason in `error` if not.
-// With `consumer` (a cudaStream_t), a collective queued on a GPU is ordered before the
-// work the consumer queues on that stream from now on; the host does not wait for it.
-// With `sync_host` instead, the host waits for the device work (for data whose owner
-// named no stream to order).
-bool WaitFor(int64_t h, bool release, std::string* error, std::optional<uintptr_t> consumer = std::nullopt,
+// With `consumers` (cudaStream_t handles), a collective queued on a GPU is ordered
+// before the work queued on those streams from now on; the host does not wait for it.
+// With `sync_host`, the host waits for the device work (for data whose owner named no
+// stream to order).
+bool WaitFor(int64_t h, bool release, std::string* error, const std::vector<uintptr_t>& consumers = {},
              bool sync_host = false) {
   if (ForkedCopy()) {  // the request was the parent's; nothing here completes it
     *error = ForkedMessage();
@@ -236,11 +236,11 @@ bool WaitFor(int64_t h, bool release, std::string* error, std::optional<uintptr_
   // The engine may run itself on this thread while it waits (Engine::Wait).
   ok = engine ? engine->Wait(h, error, release, &ready) : g_handles.Wait(h, error, release, &ready);
   engine.reset();  // the last owner, if another thread shut down meanwhile
-  if (ok && ready && (consumer || sync_host)) {
+  if (ok && ready && (!consumers.empty() || sync_host)) {
     try {
       cuda::DeviceGuard guard(cuda::Runtime::Get(), ready->device());
-      if (consumer) ready->OrderBefore(*consumer);
-      else ready->Synchronize();
+      for (uintptr_t s : consumers) ready->OrderBefore(s);
+      if (sync_host) ready->Synchronize();
     } catch (const std::exception& ex) {
       *error = std::string("ordering the consumer after the collective: ") + ex.what();
       ok = false;
@@ -249,9 +249,9 @@ bool WaitFor(int64_t h, bool release, std::string* error, std::optional<uintptr_
   return ok;
 }
 
-py::tuple Wait(int64_t h, bool release, std::optional<uintptr_t> stream, bool sync_host) {
+py::tuple Wait(int64_t h, bool release, const std::vector<uintptr_t>& streams, bool sync_host) {
   std::string error;
-  const bool ok = WaitFor(h, release, &error, stream, sync_host);
+  const bool ok = WaitFor(h, release, &error, streams, sync_host);
   return py::make_tuple(ok, error);
 }
 
@@ -492,6 +492,7 @@ py::dict GpuInfo() {
   if (lib) {
     nccl_info["path"] = lib->path();
     nccl_info["version"] = lib->VersionString();
+    nccl_info["version_code"] = lib->version();
   } else {
     nccl_info["error"] = error;
   }
@@ -533,6 +534,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_initialized", [] { return g_engine && !g_forked && g_engine->Running(); });
   m.def("has_world", [] { return static_cast<bool>(g_engine); });
   m.def("shutdown_reason", [] { return g_engine ? g_engine->ShutdownReason() : std::string(); });
+  m.def("stopped_by_failure", [] { return g_engine && g_engine->StoppedByFailure(); });
   // Non-empty in a process forked from an initialized one: why it cannot run collectives.
   m.def("forked_reason", [] { return ForkedCopy() ? ForkedMessage() : std::string(); });
   m.def("rank", [] { return Known().rank(); });
@@ -565,8 +567,8 @@ PYBIND11_MODULE(_core, m) {
     RaiseIfForkedCopy();
     return g_handles.Poll(h);
   });
-  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false, py::arg("stream") = py::none(),
-        py::arg("sync_host") = false);
+  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false,
+        py::arg("streams") = std::vector<uintptr_t>{}, py::arg("sync_host") = false);
   m.def("run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
                   double prescale, double postscale, int root) {
     RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false);
@@ -604,6 +606,9 @@ PYBIND11_MODULE(_core, m) {
     DeviceResult r{Running().AllocateDevice(device, nbytes), shape, dtype, {}};
     return r;
   });
+  m.def("copy_on_device", [](int device, uintptr_t dst, uintptr_t src, int64_t nbytes, std::optional<uintptr_t> after) {
+    Running().CopyOnDevice(device, reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes, after);
+  }, py::arg("device"), py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("after") = py::none());
   m.def("copy_device_to_host", [](uintptr_t src, py::buffer dst, int device, uintptr_t stream) {
     py::buffer_info info = dst.request(true);
     CopyAndWait(info.ptr, reinterpret_cast<const void*>(src), info.size * info.itemsize, cuda::kDeviceToHost, device,

@@ -374,12 +374,12 @@ Response Coordinator::FromCacheEntry(int32_t cache_id) const {
 // fused and ordered. Four steps: collect what is ready (holding back grouped
 // allreduces until their group is whole), negotiate each tensor (validate, build its
 // response, give it a cache id), fuse, and put the result in execution order.
-ResponseList Coordinator::TakeReady() {
+ResponseList Coordinator::TakeReady(bool hold_device) {
   const int64_t now = NowMicros();
   Round round;
   for (int r = 0; r < size_; ++r)
     if (joined_[r]) round.joined.push_back(r);
-  std::vector<Item> batch = CollectReady(now);
+  std::vector<Item> batch = CollectReady(now, hold_device);
   for (Item& item : batch) {
     bool from_cache = false;
     Response resp = Negotiate(item, round, &from_cache);
@@ -392,9 +392,14 @@ ResponseList Coordinator::TakeReady() {
 // Ready tensors in the order they became ready. A grouped allreduce's members wait in
 // groups_ until the whole group is ready, then go out together. An entry agreed through
 // the cache alone has cache_id >= 0 and no Pending.
-std::vector<Coordinator::Item> Coordinator::CollectReady(int64_t now) {
+std::vector<Coordinator::Item> Coordinator::CollectReady(int64_t now, bool hold_device) {
   std::vector<Item> batch;
+  std::vector<Ready> held;
   for (const Ready& e : ready_) {
+    if (hold_device && KindOfDevice(ReadyDevice(e)) == DeviceKind::kCuda) {
+      held.push_back(e);
+      continue;
+    }
     if (e.cache_id >= 0) {
       Hits& h = hits_[e.cache_id];
       if (timeline_ && timeline_->Active()) {  // the entry is looked up again later; only when tracing here
@@ -430,8 +435,14 @@ std::vector<Coordinator::Item> Coordinator::CollectReady(int64_t now) {
     }
     batch.push_back(Item{name, std::move(p)});
   }
-  ready_.clear();
+  ready_ = std::move(held);
   return batch;
+}
+
+int32_t Coordinator::ReadyDevice(const Ready& e) const {
+  if (e.cache_id >= 0) return cache_->Get(e.cache_id).device;
+  auto it = table_.find(e.name);
+  return it == table_.end() ? kCpuDevice : it->second.requests[FirstRank(it->second.have)].device;
 }
 
 // The response for one ready tensor: from its cache entry when every rank sent a cache

@@ -34,8 +34,12 @@ class Coordinator {
   // nothing to validate, and the response is built from the cache entry.
   void AddCacheHit(int rank, int32_t cache_id, int64_t now_us);
 
-  // Everything that became ready since the last call, in execution order.
-  ResponseList TakeReady();
+  // Everything that became ready since the last call, in execution order. With
+  // `hold_device`, GPU tensors stay ready for a later call: the engine's GPU work is
+  // still running, and what becomes ready meanwhile goes out fused once it finishes
+  // (GPU collectives are queued in microseconds, so without this every one would go
+  // alone).
+  ResponseList TakeReady(bool hold_device = false);
 
   // Warns about tensors some ranks submitted and others did not; returns a non-empty
   // reason when the stall has lasted past the shutdown limit.
@@ -96,7 +100,8 @@ class Coordinator {
     std::vector<OpenGather> open_gathers;
     bool group_failed = false;
   };
-  std::vector<Item> CollectReady(int64_t now);
+  std::vector<Item> CollectReady(int64_t now, bool hold_device);
+  int32_t ReadyDevice(const Ready& e) const;
   Response Negotiate(const Item& item, Round& round, bool* from_cache);
   void Fuse(Response resp, bool from_cache, const Item& item, Round& round);
   void FailGroupsOfFailedMembers();

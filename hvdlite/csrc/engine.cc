@@ -190,6 +190,16 @@ std::shared_ptr<DeviceAllocation> Engine::AllocateDevice(int device, int64_t byt
   return std::make_shared<cuda::StreamMemory>(d.events, d.stream, bytes);
 }
 
+void Engine::CopyOnDevice(int device, void* dst, const void* src, int64_t bytes, std::optional<uintptr_t> after) {
+  GpuContext::Device& d = gpus_.Get(device);
+  cuda::DeviceGuard guard(d.rt, device);
+  const uintptr_t ours = reinterpret_cast<uintptr_t>(d.stream->get());
+  if (after) d.events->Record(reinterpret_cast<cuda::Stream>(*after))->OrderBefore(ours);
+  if (bytes > 0)
+    d.rt.Check(d.rt.api().MemcpyAsync(dst, src, static_cast<size_t>(bytes), cuda::kDeviceToDevice, d.stream->get()),
+               "cudaMemcpyAsync");
+}
+
 Engine::Stats Engine::GetStats() const {
   Stats s;
   s.requests_in_full = requests_in_full_;
@@ -206,6 +216,7 @@ void Engine::BeginShutdown(const std::string& reason, bool failure) {
   if (shutting_down_) return;
   shutting_down_ = true;
   shutdown_reason_ = reason;
+  stopped_by_failure_ = failure;
   if (failure) registry_->AbortAll(reason);
   ResponseList s;
   s.shutdown = true;
@@ -222,6 +233,7 @@ void Engine::Fail(const std::string& reason) {
   }
   // Tell the coordinator before aborting: the abort makes the peers' device work fail
   // too, and the job's reason should be this rank's, the cause.
+  stopped_by_failure_ = true;
   if (!shutting_down_) {
     RequestList report;
     report.shutdown = true;
@@ -265,7 +277,8 @@ bool Engine::CoordinatorStep() {
   if (stop_requested_ && !shutting_down_)
     BeginShutdown("rank 0 shut down (it called shutdown() or its process is exiting)", false);
   if (!shutting_down_) {
-    ResponseList ready = coordinator_->TakeReady();
+    // GPU tensors wait while this rank's GPU work runs, so that they go out fused.
+    ResponseList ready = coordinator_->TakeReady(/*hold_device=*/in_flight_count_ > 0);
     if (!ready.order.empty()) {
       progress = true;
       if (size() > 1) channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(ready)));
@@ -309,7 +322,10 @@ bool Engine::WorkerStep() {
     ResponseList list = DeserializeResponseList(buf.data(), buf.size());
     if (list.shutdown) {
       shutdown_reason_ = list.shutdown_reason;
-      if (list.failure) registry_->AbortAll(list.shutdown_reason);
+      if (list.failure) {
+        stopped_by_failure_ = true;
+        registry_->AbortAll(list.shutdown_reason);
+      }
       RequestList ack;
       ack.shutdown_ack = true;
       channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
@@ -327,8 +343,9 @@ bool Engine::WorkerStep() {
 // One round: announce new requests, take in what arrived, run what became ready, and
 // look after device work in flight. Called with step_mu_ held.
 bool Engine::Step() {
-  bool progress = rank() == 0 ? CoordinatorStep() : WorkerStep();
-  if (in_flight_count_ > 0) progress = PollInFlight() || progress;
+  // Device work first: on rank 0, GPU tensors held while it runs go out in this step.
+  bool progress = in_flight_count_ > 0 && PollInFlight();
+  progress = (rank() == 0 ? CoordinatorStep() : WorkerStep()) || progress;
   channel_->Reap(false);
   if (progress && timeline_.Active()) {
     timeline_.CycleMark(NowMicros());
@@ -406,6 +423,7 @@ void Engine::Loop() {
     }
   } catch (const std::exception& ex) {
     shutdown_reason_ = std::string("hvdlite engine failed: ") + ex.what();
+    stopped_by_failure_ = true;
     HVD_ERROR(shutdown_reason_);
     registry_->AbortAll(shutdown_reason_);
   }
@@ -565,6 +583,8 @@ void Engine::Perform(const Response& r) {
   std::unique_ptr<Completion> completion;
   try {
     completion = backend->Run(job);
+  } catch (const FailedOnEveryRank& ex) {
+    return fail_all(label + " failed (" + backend->Name() + " backend, " + DeviceLabel(device) + "): " + ex.what());
   } catch (const std::exception& ex) {
     const std::string message = label + " failed on rank " + std::to_string(rank()) + " (" + backend->Name() +
                                 " backend, " + DeviceLabel(device) + "): " + ex.what();

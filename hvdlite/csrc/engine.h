@@ -47,6 +47,9 @@ class Engine {
   bool Running() const { return running_; }
   // Why the engine stopped (set once the background thread has ended).
   std::string ShutdownReason() const { return running_ ? std::string() : shutdown_reason_; }
+  // The engine stopped because something failed (a GPU collective, the engine itself),
+  // not because a rank shut down.
+  bool StoppedByFailure() const { return !running_ && stopped_by_failure_; }
 
   // Queues one request; returns its handle at once (already failed on bad input).
   // `caller_waits`: the caller will Wait() on the handle right away, so there is no
@@ -79,6 +82,9 @@ class Engine {
   // Device memory for a result the caller fills in (the NumPy front end's GPU outputs),
   // on hvdlite's stream of `device`. Throws std::runtime_error.
   std::shared_ptr<DeviceAllocation> AllocateDevice(int device, int64_t bytes);
+  // Queues a device-to-device copy on hvdlite's stream of `device`, after the work
+  // queued on `after` so far (the producer of `src`), if given. Throws std::runtime_error.
+  void CopyOnDevice(int device, void* dst, const void* src, int64_t bytes, std::optional<uintptr_t> after);
 
   bool StartTimeline(const std::string& path, bool mark_cycles, std::string* error);
   void StopTimeline();
@@ -135,6 +141,7 @@ class Engine {
   std::string fatal_;  // an exception a driving caller caught; the loop rethrows it
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> running_{true};
+  std::atomic<bool> stopped_by_failure_{false};
   bool shutting_down_ = false;   // coordinator: shutdown announced; worker: asked for it
   int acks_ = 0;
   std::string shutdown_reason_;

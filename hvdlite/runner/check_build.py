@@ -12,8 +12,11 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import json
 import os
+import subprocess
 import sys
+from typing import Any
 
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 
@@ -100,8 +103,48 @@ def framework_status() -> dict[str, tuple[bool, str]]:
     return status
 
 
+_GPU_PROBE = ("import json\n"
+              "from hvdlite.common import basics, gpu_libraries\n"
+              "print(json.dumps(gpu_libraries.describe(basics._load_core())))\n")
+
+
+def gpu_status() -> dict[str, Any] | None:
+    """What the engine finds of the CUDA runtime and NCCL on this machine (see
+    :func:`hvdlite.common.gpu_libraries.describe`), asked in a child process so that the
+    launcher itself never loads the engine; None if the engine cannot be asked."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _GPU_PROBE], capture_output=True, text=True, timeout=120)
+        return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
 def _box(flag: bool) -> str:
     return "[X]" if flag else "[ ]"
+
+
+def _nccl_line(gpu: dict[str, Any] | None) -> str:
+    if gpu is None:
+        return f"    {_box(False)} NCCL (the engine could not be asked)"
+    nccl = gpu["nccl"]
+    if nccl["loaded"]:
+        return f"    {_box(True)} NCCL {nccl['version']} (loaded at run time from {nccl['path']})"
+    return f"    {_box(False)} NCCL (not found: {_first_line(nccl.get('error', ''))}; pip install 'hvdlite[gpu]')"
+
+
+def _cuda_line(gpu: dict[str, Any] | None) -> str:
+    if gpu is None:
+        return "CUDA runtime: unknown"
+    cuda = gpu["cuda"]
+    if not cuda["loaded"]:
+        return f"CUDA runtime: not found ({_first_line(cuda.get('error', ''))}); GPU tensors need it"
+    v = int(cuda["runtime_version"])
+    return (f"CUDA runtime: {v // 1000}.{v % 1000 // 10} [{cuda['path']}], "
+            f"{cuda['device_count']} GPU(s) visible")
 
 
 def check_build_report(mpirun: str | None = None) -> str:
@@ -117,6 +160,7 @@ def check_build_report(mpirun: str | None = None) -> str:
 
     core = find_core_extension()
     core_note = "" if core else " (core extension not built)"
+    gpu = gpu_status() if core else None
     lines += [
         "",
         "Available Controllers:",
@@ -124,7 +168,7 @@ def check_build_report(mpirun: str | None = None) -> str:
         f"    {_box(False)} Gloo (not supported)",
         "",
         "Available Tensor Operations:",
-        f"    {_box(False)} NCCL (not built yet)",
+        _nccl_line(gpu),
         f"    {_box(core is not None)} MPI{core_note}",
         f"    {_box(False)} Gloo (not supported)",
         "",
@@ -134,6 +178,7 @@ def check_build_report(mpirun: str | None = None) -> str:
         lines.append(f"    {_box(core is not None)} {feature}{core_note}")
 
     lines += ["", f"Core extension: {core if core else 'NOT BUILT (pip install -e . builds it)'}"]
+    lines.append(_cuda_line(gpu))
     try:
         path = mpirun or find_mpirun()
     except LaunchError as exc:

@@ -68,25 +68,30 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = None)
 
 
 class _TensorSlot:
-    """Placeholder for a tensor inside a pickled optimizer state."""
+    """Placeholder for a tensor inside a pickled optimizer state. ``cuda``: the root's
+    tensor is on a GPU, so every rank receives it on its own GPU (collectives need the
+    same kind of memory on every rank; each rank's GPU index is its own)."""
 
-    __slots__ = ("index", "shape", "dtype")
+    __slots__ = ("index", "shape", "dtype", "cuda")
 
-    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype, cuda: bool = False) -> None:
+        self.index, self.shape, self.dtype, self.cuda = index, shape, dtype, cuda
 
     def __getstate__(self) -> tuple:
-        return (self.index, self.shape, str(self.dtype).replace("torch.", ""))
+        return (self.index, self.shape, str(self.dtype).replace("torch.", ""), self.cuda)
 
     def __setstate__(self, state: tuple) -> None:
-        self.index, self.shape, dt = state
+        self.index, self.shape, dt, self.cuda = state
         self.dtype = getattr(torch, dt)
+
+    def empty(self) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device="cuda" if self.cuda else "cpu")
 
 
 def _strip_tensors(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.is_cuda)
     if isinstance(obj, dict):
         return {k: _strip_tensors(v, tensors) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -147,7 +152,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
         collect(skeleton)
         slots.sort(key=lambda s: s.index)
-        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+        tensors = [s.empty() for s in slots]
     handles = [broadcast_async_(t, root_rank, name=f"{base}.t{i}") for i, t in enumerate(tensors)]
     for h in handles:
         synchronize(h)

@@ -17,9 +17,11 @@ and float64 are handed to the engine without a copy. Anything else works too:
   allgathered and alltoall'ed (their bytes are moved as they are); reductions accept
   ``int16`` (computed in int32), ``bool`` with ``Min``/``Max`` (logical and/or) and
   complex tensors with ``Sum``/``Average``; other combinations raise ``TypeError``;
-* GPU tensors go through host memory: the tensor is copied to the host after the work
-  queued on the current CUDA stream has finished, reduced with MPI, and copied back on
-  the current stream.
+* CUDA tensors stay on their GPU: the collective runs with NCCL on hvdlite's own
+  stream, ordered after the work queued so far on the current stream of the tensor's
+  device; :func:`synchronize` orders the current stream after the collective without
+  waiting on the host (``HOROVOD_GPU_OPERATIONS=MPI`` sends them through host memory
+  and MPI instead). One GPU per process: pin it with ``torch.cuda.set_device``.
 
 Input that one rank cannot use (a dtype the op cannot reduce, a sparse tensor, splits
 that are not integers, an op only that rank asks for) fails the collective on every
@@ -58,32 +60,36 @@ class _Stage:
     """A user's tensor as the engine sees it."""
 
     src: torch.Tensor              # the user's tensor
-    eng: torch.Tensor              # contiguous CPU tensor of a native dtype
+    eng: torch.Tensor              # contiguous tensor of a native dtype, on src's device
     dtype: str                     # engine dtype name of ``eng``
     shares: bool                   # ``eng`` aliases ``src``'s memory
     back: Callable[[torch.Tensor], torch.Tensor]  # engine-format tensor -> user's dtype/shape
 
     def raw(self) -> _ops.RawTensor:
-        return _ops.RawTensor(self.eng.data_ptr(), self.dtype, tuple(self.eng.shape))
+        return _raw(self.eng, self.dtype)
 
     def to_user_device(self, t: torch.Tensor) -> torch.Tensor:
-        if self.src.device.type != "cpu":
-            return t.to(self.src.device)
-        return t
+        return t if t.device == self.src.device else t.to(self.src.device)
+
+
+def _raw(t: torch.Tensor, dtype: str) -> _ops.RawTensor:
+    """A contiguous tensor as the engine takes it. A CUDA tensor comes with the current
+    stream of its device: the collective is ordered after the work queued there."""
+    if t.is_cuda:
+        return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape), t.device.index,
+                              torch.cuda.current_stream(t.device).cuda_stream)
+    return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape))
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU copy or view of ``t``.
+    """A contiguous version of ``t`` on its own device (a view when it already is one).
 
-    For CUDA tensors ``.to('cpu')`` is a blocking copy queued on the current stream, so
-    every kernel queued before it that produces ``t`` has finished when it returns."""
+    CUDA tensors stay on their GPU: a copy to make one contiguous is queued on the
+    current stream, which the collective is ordered after."""
     if t.layout != torch.strided:
         raise TypeError(f"hvdlite collectives take dense tensors, got layout {t.layout}; for a "
                         f"sparse gradient use sparse_allreduce_async() or .to_dense()")
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    return t.contiguous()
+    return t.detach().contiguous()
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +108,7 @@ def _stage_move(t: torch.Tensor) -> _Stage:
     """Stage for operations that only move data (broadcast, allgather, alltoall): any
     dtype works, since bytes are bytes. A 0-d tensor is treated as shape (1,)."""
     host = _to_host(t)
-    shares = host.data_ptr() == t.data_ptr() and t.device.type == "cpu" and t.is_contiguous()
+    shares = host.data_ptr() == t.data_ptr() and t.is_contiguous()
     if host.dim() == 0:
         host = host.reshape(1)
     if host.dtype in _NATIVE:
@@ -114,7 +120,7 @@ def _stage_move(t: torch.Tensor) -> _Stage:
     if host.stride(-1) != 1:
         # Contiguous but with an odd stride on a dimension of size 0 or 1 (as from
         # NumPy): viewing it as bytes needs the canonical strides.
-        host = torch.empty(host.shape, dtype=dtype).copy_(host)
+        host = torch.empty(host.shape, dtype=dtype, device=host.device).copy_(host)
         shares = False
     # Reinterpret as bytes: the last dimension grows by the element size, so dimension 0
     # (the rows that allgather and alltoall count) stays. A 1-D tensor gets a trailing
@@ -130,7 +136,7 @@ def _stage_reduce(t: torch.Tensor, op: int) -> _Stage:
     """Stage for reductions (allreduce, reducescatter). Raises TypeError for a tensor
     that cannot be reduced with `op` (the caller refuses it on every rank)."""
     host = _to_host(t)
-    shares = host.data_ptr() == t.data_ptr() and t.device.type == "cpu" and t.is_contiguous()
+    shares = host.data_ptr() == t.data_ptr() and t.is_contiguous()
     dtype = host.dtype
     if dtype in _NATIVE:
         return _Stage(t, host, _NATIVE[dtype], shares, _identity)
@@ -153,8 +159,11 @@ def _stage_reduce(t: torch.Tensor, op: int) -> _Stage:
                     f"complex with Sum/Average)")
 
 
-def _engine_tensor(buf: np.ndarray, shape: Sequence[int], dtype_name: str) -> torch.Tensor:
-    """Wrap engine-owned output bytes as a tensor without copying them."""
+def _engine_tensor(buf: Any, shape: Sequence[int], dtype_name: str) -> torch.Tensor:
+    """Wrap engine-owned output bytes as a tensor without copying them: host bytes (a
+    NumPy array), or GPU memory (the engine's DeviceResult, handed over by DLPack)."""
+    if not isinstance(buf, np.ndarray):
+        return torch.from_dlpack(buf.to_dlpack(list(shape), _codes.DTYPES[dtype_name]))
     if buf.size == 0:
         return torch.empty(tuple(shape), dtype=_FROM_NAME[dtype_name])
     with warnings.catch_warnings():
@@ -170,8 +179,28 @@ def _engine_tensor(buf: np.ndarray, shape: Sequence[int], dtype_name: str) -> to
 # results (copies back, dtype conversions), it runs with autograd off.
 
 
-class _NoGradHandle(Handle):
-    """A :class:`Handle` whose finish function runs under ``torch.no_grad()``."""
+class _TorchHandle(Handle):
+    """A :class:`Handle` of the torch front end. Waiting for a collective on CUDA tensors
+    orders the current stream of their device after it (as PyTorch's own collectives
+    do with ``Work.wait()``): the host does not wait for the GPU, and the results may be
+    used on that stream at once. The stream that was current when the collective was
+    submitted is ordered too (so its later work cannot reuse the input's memory before
+    hvdlite read it)."""
+
+    __slots__ = ()
+
+    def _complete(self) -> None:
+        for part in self._parts:
+            device = getattr(part, "device", _ops.CPU_DEVICE)
+            if device != _ops.CPU_DEVICE:
+                stream = torch.cuda.current_stream(device).cuda_stream
+                if stream not in part.consumers:
+                    part.consumers = (*part.consumers, stream)
+        super()._complete()
+
+
+class _NoGradHandle(_TorchHandle):
+    """A :class:`_TorchHandle` whose finish function runs under ``torch.no_grad()``."""
 
     __slots__ = ()
 
@@ -219,7 +248,7 @@ def _allreduce_submit(stages: list[_Stage], outputs: list[torch.Tensor], names: 
     gsize = len(stages) if gid >= 0 else 0
     for st, out, nm in zip(stages, outputs, names):
         parts.append(_ops.submit(
-            _ops.ALLREDUCE, st.raw(), _ops.RawTensor(out.data_ptr(), st.dtype, tuple(out.shape)),
+            _ops.ALLREDUCE, st.raw(), _raw(out, st.dtype),
             name=nm, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
             group_id=gid, group_size=gsize, keepalive=(st, out)))
     return parts
@@ -245,8 +274,8 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                keepalive=(t, out))
             if inplace:
-                return Handle([part], lambda _: _modified(out), base)
-            return Handle([part], lambda _: out, base)
+                return _TorchHandle([part], lambda _: _modified(out), base)
+            return _TorchHandle([part], lambda _: out, base)
     names = [f"{base}.{i}" for i in range(len(tensors))] if grouped else [base]
     gid = -1
     if grouped:
@@ -511,7 +540,7 @@ def _grouped_allgather_impl(tensors: Sequence[torch.Tensor], name: str | None) -
     names = [f"{base}.{i}" for i in range(len(tensors))]
     stages = _ops.stage_or_refuse(_ops.ALLGATHER, names, tensors, _stage_move)
     subs = [_allgather_staged(st, nm) for st, nm in zip(stages, names)]
-    return Handle(subs, lambda _: [h.wait() for h in subs], base)
+    return _TorchHandle(subs, lambda _: [h.wait() for h in subs], base)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -539,7 +568,7 @@ def _broadcast_impl(tensor: torch.Tensor, root_rank: int, name: str | None, inpl
     nm = name if name is not None else _ops.auto_name("broadcast")
     [st] = _ops.stage_or_refuse(_ops.BROADCAST, [nm], [tensor], _stage_move)
     buf = st.eng if (inplace or not st.shares) else st.eng.clone()
-    raw = _ops.RawTensor(buf.data_ptr(), st.dtype, tuple(buf.shape))
+    raw = _raw(buf, st.dtype)
     part = _ops.submit(_ops.BROADCAST, raw, name=nm, root_rank=int(root_rank), keepalive=(st, buf))
 
     def finish(_: list[_ops.Request]) -> torch.Tensor:
@@ -764,7 +793,7 @@ def _grouped_reducescatter_impl(tensors: Sequence[torch.Tensor], name: str | Non
     names = [f"{base}.{i}" for i in range(len(tensors))]
     stages = _ops.stage_or_refuse(_ops.REDUCESCATTER, names, tensors, _stage_reducescatter(op))
     subs = [_reducescatter_staged(st, nm, op, pre, post) for st, nm in zip(stages, names)]
-    return Handle(subs, lambda _: [h.wait() for h in subs], base)
+    return _TorchHandle(subs, lambda _: [h.wait() for h in subs], base)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,

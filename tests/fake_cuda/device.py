@@ -211,6 +211,14 @@ class FakeDeviceArray:
             self._own_stream = None
         self._keepalive = None
 
+    def __del__(self) -> None:
+        # cudaFree waits for the device's queued work, the upload from the host copy
+        # this array keeps included, before both go.
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone
+            pass
+
     def __enter__(self) -> "FakeDeviceArray":
         return self
 

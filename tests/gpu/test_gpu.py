@@ -137,3 +137,21 @@ def test_loader_opens_the_real_nccl_wheel() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_check_build_and_nccl_built_say_where_nccl_comes_from(fake_cuda: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HVDLITE_CUDART_LIBRARY": str(fake_cuda / "libcudart.so"),
+           "HVDLITE_NCCL_LIBRARY": str(fake_cuda / "libnccl.so")}
+    out = subprocess.run([sys.executable, "-m", "hvdlite.runner", "--check-build"], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=REPO).stdout
+    assert f"[X] NCCL 2.23.3 (loaded at run time from {fake_cuda / 'libnccl.so'})" in out, out
+    assert "CUDA runtime: 12.8" in out and "8 GPU(s) visible" in out, out
+    code = "import hvdlite as hvd; print(hvd.nccl_built(), hvd.cuda_built())"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert probe.stdout.split() == ["22303", "True"], probe.stdout + probe.stderr
+    env["HVDLITE_NCCL_LIBRARY"] = str(tmp_path / "absent.so")
+    out = subprocess.run([sys.executable, "-m", "hvdlite.runner", "--check-build"], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=REPO).stdout
+    assert "[ ] NCCL (not found: hvdlite could not load NCCL" in out, out
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert probe.stdout.split() == ["0", "True"], probe.stdout + probe.stderr

@@ -1,6 +1,10 @@
-"""GPU tensors go through host memory (copy, MPI, copy back) in stream order.
+"""CUDA tensors through hvdlite.torch: NCCL on hvdlite's own stream, ordered after the
+current stream and before it again, no host waits; and the same through host memory
+and MPI (HOROVOD_GPU_OPERATIONS=MPI).
 
-Skipped without CUDA. Each rank uses GPU ``local_rank % device_count``.
+Needs PyTorch with CUDA: skipped on machines without a GPU (the GPU path itself is
+tested there on the fake CUDA runtime and NCCL, tests/gpu). NCCL refuses two ranks on
+one GPU, so the 2-rank runs need two GPUs. Each rank uses GPU ``local_rank % device_count``.
 """
 from __future__ import annotations
 
@@ -10,10 +14,15 @@ import torch
 from tests.torch.torch_mp import assert_passed, run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU available")
+CASES = ["gpu_collectives", "gpu_training", "gpu_sync_batch_norm", "gpu_digits_cnn_matches_cpu"]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [1, 2])
-def test_gpu_tensors_through_host(n: int) -> None:
-    out = run_ranks(n, "gpu_worker.py", timeout=250)
-    assert_passed(out, n, ["gpu_collectives", "gpu_training"])
+@pytest.mark.parametrize("backend", ["NCCL", "MPI"])
+def test_cuda_tensors(n: int, backend: str) -> None:
+    if n > torch.cuda.device_count():
+        pytest.skip(f"{n} ranks need {n} GPUs (NCCL refuses two ranks on one GPU); "
+                    f"this machine has {torch.cuda.device_count()}")
+    out = run_ranks(n, "gpu_worker.py", timeout=250, env={"HOROVOD_GPU_OPERATIONS": backend})
+    assert_passed(out, n, CASES)

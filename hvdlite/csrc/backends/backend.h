@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,15 @@ class Completion {
   virtual std::string Error() = 0;
   // What consumers order their streams after (device work), or null.
   virtual std::shared_ptr<ReadyEvent> Ready() = 0;
+};
+
+// What a backend throws when a collective failed alike on every rank before anything
+// was queued (every rank found that NCCL cannot be loaded, say): the tensors fail, and
+// nothing is left for a peer to wait on, so hvdlite stays usable. Any other exception
+// from a device backend may leave peers waiting, and shuts the job down.
+class FailedOnEveryRank : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class Backend {

@@ -57,7 +57,8 @@ std::shared_ptr<SharedLibrary> SharedLibrary::Open(const std::string& library, c
   const int flags = RTLD_NOW | RTLD_LOCAL;
   if (const char* path = std::getenv(env); path && *path) {
     if (void* h = dlopen(path, flags)) return wrap(h, path);
-    *error = std::string(env) + "=" + path + " could not be opened: " + dlerror();
+    *error = "hvdlite could not load " + display + ": " + env + "=" + path + " could not be opened (" + dlerror() +
+             "). Searched only that file, as the variable asks";
     return nullptr;
   }
   for (const std::string& name : sonames) {

@@ -163,7 +163,7 @@ nccl::Comm NcclBackend::CommFor(int device) {
   std::string missing;
   for (int r = 0; r < size_; ++r)
     if (!notes[r].empty()) missing += "\nrank " + std::to_string(r) + ": " + notes[r];
-  if (!missing.empty()) throw std::runtime_error("NCCL cannot be loaded on every rank:" + missing);
+  if (!missing.empty()) throw FailedOnEveryRank("NCCL cannot be loaded on every rank:" + missing);
   lib_ = lib;
 
   struct Shared {
@@ -177,7 +177,7 @@ nccl::Comm NcclBackend::CommFor(int device) {
     if (!shared.ok) std::snprintf(shared.why, sizeof shared.why, "%s", lib_->ErrorString(r).c_str());
   }
   channel_->Share(&shared, sizeof shared, 0);
-  if (!shared.ok) throw std::runtime_error(std::string("ncclGetUniqueId failed on rank 0: ") + shared.why);
+  if (!shared.ok) throw FailedOnEveryRank(std::string("ncclGetUniqueId failed on rank 0: ") + shared.why);
 
   cuda::DeviceGuard guard(cuda::Runtime::Get(), device);
   nccl::Comm comm = nullptr;
