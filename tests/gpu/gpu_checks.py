@@ -233,6 +233,37 @@ def check_errors(r: int, n: int) -> None:
     np.testing.assert_array_equal(host(got), np.full((3,), n, np.float32))
 
 
+class DlpackOnly:
+    """A device array that only speaks DLPack (as a JAX array does)."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return self._inner.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._inner.__dlpack_device__()
+
+
+def check_dlpack_and_bfloat16(r: int, n: int) -> None:
+    """Objects that only export DLPack on a CUDA device, bfloat16 included (the array
+    interface has no type string for it)."""
+    import ml_dtypes
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    for dt in (np.float32, bf16):
+        mine = (np.arange(12, dtype=np.float32) * (r + 1)).astype(dt).reshape(3, 4)
+        src = DlpackOnly(hvd.DeviceArray.from_numpy(mine, 0))
+        got = hvd.allreduce(src, op=hvd.Sum, name=f"dlpack.{dt}")
+        assert isinstance(got, hvd.DeviceArray) and got.dtype == dt, (type(got), got.dtype)
+        want = (np.arange(12, dtype=np.float64) * sum(q + 1 for q in range(n))).reshape(3, 4)
+        close(got.get(), want, dt if dt != bf16 else np.float16, f"DLPack allreduce {dt}")
+        g = hvd.allgather(DlpackOnly(hvd.DeviceArray.from_numpy(mine, 0)), name=f"dlpack.ag.{dt}")
+        np.testing.assert_array_equal(g.get().astype(np.float32),
+                                      np.concatenate([(np.arange(12, dtype=np.float32) * (q + 1)).astype(dt)
+                                                      .astype(np.float32).reshape(3, 4) for q in range(n)]))
+
+
 def check_timeline(r: int, n: int) -> None:
     """NCCL phases appear in the timeline (rank 0 writes it)."""
     path = os.environ["GPU_TIMELINE"]
@@ -259,7 +290,8 @@ def check_restart(r: int, n: int) -> None:
 
 
 CHECKS = [check_allreduce, check_scaled_allreduce, check_fusion, check_gather_bcast_alltoall_reducescatter,
-          check_mixed_cycle, check_ordering_under_delay, check_errors, check_timeline, check_restart]
+          check_mixed_cycle, check_ordering_under_delay, check_dlpack_and_bfloat16, check_errors, check_timeline,
+          check_restart]
 
 
 def main() -> None:
