@@ -26,36 +26,10 @@ fake.load(os.path.dirname(os.environ["HVDLITE_CUDART_LIBRARY"]))
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite.common import basics as _basics  # noqa: E402
+from tests.core.core_checks import close, data_for, reference  # noqa: E402  (the host checks' references)
 
 DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
-
-
-def data_for(rank: int, shape: tuple[int, ...], dtype: np.dtype, seed: int, small: bool = False) -> np.ndarray:
-    rng = np.random.default_rng([seed, rank])
-    dtype = np.dtype(dtype)
-    if dtype.kind in "ui":
-        lo, hi = (0, 3) if small or dtype.itemsize == 1 else (-1000, 1000)
-        return rng.integers(0 if dtype.kind == "u" else lo, hi, size=shape).astype(dtype)
-    vals = rng.uniform(0.5, 1.5, size=shape) if small else rng.standard_normal(shape)
-    return vals.astype(dtype)
-
-
-def reference(op: int, arrays: list[np.ndarray]) -> np.ndarray:
-    acc = np.stack([a.astype(np.float64) for a in arrays])
-    if op in (hvd.Sum, hvd.Average):
-        r = acc.sum(0)
-        return r / len(arrays) if op == hvd.Average else r
-    return {hvd.Min: acc.min(0), hvd.Max: acc.max(0), hvd.Product: acc.prod(0)}[op]
-
-
-def close(got: np.ndarray, want: np.ndarray, dtype: np.dtype, what: str) -> None:
-    dtype = np.dtype(dtype)
-    if dtype.kind in "ui":
-        np.testing.assert_array_equal(got.astype(np.float64), np.trunc(want), err_msg=what)
-    else:
-        tol = {2: 2e-2, 4: 1e-5, 8: 1e-12}[dtype.itemsize]
-        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * 4, err_msg=what)
 
 
 def dev(arr: np.ndarray) -> fake.FakeDeviceArray:

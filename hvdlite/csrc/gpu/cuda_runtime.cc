@@ -14,13 +14,6 @@ std::once_flag g_once;
 Runtime* g_runtime = nullptr;  // kept for the life of the process, like the library
 std::string g_error;
 
-template <typename F>
-bool Bind(const SharedLibrary& lib, const char* name, F* slot, std::string* missing) {
-  *slot = reinterpret_cast<F>(lib.Symbol(name));
-  if (!*slot && missing) *missing += std::string(missing->empty() ? "" : ", ") + name;
-  return *slot != nullptr;
-}
-
 // A recorded event of the pool: ordering another stream after it, asking whether it
 // fired. Back to the pool when the last owner lets go.
 class PooledEvent : public ReadyEvent {
@@ -71,31 +64,31 @@ Runtime* Runtime::TryGet(std::string* error) {
     std::unique_ptr<Runtime> rt(new Runtime());
     Api& a = rt->api_;
     std::string missing;
-    Bind(*lib, "cudaGetDeviceCount", &a.GetDeviceCount, &missing);
-    Bind(*lib, "cudaSetDevice", &a.SetDevice, &missing);
-    Bind(*lib, "cudaGetDevice", &a.GetDevice, &missing);
-    Bind(*lib, "cudaMalloc", &a.Malloc, &missing);
-    Bind(*lib, "cudaFree", &a.Free, &missing);
-    Bind(*lib, "cudaMallocHost", &a.MallocHost, &missing);
-    Bind(*lib, "cudaFreeHost", &a.FreeHost, &missing);
-    Bind(*lib, "cudaMemcpyAsync", &a.MemcpyAsync, &missing);
-    Bind(*lib, "cudaMemsetAsync", &a.MemsetAsync, &missing);
-    Bind(*lib, "cudaStreamCreateWithFlags", &a.StreamCreateWithFlags, &missing);
-    Bind(*lib, "cudaStreamDestroy", &a.StreamDestroy, &missing);
-    Bind(*lib, "cudaStreamSynchronize", &a.StreamSynchronize, &missing);
-    Bind(*lib, "cudaStreamWaitEvent", &a.StreamWaitEvent, &missing);
-    Bind(*lib, "cudaEventCreateWithFlags", &a.EventCreateWithFlags, &missing);
-    Bind(*lib, "cudaEventRecord", &a.EventRecord, &missing);
-    Bind(*lib, "cudaEventQuery", &a.EventQuery, &missing);
-    Bind(*lib, "cudaEventSynchronize", &a.EventSynchronize, &missing);
-    Bind(*lib, "cudaEventDestroy", &a.EventDestroy, &missing);
-    Bind(*lib, "cudaPointerGetAttributes", &a.PointerGetAttributes, &missing);
-    Bind(*lib, "cudaGetErrorString", &a.GetErrorString, &missing);
-    Bind(*lib, "cudaGetLastError", &a.GetLastError, &missing);
-    Bind(*lib, "cudaRuntimeGetVersion", &a.RuntimeGetVersion, &missing);
-    Bind(*lib, "cudaDriverGetVersion", &a.DriverGetVersion, &missing);
-    Bind(*lib, "cudaMallocAsync", &a.MallocAsync, nullptr);
-    Bind(*lib, "cudaFreeAsync", &a.FreeAsync, nullptr);
+    BindSymbol(*lib, "cudaGetDeviceCount", &a.GetDeviceCount, &missing);
+    BindSymbol(*lib, "cudaSetDevice", &a.SetDevice, &missing);
+    BindSymbol(*lib, "cudaGetDevice", &a.GetDevice, &missing);
+    BindSymbol(*lib, "cudaMalloc", &a.Malloc, &missing);
+    BindSymbol(*lib, "cudaFree", &a.Free, &missing);
+    BindSymbol(*lib, "cudaMallocHost", &a.MallocHost, &missing);
+    BindSymbol(*lib, "cudaFreeHost", &a.FreeHost, &missing);
+    BindSymbol(*lib, "cudaMemcpyAsync", &a.MemcpyAsync, &missing);
+    BindSymbol(*lib, "cudaMemsetAsync", &a.MemsetAsync, &missing);
+    BindSymbol(*lib, "cudaStreamCreateWithFlags", &a.StreamCreateWithFlags, &missing);
+    BindSymbol(*lib, "cudaStreamDestroy", &a.StreamDestroy, &missing);
+    BindSymbol(*lib, "cudaStreamSynchronize", &a.StreamSynchronize, &missing);
+    BindSymbol(*lib, "cudaStreamWaitEvent", &a.StreamWaitEvent, &missing);
+    BindSymbol(*lib, "cudaEventCreateWithFlags", &a.EventCreateWithFlags, &missing);
+    BindSymbol(*lib, "cudaEventRecord", &a.EventRecord, &missing);
+    BindSymbol(*lib, "cudaEventQuery", &a.EventQuery, &missing);
+    BindSymbol(*lib, "cudaEventSynchronize", &a.EventSynchronize, &missing);
+    BindSymbol(*lib, "cudaEventDestroy", &a.EventDestroy, &missing);
+    BindSymbol(*lib, "cudaPointerGetAttributes", &a.PointerGetAttributes, &missing);
+    BindSymbol(*lib, "cudaGetErrorString", &a.GetErrorString, &missing);
+    BindSymbol(*lib, "cudaGetLastError", &a.GetLastError, &missing);
+    BindSymbol(*lib, "cudaRuntimeGetVersion", &a.RuntimeGetVersion, &missing);
+    BindSymbol(*lib, "cudaDriverGetVersion", &a.DriverGetVersion, &missing);
+    BindSymbol(*lib, "cudaMallocAsync", &a.MallocAsync, nullptr);
+    BindSymbol(*lib, "cudaFreeAsync", &a.FreeAsync, nullptr);
     if (!a.MallocAsync || !a.FreeAsync) a.MallocAsync = nullptr, a.FreeAsync = nullptr;
     if (!missing.empty()) {
       g_error = "hvdlite: " + lib->path() + " lacks " + missing + "; it is not a usable CUDA runtime";

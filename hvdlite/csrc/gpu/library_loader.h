@@ -40,4 +40,14 @@ class SharedLibrary {
   std::string path_;
 };
 
+// Looks `name` up in `lib` into `*slot` (a function pointer of the table a library is
+// called through). When it is missing and `missing` is given, adds the name to the
+// comma-separated list there, for the message that says the library is unusable.
+template <typename F>
+bool BindSymbol(const SharedLibrary& lib, const char* name, F* slot, std::string* missing) {
+  *slot = reinterpret_cast<F>(lib.Symbol(name));
+  if (!*slot && missing) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return *slot != nullptr;
+}
+
 }  // namespace hvdlite

@@ -13,12 +13,6 @@ std::once_flag g_once;
 Library* g_library = nullptr;  // kept for the life of the process
 std::string g_error;
 
-template <typename F>
-void Bind(const SharedLibrary& lib, const char* name, F* slot, std::string* missing) {
-  *slot = reinterpret_cast<F>(lib.Symbol(name));
-  if (!*slot && missing) *missing += std::string(missing->empty() ? "" : ", ") + name;
-}
-
 }  // namespace
 
 Library* Library::TryGet(std::string* error) {
@@ -33,24 +27,24 @@ Library* Library::TryGet(std::string* error) {
     std::unique_ptr<Library> l(new Library());
     Api& a = l->api_;
     std::string missing;
-    Bind(*lib, "ncclGetVersion", &a.GetVersion, &missing);
-    Bind(*lib, "ncclGetUniqueId", &a.GetUniqueId, &missing);
-    Bind(*lib, "ncclCommInitRank", &a.CommInitRank, &missing);
-    Bind(*lib, "ncclCommDestroy", &a.CommDestroy, &missing);
-    Bind(*lib, "ncclCommAbort", &a.CommAbort, &missing);
-    Bind(*lib, "ncclCommGetAsyncError", &a.CommGetAsyncError, &missing);
-    Bind(*lib, "ncclGetErrorString", &a.GetErrorString, &missing);
-    Bind(*lib, "ncclGetLastError", &a.GetLastError, nullptr);
-    Bind(*lib, "ncclAllReduce", &a.AllReduce, &missing);
-    Bind(*lib, "ncclBroadcast", &a.Broadcast, &missing);
-    Bind(*lib, "ncclReduceScatter", &a.ReduceScatter, &missing);
-    Bind(*lib, "ncclAllGather", &a.AllGather, &missing);
-    Bind(*lib, "ncclSend", &a.Send, &missing);
-    Bind(*lib, "ncclRecv", &a.Recv, &missing);
-    Bind(*lib, "ncclGroupStart", &a.GroupStart, &missing);
-    Bind(*lib, "ncclGroupEnd", &a.GroupEnd, &missing);
-    Bind(*lib, "ncclRedOpCreatePreMulSum", &a.RedOpCreatePreMulSum, &missing);
-    Bind(*lib, "ncclRedOpDestroy", &a.RedOpDestroy, &missing);
+    BindSymbol(*lib, "ncclGetVersion", &a.GetVersion, &missing);
+    BindSymbol(*lib, "ncclGetUniqueId", &a.GetUniqueId, &missing);
+    BindSymbol(*lib, "ncclCommInitRank", &a.CommInitRank, &missing);
+    BindSymbol(*lib, "ncclCommDestroy", &a.CommDestroy, &missing);
+    BindSymbol(*lib, "ncclCommAbort", &a.CommAbort, &missing);
+    BindSymbol(*lib, "ncclCommGetAsyncError", &a.CommGetAsyncError, &missing);
+    BindSymbol(*lib, "ncclGetErrorString", &a.GetErrorString, &missing);
+    BindSymbol(*lib, "ncclGetLastError", &a.GetLastError, nullptr);
+    BindSymbol(*lib, "ncclAllReduce", &a.AllReduce, &missing);
+    BindSymbol(*lib, "ncclBroadcast", &a.Broadcast, &missing);
+    BindSymbol(*lib, "ncclReduceScatter", &a.ReduceScatter, &missing);
+    BindSymbol(*lib, "ncclAllGather", &a.AllGather, &missing);
+    BindSymbol(*lib, "ncclSend", &a.Send, &missing);
+    BindSymbol(*lib, "ncclRecv", &a.Recv, &missing);
+    BindSymbol(*lib, "ncclGroupStart", &a.GroupStart, &missing);
+    BindSymbol(*lib, "ncclGroupEnd", &a.GroupEnd, &missing);
+    BindSymbol(*lib, "ncclRedOpCreatePreMulSum", &a.RedOpCreatePreMulSum, &missing);
+    BindSymbol(*lib, "ncclRedOpDestroy", &a.RedOpDestroy, &missing);
     if (!missing.empty()) {
       g_error = "hvdlite: " + lib->path() + " lacks " + missing + " (hvdlite needs NCCL 2.11 or newer)";
       return;
