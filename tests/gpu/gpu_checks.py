@@ -203,6 +203,14 @@ def check_errors(r: int, n: int) -> None:
         __cuda_array_interface__ = dict(d.__cuda_array_interface__, shape=(4, 2), strides=(16, 8))
     expect_error(lambda: hvd.allreduce(Strided() if r == 0 else dev(np.zeros((4, 2), np.float32)), name="strided"),
                  "strided", "rank 0", "contiguous")
+    # A second GPU in one process (on one rank only): hvdlite drives one GPU per process.
+    if r == n - 1:
+        fake.check(fake.lib().cudaSetDevice(1), "cudaSetDevice")
+        other = dev(np.ones(4, np.float32))
+        fake.check(fake.lib().cudaSetDevice(0), "cudaSetDevice")
+    else:
+        other = dev(np.ones(4, np.float32))
+    expect_error(lambda: hvd.allreduce(other, name="second.gpu"), "second.gpu", f"rank {n - 1}", "one GPU per process")
     got = hvd.allreduce(dev(np.ones((3,), np.float32)), op=hvd.Sum, name="after.errors")
     np.testing.assert_array_equal(host(got), np.full((3,), n, np.float32))
 
