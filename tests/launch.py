@@ -29,6 +29,42 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a job's launcher and every process below it. Its process group is not
+    enough: mpirun starts the ranks in process groups of their own, and ranks left
+    behind by a killed launcher would keep running (and waiting) forever."""
+    children = _children()
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    for p in reversed(tree):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def run_job(n: int, script: str | Path, *args: str, env: dict[str, str] | None = None,
             timeout: float = 180, cwd: str | Path = REPO) -> subprocess.CompletedProcess:
     """Run ``script`` on ``n`` ranks with ``hvdlite-run``; returns the finished job.
@@ -41,7 +77,7 @@ def run_job(n: int, script: str | Path, *args: str, env: dict[str, str] | None =
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         out, err = proc.communicate()
         raise AssertionError(f"job timed out after {timeout} s: {' '.join(cmd)}\n"
                              f"stdout:\n{out[-6000:]}\nstderr:\n{err[-6000:]}") from None

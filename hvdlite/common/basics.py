@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from typing import Any
 
 from hvdlite.common import gpu_libraries, mpi_lib, naming
@@ -105,6 +106,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     c.init(comm_handle, ranks)  # a process not among `ranks` stays uninitialized
     if c.is_initialized():
         os.environ[_OWNER_ENV] = _owner_mark(os.getpid())
+        _end_job_on_uncaught_exceptions()
 
 
 # Set by init() to the initializing process's pid and launcher job, and inherited by
@@ -136,6 +138,39 @@ def _check_not_a_child() -> None:
         "multiprocessing's 'spawn' and 'forkserver' workers (a DataLoader's, for example) "
         "re-run the script's top level: put the training code under "
         "`if __name__ == '__main__':`")
+
+
+_previous_excepthook: Any = None
+
+
+def _end_job_on_uncaught_exceptions() -> None:
+    """Make an exception nothing catches end this rank at once, so that the launcher
+    ends the job (Open MPI kills the other ranks when one exits with an error).
+
+    Without it the interpreter would go on to its exit handlers, and MPI_Finalize there
+    waits for every other rank -- which are waiting in a collective for this one: the
+    job would hang with the traceback printed and nothing else happening. Installed once,
+    by ``init()``; only while hvdlite runs on more than one rank."""
+    global _previous_excepthook
+    if _previous_excepthook is not None:
+        return
+    _previous_excepthook = sys.excepthook
+
+    def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+        _previous_excepthook(exc_type, exc, tb)
+        c = _core_module
+        if c is None or not c.has_world() or c.forked_reason() or c.size() < 2:
+            return
+        sys.stderr.write(f"hvdlite: rank {c.rank()} exits on the uncaught {exc_type.__name__} above "
+                         "without waiting for the other ranks; the launcher ends the job\n")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - nothing more to do on the way out
+                pass
+        os._exit(1)
+
+    sys.excepthook = hook
 
 
 def _tune_mpi_environment() -> None:

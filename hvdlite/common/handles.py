@@ -23,7 +23,7 @@ class Request:
     (``keepalive``) until then, even if the request is dropped before it finishes."""
 
     __slots__ = ("_id", "_keepalive", "_done", "_error", "kind", "name", "_output", "_aux",
-                 "device", "consumers", "sync_host", "__weakref__")
+                 "device", "consumers", "reader", "sync_host", "__weakref__")
 
     def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any) -> None:
         self._id = handle_id
@@ -41,6 +41,9 @@ class Request:
         # it). With `sync_host`, the host waits for it (memory whose owner named no
         # stream). A device result carries the stream it was produced on besides.
         self.consumers: tuple[int, ...] = ()
+        # Of those, the stream that will read a result the engine allocated: the memory
+        # is freed only after the work queued there by then.
+        self.reader: int | None = None
         self.sync_host = False
         self.device = CPU_DEVICE  # where the request's tensor lives
 
@@ -66,7 +69,7 @@ class Request:
                     buf, shape, dtype_code, aux = core.take_output(self._id)
                     self._aux = list(aux)
                     if self.kind != JOIN:
-                        self._output = (_host_bytes(buf, self.consumers), tuple(shape), DTYPE_NAMES[dtype_code])
+                        self._output = (_host_bytes(buf, self.reader), tuple(shape), DTYPE_NAMES[dtype_code])
                 core.release(self._id)
             self._done = True
             self._error = None if ok else message
@@ -96,12 +99,12 @@ class Request:
                 _orphans.append((self._id, self._keepalive))
 
 
-def _host_bytes(buf: Any, consumers: tuple[int, ...]) -> Any:
+def _host_bytes(buf: Any, reader: int | None) -> Any:
     """An engine output as the front ends take it: host results as NumPy bytes; GPU
-    results (``DeviceResult``) as they are, noted as used on the consumers' streams."""
+    results (``DeviceResult``) as they are, noted as used on the reader's stream."""
     if hasattr(buf, "to_dlpack"):
-        for stream in consumers:
-            buf.used_on(stream)
+        if reader is not None:
+            buf.used_on(reader)
         return buf
     return np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8)
 

@@ -194,6 +194,7 @@ class _TorchHandle(Handle):
             device = getattr(part, "device", _ops.CPU_DEVICE)
             if device != _ops.CPU_DEVICE:
                 stream = torch.cuda.current_stream(device).cuda_stream
+                part.reader = stream
                 if stream not in part.consumers:
                     part.consumers = (*part.consumers, stream)
         super()._complete()

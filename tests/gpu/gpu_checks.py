@@ -265,6 +265,7 @@ def check_timeline(r: int, n: int) -> None:
 
 def check_restart(r: int, n: int) -> None:
     """shutdown() destroys the NCCL communicators; init() again makes new ones."""
+    hvd.barrier()  # shutdown() on one rank stops every rank: all finish what came before
     hvd.shutdown()
     hvd.init()
     got = hvd.allreduce(dev(np.full((5,), r, np.float32)), op=hvd.Sum, name="after.restart")

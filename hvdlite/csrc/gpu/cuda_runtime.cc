@@ -209,8 +209,15 @@ StreamMemory::~StreamMemory() {
   const Runtime& rt = events_->runtime();
   try {
     DeviceGuard guard(rt, events_->device());
-    // Whatever the consumers queued so far that reads this memory comes first.
-    for (uintptr_t s : users_) events_->Record(reinterpret_cast<Stream>(s))->OrderBefore(stream());
+    // Whatever the consumers queued so far that reads this memory comes first. A
+    // consumer's stream that no longer exists has nothing queued any more: skipped.
+    for (uintptr_t s : users_) {
+      try {
+        events_->Record(reinterpret_cast<Stream>(s))->OrderBefore(stream());
+      } catch (const std::exception& ex) {
+        HVD_DEBUG("freeing a GPU result buffer: not ordered after stream " << s << ": " << ex.what());
+      }
+    }
     if (rt.api().FreeAsync) rt.api().FreeAsync(ptr_, stream_->get());
     else rt.api().Free(ptr_);
   } catch (const std::exception& ex) {
