@@ -2,6 +2,7 @@
 Keras ``DistributedOptimizer`` uses too."""
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Sequence
 
@@ -10,6 +11,7 @@ import tensorflow as tf
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 from hvdlite.tensorflow import mpi_ops as _mpi
+from hvdlite.tensorflow import overlap as _overlap
 from hvdlite.tensorflow.compression import Compression, Compressor
 from hvdlite.tensorflow.mpi_ops import Average, Sum, global_process_set
 
@@ -48,17 +50,19 @@ def _group_index(n_dense: int, dense_vars: Sequence[Any] | None, groups: Any) ->
 _GRADIENT_OPS = (Average, Sum, _ops.Min, _ops.Max, _ops.Product)
 
 _DEFAULT_BUCKET_BYTES = 1 << 20
+_OVERLAP_BUCKET_BYTES = 4 << 20
 
 
 def bucket_bytes() -> int:
     """Bytes per submit bucket inside graphs (``HVDLITE_TF_BUCKET_BYTES``; 0 submits a
     whole step's gradients at once, after the backward pass). hvdlite addition.
 
-    Default: 1 MiB, so that buckets are submitted while the backward pass goes on -- unless
-    TensorFlow runs with a single inter-op thread. That thread runs a bucket's submit op
-    only when it has nothing else left to run, which in a backward pass is its end, so
-    every bucket is submitted at the end anyway and each extra ``py_function`` only
-    costs time (about 0.25 ms each); then the default is 0, one submit per step."""
+    Default with a single inter-op thread: 4 MiB where buckets are submitted during the
+    backward pass (:func:`hvdlite.tensorflow.overlap.enabled`), each bucket costing a
+    ``py_function`` on the thread that computes (0.2-0.3 ms on the 2-core test host);
+    otherwise 0, since that thread's executor would run every submit after the backward
+    pass anyway and each extra ``py_function`` would only cost time. With more inter-op
+    threads, 1 MiB: an idle thread runs a bucket's submit as soon as it is ready."""
     value = os.environ.get("HVDLITE_TF_BUCKET_BYTES")
     if value is not None:
         try:
@@ -66,7 +70,7 @@ def bucket_bytes() -> int:
         except ValueError:
             pass
     if tf.config.threading.get_inter_op_parallelism_threads() == 1:
-        return 0
+        return _OVERLAP_BUCKET_BYTES if _overlap.enabled() else 0
     return _DEFAULT_BUCKET_BYTES
 
 
@@ -115,8 +119,10 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
                         groups: Any = None, name: str = "gradient") -> list[Any]:
     """Combine a list of gradients over ranks. Eagerly all are submitted before any is
     waited for, so the engine fuses them. Inside a graph, buckets of about
-    :func:`bucket_bytes` are submitted, last gradient first, each as soon as its
-    gradients exist (overlapping the rest of the backward pass), and one op waits. ``None`` stays ``None``. Dense gradients are
+    :func:`bucket_bytes` are submitted, last gradient first, and one op waits; where
+    :func:`hvdlite.tensorflow.overlap.enabled`, each bucket is submitted as soon as its
+    gradients exist, before the rest of the backward pass (which the communication then
+    overlaps). ``None`` stays ``None``. Dense gradients are
     allreduced with ``op``; ``tf.IndexedSlices`` are allgathered (values and indices),
     or densified first with ``sparse_as_dense=True``. ``gradient_predivide_factor`` f
     (only with ``op=Average``) divides by f before the sum and by size/f after it.
@@ -180,7 +186,12 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
         outs = _mpi._run(specs, inputs)
     else:
         buckets = _buckets(specs, inputs, owner, limit)
-        parts = _mpi._run_buckets([([specs[j] for j in b], [inputs[j] for j in b]) for b in buckets])
+        order = None
+        if _overlap.enabled():
+            gate = tf.config.threading.get_inter_op_parallelism_threads() == 1
+            order = functools.partial(_overlap.submit_during_backward, gate=gate)
+        parts = _mpi._run_buckets([([specs[j] for j in b], [inputs[j] for j in b]) for b in buckets],
+                                  order=order)
         outs = [None] * len(specs)
         for b, part in zip(buckets, parts):
             for j, o in zip(b, part):
@@ -329,9 +340,12 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     over all ranks.
 
     Use it after recording: ``tape = hvd.DistributedGradientTape(tape)``; the returned
-    object is a ``tf.GradientTape`` sharing the wrapped tape's state. All gradients of
-    one ``gradient()`` call are submitted together (one op inside ``tf.function``), so the
-    engine fuses them. ``tf.IndexedSlices`` gradients (embeddings) are allgathered, or
+    object is a ``tf.GradientTape`` sharing the wrapped tape's state. The gradients of
+    one ``gradient()`` call are submitted together, so the engine fuses them: eagerly all
+    at once; inside ``tf.function`` in one batch after the backward pass, or, where a rank
+    has a core to spare for communication, in buckets as the backward pass produces them
+    (``HVDLITE_TF_OVERLAP``, ``HVDLITE_TF_BUCKET_BYTES``; see
+    :func:`hvdlite.tensorflow.overlap.enabled`). ``tf.IndexedSlices`` gradients (embeddings) are allgathered, or
     densified and allreduced with ``sparse_as_dense=True``. ``compression``
     (``Compression.none/fp16/bf16``) casts on the wire. ``gradient_predivide_factor`` f:
     divide by f before the sum and by size/f after (needs ``op=Average``).

@@ -5,13 +5,15 @@ Python: eagerly the tensor's host memory is handed to the engine directly (no co
 inside a graph (``tf.function``, Keras ``model.fit``) the same Python code runs inside a
 ``tf.py_function`` op. Several collectives can share one such op -- they are all
 submitted before any is waited for -- so the engine sees them in flight together and
-fuses them. ``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` go one
-step further inside graphs: gradients are submitted in buckets of about 1 MiB
-(``HVDLITE_TF_BUCKET_BYTES``; 0 = one bucket), last layer first, each by a small op that
-TensorFlow runs as soon as that bucket's gradients exist, and a single op at the end
-waits for all of them -- so communication overlaps the rest of the backward pass. With a
-single inter-op thread TensorFlow would run every submit at the end of the backward pass
-anyway, so there the default is one bucket (see ``gradients.bucket_bytes``).
+fuses them. ``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` can go one
+step further inside graphs: gradients are submitted in buckets (``HVDLITE_TF_BUCKET_BYTES``;
+0 = one bucket), last layer first, each by a small op, and a single op at the end waits
+for all of them. ``hvdlite.tensorflow.overlap`` adds control edges that make TensorFlow
+run each submit as soon as its bucket's gradients exist, before the rest of the backward
+pass, so that communication overlaps it; by default only where a rank has a core to
+spare for communication and TensorFlow several inter-op threads, elsewhere the whole
+step's gradients go out in one batch after the backward pass (see
+``gradients.bucket_bytes`` and ``overlap.enabled``).
 Results land in buffers that TensorFlow takes over without a copy (DLPack).
 
 Limits that follow from this design:
@@ -558,14 +560,18 @@ def _drain_tickets() -> None:
 
 
 @_no_autograph
-def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]]) -> list[list[tf.Tensor]]:
+def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]],
+                 order: Callable[[Sequence[Sequence[tf.Tensor]], Sequence[Any]], Any] | None = None
+                 ) -> list[list[tf.Tensor]]:
     """Inside a graph: one small "submit" op per bucket and one "wait" op for all of them.
 
-    A submit op needs only its own bucket's tensors, so TensorFlow can run it as soon as
-    they exist -- for gradients listed in reverse, while the rest of the backward pass is
-    still being computed -- and the engine communicates them in the background. The wait
-    op then collects every result. Only ALLREDUCE and ALLGATHER requests. Eagerly the
-    buckets simply run one after the other, each submitted whole before any wait."""
+    A submit op needs only its own bucket's tensors, so TensorFlow may run it as soon as
+    they exist, and the engine communicates them in the background; ``order`` (called
+    with each bucket's tensors and the submit ops, e.g.
+    :func:`hvdlite.tensorflow.overlap.submit_during_backward`) can make it do so before
+    the rest of the backward pass. The wait op then collects every result. Only
+    ALLREDUCE and ALLGATHER requests. Eagerly the buckets simply run one after the
+    other, each submitted whole before any wait."""
     if _executing_eagerly():
         return [_run(specs, tensors) for specs, tensors in buckets]
     _check_not_xla()
@@ -582,6 +588,8 @@ def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]])
                 _tickets[ticket] = pending
             return np.int64(ticket)
         tickets.append(tf.py_function(submit_body, list(tensors), tf.int64, name="hvdlite_submit"))
+    if order is not None:  # e.g. overlap.submit_during_backward
+        order([tensors for _, tensors in buckets], [t.op for t in tickets])
 
     tout = [t.dtype for _, tensors in buckets for t in tensors]
 

@@ -4,6 +4,7 @@ collectives; variables and objects; error paths; DistributedGradientTape against
 single-process training on the global batch."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -512,6 +513,21 @@ def gradient_tape_rejects_unsupported_ops():
         expect_close(grads[0], want, f"tape gradient with op={op}")
 
 
+@contextlib.contextmanager
+def environment(values):
+    """Set environment variables for the duration, then restore what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @check
 def distributed_gradient_tape_matches_single_process():
     """k steps of a custom tf.function loop on rank-local batches == single-process
@@ -565,21 +581,159 @@ def distributed_gradient_tape_matches_single_process():
                 "var_groups": lambda w: {"groups": [[w[0], w[2]]]},
                 "fp16": {"compression": hvd.Compression.fp16}, "wrap_first": {"wrap_first": True},
                 "one_batch": {}, "small_buckets": {}}
+    settings = {"one_batch": {"HVDLITE_TF_BUCKET_BYTES": "0"},  # the whole step in one submit
+                # one submit op per gradient, where TensorFlow runs it / during the backward pass
+                "small_buckets": {"HVDLITE_TF_BUCKET_BYTES": "8", "HVDLITE_TF_OVERLAP": "0"},
+                "small_buckets_overlap": {"HVDLITE_TF_BUCKET_BYTES": "8", "HVDLITE_TF_OVERLAP": "1"},
+                "groups_overlap": {"HVDLITE_TF_BUCKET_BYTES": "8", "HVDLITE_TF_OVERLAP": "1"}}
+    variants["small_buckets_overlap"] = {}
+    variants["groups_overlap"] = {"num_groups": 2}
     for label, options in variants.items():
-        if label == "one_batch":  # no buckets: the whole step in one submit
-            os.environ["HVDLITE_TF_BUCKET_BYTES"] = "0"
-        if label == "small_buckets":  # one submit op per gradient
-            os.environ["HVDLITE_TF_BUCKET_BYTES"] = "8"
-        try:
+        with environment(settings.get(label, {})):
             got = train(dict(options) if isinstance(options, dict) else options, distributed=True)
-        finally:
-            os.environ.pop("HVDLITE_TF_BUCKET_BYTES", None)
         tol = 2e-3 if label == "fp16" else 1e-5
         for i, (g, r) in enumerate(zip(got, reference)):
             expect_close(g, r, f"tape {label} weight {i} vs single process", rtol=tol, atol=tol)
             everyone = hvd.allgather(tf.constant(g[None]))
             expect(np.allclose(np.asarray(everyone), g[None], rtol=1e-6, atol=1e-7),
                    f"tape {label} weight {i} differs between ranks")
+
+
+@check
+def gradient_buckets_are_submitted_during_the_backward_pass():
+    """With HVDLITE_TF_OVERLAP=1, inside tf.function (custom loop and Keras fit), each
+    bucket of gradients is submitted before the backward pass goes on to the layers
+    below it. Every layer's input passes through an op whose gradient runs a Python
+    marker, a stateful op that TensorFlow chains with other stateful ops in program
+    order; the order in which markers and submits run is recorded. The weights after
+    one step equal an SGD step on the average of every rank's own gradients; with the
+    overlap off they are the same. Traced as if TensorFlow had several inter-op threads,
+    the submits gate nothing in the backward pass and follow no marker."""
+    import keras
+
+    import hvdlite.tensorflow.keras as hvdk
+    from hvdlite.tensorflow import mpi_ops
+
+    L, D, B_ = 4, 6, 5
+    rng = np.random.default_rng(77)
+    w_init = [rng.normal(size=(D, D)).astype(np.float32) * 0.5 for _ in range(L)]
+    x = data(R, (B_, D), np.float32, seed=78)
+    events = []
+
+    def marker(i):
+        def record(dy):
+            events.append(f"layer {i}")
+            return dy
+
+        @tf.custom_gradient
+        def mark(h):
+            def grad(dy):
+                out = tf.py_function(record, [dy], dy.dtype)
+                out.set_shape(dy.shape)
+                return out
+            return tf.identity(h), grad
+        return mark
+
+    marks = [marker(i) for i in range(L)]
+    real_submit = mpi_ops._submit
+
+    def recording_submit(specs, *args, **kwargs):
+        events.append("submit " + ",".join(sp.name.rsplit(".", 1)[-1] for sp in specs))
+        return real_submit(specs, *args, **kwargs)
+
+    def forward(ws, h):
+        for i, w in enumerate(ws):
+            h = tf.nn.relu(tf.matmul(marks[i](h), w)) if i < L - 1 else tf.matmul(marks[i](h), w)
+        return tf.reduce_mean(h ** 2)
+
+    # Reference: the average of every rank's own gradients at the common start.
+    ws0 = [tf.Variable(w) for w in w_init]
+    with tf.GradientTape() as tape:
+        loss = forward(ws0, x)
+    mine = [g.numpy() for g in tape.gradient(loss, ws0)]
+    mean = [np.mean([e[i] for e in hvd.allgather_object(mine)], axis=0) for i in range(L)]
+    want = [w - 0.1 * g for w, g in zip(w_init, mean)]
+
+    def check_order(what):
+        # variable i's gradient is submitted before the marker of layer i (which the
+        # gradients of the layers below it need) runs
+        for i in range(1, L):
+            sub = [k for k, e in enumerate(events) if e.startswith("submit") and str(i) in e.split(" ")[1].split(",")]
+            mark = [k for k, e in enumerate(events) if e == f"layer {i}"]
+            expect(bool(sub) and bool(mark) and sub[0] < mark[0],
+                   f"{what}: gradient {i} submitted after the backward pass reached layer {i}: {events}")
+
+    def loop_step(overlap, inter_op_threads=None):
+        ws = [tf.Variable(w) for w in w_init]
+
+        @tf.function
+        def step(xb):
+            with tf.GradientTape() as tape:
+                loss = forward(ws, xb)
+            grads = hvd.DistributedGradientTape(tape).gradient(loss, ws)
+            for w, g in zip(ws, grads):
+                w.assign_sub(0.1 * g)
+            return loss
+        threading = tf.config.threading
+        real_threads = threading.get_inter_op_parallelism_threads
+        if inter_op_threads is not None:  # trace as if TensorFlow had more inter-op threads
+            threading.get_inter_op_parallelism_threads = lambda: inter_op_threads
+        try:
+            with environment({"HVDLITE_TF_BUCKET_BYTES": "8", "HVDLITE_TF_OVERLAP": overlap}):
+                traced = step.get_concrete_function(tf.TensorSpec(x.shape, tf.float32))
+        finally:
+            threading.get_inter_op_parallelism_threads = real_threads
+        if inter_op_threads is not None and N > 1:
+            # no edges into the backward pass; the submits follow no marker (stateful op)
+            graph_ops = traced.graph.get_operations()
+            submits = [op for op in graph_ops
+                       if op.name.startswith("hvdlite_submit") and op.type == "EagerPyFunc"]
+            expect(len(submits) == L, f"{len(submits)} submit ops, expected {L}")
+            for op in submits:
+                users = ({c.type for c in graph_ops if op in c.control_inputs}
+                         | {c.type for o in op.outputs for c in o.consumers()})
+                expect(users <= {"EagerPyFunc", "NoOp"},
+                       f"with {inter_op_threads} inter-op threads, {op.name} gates {users}")
+                waits_for = [c.name for c in op.control_inputs if not c.name.startswith("hvdlite_submit")]
+                expect(not waits_for, f"{op.name} waits for {waits_for}")
+        events.clear()
+        step(tf.constant(x))
+        return [w.numpy() for w in ws]
+
+    def fit_step(overlap):
+        keras.utils.set_random_seed(5)
+        inp = keras.Input((D,))
+        h = inp
+        for i in range(L):
+            h = keras.layers.Lambda(marks[i])(h)
+            h = keras.layers.Dense(D, use_bias=False, activation="relu" if i < L - 1 else None)(h)
+        model = keras.Model(inp, h)
+        model.set_weights(w_init)
+        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        model.compile(optimizer=opt, loss=lambda y, p: tf.reduce_mean(p ** 2, axis=-1))
+        with environment({"HVDLITE_TF_BUCKET_BYTES": "8", "HVDLITE_TF_OVERLAP": overlap}):
+            events.clear()
+            model.fit(x, np.zeros((B_, D), np.float32), batch_size=B_, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    mpi_ops._submit = recording_submit
+    try:
+        for overlap in ("1", "0", "more threads"):
+            for what, run in (("custom loop", loop_step), ("fit", fit_step)):
+                if overlap == "more threads":
+                    if what == "fit":
+                        continue
+                    got = loop_step("1", inter_op_threads=4)
+                else:
+                    got = run(overlap)
+                label = f"{what}, overlap {overlap}"
+                for i, (g, w) in enumerate(zip(got, want)):
+                    expect_close(g, w, f"{label}: weight {i} vs SGD on the averaged gradients",
+                                 rtol=1e-5, atol=1e-6)
+                if overlap == "1" and N > 1:
+                    check_order(label)
+    finally:
+        mpi_ops._submit = real_submit
 
 
 @check

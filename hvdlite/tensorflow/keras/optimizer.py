@@ -246,7 +246,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     (and the same state if ``optimizer`` was already built), and the instance attributes
     that the config does not record, such as ``exclude_from_weight_decay()``'s
     exclusions. An op other than Average, Sum, Min, Max or Product (Adasum) is refused
-    here. A whole step's gradients are submitted together so the engine fuses them.
+    here. A whole step's gradients are submitted together so the engine fuses them, as
+    for :func:`hvdlite.tensorflow.DistributedGradientTape` (in ``model.fit``: in one batch
+    after the backward pass, or in buckets while it runs where a rank has a core to
+    spare, see :func:`hvdlite.tensorflow.overlap.enabled`).
     Each rank computes its loss on its own batch; with ``op=Average`` (default) the update equals single-process training on the
     union of the batches. ``tf.IndexedSlices`` gradients are allgathered (or allreduced
     dense with ``sparse_as_dense=True``). ``backward_passes_per_step`` k > 1 sums k
