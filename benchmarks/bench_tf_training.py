@@ -1,7 +1,8 @@
 """TensorFlow/Keras training throughput: single process vs hvdlite vs MultiWorkerMirroredStrategy.
 
     python benchmarks/bench_tf_training.py [--quick] [--models mlp,resnet] [--apis loop,fit]
-                                           [--rounds R] [--json-out F.json]
+                                           [--modes M,...] [--rounds R] [--json-out F.json]
+                                           [--backward-idle-ms X]
 
 Run it with plain ``python`` (not under mpirun): it starts every configuration itself,
 each in fresh processes with one TensorFlow intra-op and one inter-op thread:
@@ -23,6 +24,16 @@ each in fresh processes with one TensorFlow intra-op and one inter-op thread:
   ranks allreduce one float. Everything of ``hvdlite`` but moving the gradients: the
   ceiling of synchronous data-parallel training on this machine, where the ranks'
   memory-bound phases (the optimizer update) always run at the same time;
+  After its timed steps, each ``lockstep`` run also times hvdlite allreducing arrays of
+  the model's gradient shapes alone (``allreduce_ms``, the median of 15 calls that each
+  start together on every rank): moving the gradients once at the engine's speed, with
+  nothing else running. ``lockstep + allreduce``, lockstep's step made that much longer,
+  is what synchronous training can reach when the gradients' allreduce cannot overlap
+  computation (as with one core per rank, where it needs the cores the backward pass
+  uses);
+* ``hvdlite_overlap``: ``hvdlite`` with ``HVDLITE_TF_OVERLAP=1``, gradients submitted in
+  buckets while the backward pass runs (``hvdlite/tensorflow/overlap.py``), which the
+  default leaves off with a single inter-op thread;
 * ``mwms``: TensorFlow's own ``tf.distribute.MultiWorkerMirroredStrategy`` on 2 worker
   processes joined over loopback (``TF_CONFIG`` with localhost ports), ring collectives.
 
@@ -33,6 +44,9 @@ PyTorch benchmark's: ``mlp``, 20 Dense+ReLU layers 1024 -> 700 (x19) -> 10, 9.56
 batch 64 per rank (communication-heavy); ``resnet``, a ResNet-like CNN on 32x32 images,
 3 stages of 2 basic blocks (64/128/256), 2.78 M parameters, batch 32 per rank
 (compute-heavy). Optimizer SGD(0.01, momentum 0.9), softmax cross-entropy.
+``--backward-idle-ms X`` (MLP only) makes every layer's gradient also sleep X ms, leaving
+the CPU idle as while an accelerator computes: the case in which a rank has a core for
+communication during the backward pass, so ``hvdlite_overlap`` can hide it.
 
 Before timing, every distributed configuration takes one SGD step on the MLP from a
 common starting point, each rank on its own half of a global batch, and its weights are
@@ -73,7 +87,8 @@ EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.p
 BATCH = {"mlp": 64, "resnet": 32}
 TARGET = {"mlp": 0.75, "resnet": 0.95}
 PARAMS = {"mlp": 9_557_110, "resnet": 2_777_674}
-MODES = ("single", "hvdlite", "single_tuned", "independent", "lockstep", "mwms")  # the two compared most, back to back
+MODES = ("single", "hvdlite", "single_tuned", "independent", "lockstep", "hvdlite_overlap",
+         "mwms")  # the two compared most, back to back
 # What hvdlite's engine sets with mallopt() at init (TuneHostAllocator in engine.cc).
 HVDLITE_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
                       "MALLOC_TOP_PAD_": str(64 << 20)}
@@ -98,11 +113,40 @@ def load_example() -> Any:
     return mod
 
 
-def build_model(name: str) -> Any:
+def build_model(name: str, backward_idle_ms: float = 0.0) -> Any:
     model = load_example().MODELS[name][0]()
     n = sum(int(v.numpy().size) for v in model.trainable_variables)
     assert n == PARAMS[name], f"{name}: {n} parameters, expected {PARAMS[name]}"
+    if backward_idle_ms > 0:
+        model = with_idle_backward(model, backward_idle_ms / 1000)
     return model
+
+
+def with_idle_backward(model: Any, seconds: float) -> Any:
+    """``model`` (a Sequential, such as the MLP) with an op after every layer whose
+    gradient sleeps ``seconds`` with the CPU idle, as it would be while an accelerator
+    computes that layer's backward pass: the case in which hvdlite_overlap's
+    communication has a core to run on. Same weights, same values."""
+    import keras
+    import tensorflow as tf
+
+    def wait(dy):
+        time.sleep(seconds)
+        return dy
+
+    @tf.custom_gradient
+    def idle_in_backward(h):
+        def grad(dy):
+            out = tf.py_function(wait, [dy], dy.dtype)
+            out.set_shape(dy.shape)
+            return out
+        return tf.identity(h), grad
+
+    inputs = keras.Input(model.input_shape[1:])
+    h = inputs
+    for layer in model.layers:
+        h = keras.layers.Lambda(idle_in_backward)(layer(h))
+    return keras.Model(inputs, h, name=f"{model.name}_idle_backward")
 
 
 def batch(name: str, size: int, seed: int) -> tuple[Any, Any]:
@@ -177,7 +221,9 @@ def worker(args: argparse.Namespace) -> None:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
         nranks = strategy.num_replicas_in_sync
-    elif mode in ("hvdlite", "lockstep"):
+    elif mode in ("hvdlite", "lockstep", "hvdlite_overlap"):
+        if mode == "hvdlite_overlap":
+            mode = "hvdlite"  # the same code; run_mode set HVDLITE_TF_OVERLAP=1
         import hvdlite.tensorflow as hvd
         import hvdlite.tensorflow.keras as hvdk
         hvd.init()
@@ -224,7 +270,7 @@ def worker(args: argparse.Namespace) -> None:
                     model.fit(x, y, batch_size=x.shape[0], epochs=1, verbose=0, shuffle=False)
             w = flat_weights(model)
             if rank == 0:
-                np.save(Path(args.verify) / f"{mode}_{api}.npy", w)
+                np.save(Path(args.verify) / f"{args.worker}_{api}.npy", w)
 
     # ---- timing
     total = args.warmup + args.steps * args.windows
@@ -232,7 +278,7 @@ def worker(args: argparse.Namespace) -> None:
         for api in args.apis:
             with scope():
                 keras.utils.set_random_seed(0)
-                model = build_model(name)
+                model = build_model(name, args.backward_idle_ms)
                 opt = make_optimizer()
                 if mode == "hvdlite" and api == "fit":
                     opt = hvdk.DistributedOptimizer(opt)
@@ -266,9 +312,31 @@ def worker(args: argparse.Namespace) -> None:
                    / timed_steps}
             if marks.huge_page_extents is not None:
                 res["huge_page_extents"] = marks.huge_page_extents
+            if mode == "lockstep":
+                res["allreduce_ms"] = gradient_allreduce_ms(model)
             emit(res)
     if hvd is not None:
         hvd.shutdown()
+
+
+def gradient_allreduce_ms(model: Any, reps: int = 15) -> float:
+    """Median milliseconds hvdlite takes to average arrays of the shapes of ``model``'s
+    gradients (float32, one request each, all in flight together) over the ranks, with
+    nothing else running; every call starts after a barrier."""
+    import numpy as np
+    import hvdlite as hvd_np  # the NumPy front end, on the engine hvdlite.tensorflow started
+    arrays = [np.asarray(v.numpy(), dtype=np.float32) + 0 for v in model.trainable_variables]
+    times = []
+    for rep in range(reps + 3):
+        hvd_np.barrier()
+        t0 = time.perf_counter()
+        handles = [hvd_np.allreduce_async(a, name=f"bench.gradient_allreduce.{i}", op=hvd_np.Average)
+                   for i, a in enumerate(arrays)]
+        for h in handles:
+            hvd_np.synchronize(h)
+        if rep >= 3:
+            times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
 
 
 def start_together(start_dir: str, label: str) -> None:
@@ -372,7 +440,8 @@ def free_ports(n: int) -> list[int]:
 def worker_args(args: argparse.Namespace, mode: str, verify_dir: str) -> list[str]:
     return [str(Path(__file__).resolve()), "--worker", mode, "--models", ",".join(args.models),
             "--apis", ",".join(args.apis), "--warmup", str(args.warmup), "--steps", str(args.steps),
-            "--windows", str(args.windows)] + (["--verify", verify_dir] if verify_dir else [])
+            "--windows", str(args.windows), "--backward-idle-ms", str(args.backward_idle_ms)] + (
+                ["--verify", verify_dir] if verify_dir else [])
 
 
 def parse_results(out: str) -> list[dict]:
@@ -387,6 +456,8 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
         env.update(HVDLITE_MALLOC_ENV)
         cmd_tail = [sys.executable] + worker_args(args, "single", "")
     else:
+        if mode == "hvdlite_overlap":
+            env["HVDLITE_TF_OVERLAP"] = "1"
         cmd_tail = [sys.executable] + worker_args(args, mode, "" if mode == "lockstep" else verify_dir)
     if mode in ("single", "single_tuned"):
         procs = [subprocess.Popen(cmd_tail, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
@@ -396,7 +467,7 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
                                   env=dict(env, HVDLITE_BENCH_PROCESSES=str(args.ranks), HVDLITE_BENCH_INDEX=str(i)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i in range(args.ranks)]
-    elif mode in ("hvdlite", "lockstep"):
+    elif mode in ("hvdlite", "lockstep", "hvdlite_overlap"):
         procs = [subprocess.Popen(launcher(args.ranks) + cmd_tail, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)]
     else:
@@ -435,7 +506,7 @@ def check_verification(verify_dir: str, apis: list[str]) -> dict[str, float]:
     errors = {}
     for api in apis:
         ref = np.load(Path(verify_dir) / f"single_{api}.npy")
-        for mode in ("hvdlite", "mwms"):
+        for mode in ("hvdlite", "hvdlite_overlap", "mwms"):
             f = Path(verify_dir) / f"{mode}_{api}.npy"
             if not f.exists():
                 continue
@@ -456,12 +527,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="steps per timed window")
     p.add_argument("--windows", type=int, default=None)
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--backward-idle-ms", type=float, default=0.0,
+                   help="MLP only: each layer's gradient also sleeps this long with the CPU idle, "
+                        "as while an accelerator computes (where overlapping communication pays)")
     p.add_argument("--json-out", default="")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--verify", default="", help=argparse.SUPPRESS)
     p.add_argument("--start-dir", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
+    if args.backward_idle_ms > 0 and args.models != ["mlp"]:
+        p.error("--backward-idle-ms needs --models mlp")
     args.apis = [a for a in args.apis.split(",") if a]
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 5)
@@ -474,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     verify_dir = tempfile.mkdtemp(prefix="hvdlite_bench_tf_")
     collected: dict[tuple[str, str, str], list[float]] = {}
+    allreduce_ms: dict[tuple[str, str], list[float]] = {}
 
     def record(res: list[dict], mode: str, rnd: int) -> None:
         for r in res:
@@ -486,6 +563,12 @@ def main(argv: list[str] | None = None) -> int:
                    "threads_per_rank": 1}
             if "huge_page_extents" in r:
                 rec["rank0_huge_page_extents"] = r["huge_page_extents"]
+            if "allreduce_ms" in r:
+                rec["allreduce_ms"] = r["allreduce_ms"]
+                # lockstep's step made longer by one allreduce of the gradients, as samples/s
+                ceiling = rate * rec["step_ms"] / (rec["step_ms"] + r["allreduce_ms"])
+                collected.setdefault((r["model"], r["api"], "lockstep_plus_allreduce"), []).append(ceiling)
+                allreduce_ms.setdefault((r["model"], r["api"]), []).append(r["allreduce_ms"])
             print(json.dumps(rec), flush=True)
             collected.setdefault((r["model"], r["api"], mode), []).append(rate)
 
@@ -508,16 +591,18 @@ def main(argv: list[str] | None = None) -> int:
     print()
     head = (f"{'model':7} {'api':5} {'single/s':>9} {'tuned/s':>8} {'hvdlite/s':>10} {'MWMS/s':>9} "
             f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'vs tuned':>9} {'ceiling':>8} {'of ceiling':>11} "
-            f"{'lockstep':>9} {'of lockstep':>12} {'eff MWMS':>9} {'target':>7}")
+            f"{'lockstep':>9} {'of lockstep':>12} {'lock+AR':>8} {'of lock+AR':>11} {'overlap/lock':>13} "
+            f"{'eff MWMS':>9} {'target':>7}")
     print(head)
     print("-" * len(head))
     table = []
     for model in args.models:
         for api in args.apis:
-            med = {m: statistics.median(collected[(model, api, m)]) for m in modes
+            med = {m: statistics.median(collected[(model, api, m)]) for m in modes + ["lockstep_plus_allreduce"]
                    if (model, api, m) in collected}
             s, h, w = med.get("single"), med.get("hvdlite"), med.get("mwms")
             st, ind, lock = med.get("single_tuned"), med.get("independent"), med.get("lockstep")
+            lpa, ov = med.get("lockstep_plus_allreduce"), med.get("hvdlite_overlap")
             row = {"model": model, "api": api, "single": s, "single_tuned": st, "hvdlite": h, "mwms": w,
                    "hvdlite_over_mwms": h / w if h and w else None,
                    "efficiency_hvdlite": h / (args.ranks * s) if h and s else None,
@@ -528,6 +613,12 @@ def main(argv: list[str] | None = None) -> int:
                    "lockstep": lock,
                    "lockstep_efficiency": lock / (args.ranks * s) if lock and s else None,
                    "hvdlite_over_lockstep": h / lock if h and lock else None,
+                   "allreduce_ms": statistics.median(allreduce_ms[(model, api)]) if (model, api) in allreduce_ms else None,
+                   "lockstep_plus_allreduce": lpa,
+                   "lockstep_plus_allreduce_over_lockstep": lpa / lock if lpa and lock else None,
+                   "hvdlite_over_lockstep_plus_allreduce": h / lpa if h and lpa else None,
+                   "hvdlite_overlap": ov,
+                   "hvdlite_overlap_over_lockstep": ov / lock if ov and lock else None,
                    "efficiency_mwms": w / (args.ranks * s) if w and s else None,
                    "target": TARGET[model]}
             table.append(row)
@@ -539,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(row['efficiency_hvdlite_vs_tuned_single'], '9.3f')} "
                   f"{fmt(row['ceiling_efficiency'], '8.3f')} {fmt(row['hvdlite_over_independent'], '11.3f')} "
                   f"{fmt(row['lockstep_efficiency'], '9.3f')} {fmt(row['hvdlite_over_lockstep'], '12.3f')} "
+                  f"{fmt(row['lockstep_plus_allreduce_over_lockstep'], '8.3f')} "
+                  f"{fmt(row['hvdlite_over_lockstep_plus_allreduce'], '11.3f')} "
+                  f"{fmt(row['hvdlite_overlap_over_lockstep'], '13.3f')} "
                   f"{fmt(row['efficiency_mwms'], '9.3f')} {TARGET[model]:7.2f}")
             print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} windows of "
@@ -547,7 +641,9 @@ def main(argv: list[str] | None = None) -> int:
           f"the single process with hvdlite's malloc settings; 'ceiling': {args.ranks} of those at once with "
           f"no communication, as an efficiency; 'of ceiling': hvdlite / that; 'lockstep': "
           f"{args.ranks} ranks kept in step but not sharing gradients, as an efficiency; 'of lockstep': "
-          f"hvdlite / that)")
+          f"hvdlite / that; 'lock+AR': lockstep with its step lengthened by one allreduce of the "
+          f"gradients timed alone, over lockstep; 'of lock+AR': hvdlite / that; 'overlap/lock': "
+          f"hvdlite with HVDLITE_TF_OVERLAP=1 over lockstep)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"summary": table}, indent=1))
     return 0
