@@ -13,8 +13,8 @@ from typing import Any
 
 from hvdlite.common.basics import (
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank, cross_size,
-    mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built,
-    ddl_built, ccl_built, cuda_built, rocm_built, start_timeline, stop_timeline,
+    is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built,
+    nccl_built, ddl_built, ccl_built, cuda_built, rocm_built, start_timeline, stop_timeline,
 )
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
 from hvdlite.runner.function import run
@@ -48,8 +48,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built",
-    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError",
     "NotInitializedError", "__version__", "run", *_NUMPY_OPS,
 ]

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,12 +67,15 @@ def kill_tree(pid: int) -> None:
 
 
 def run_job(n: int, script: str | Path, *args: str, env: dict[str, str] | None = None,
-            timeout: float = 180, cwd: str | Path = REPO) -> subprocess.CompletedProcess:
-    """Run ``script`` on ``n`` ranks with ``hvdlite-run``; returns the finished job.
+            timeout: float = 180, cwd: str | Path = REPO,
+            launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Run ``script`` on ``n`` ranks with ``hvdlite-run`` (given ``launcher_args`` too, such
+    as ``-H h1:2,h2:2``); returns the finished job.
 
     Raises AssertionError with the job's output if it does not finish in ``timeout``
     seconds."""
-    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(n), sys.executable, str(script), *args]
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(n), *launcher_args,
+           sys.executable, str(script), *args]
     proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -1,0 +1,56 @@
+"""Run on emulated hosts by test_hosts.py: what each rank sees of the topology, and
+collectives whose results depend on every host's data.
+
+Prints one ``TOPOLOGY {json}`` line per rank and ``CHECKS OK`` on each rank that got
+through every collective. Takes the expected host layout as ``--layout 2,2`` (ranks
+per host, in host order)."""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+
+import numpy as np
+
+import hvdlite as hvd
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layout", required=True)
+    p.add_argument("--mib", type=float, default=4.0, help="size of the large allreduce")
+    args = p.parse_args()
+    layout = [int(x) for x in args.layout.split(",")]
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    info = {"rank": r, "size": n, "host": socket.gethostname(), "local_rank": hvd.local_rank(),
+            "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+            "cross_size": hvd.cross_size(), "is_homogeneous": hvd.is_homogeneous()}
+    print("TOPOLOGY " + json.dumps(info), flush=True)
+    assert n == sum(layout), f"size {n}, layout {layout}"
+
+    # Every rank's hostname, gathered: the ranks of one host are consecutive, as -H asks.
+    hosts = hvd.allgather_object(info["host"])
+    assert hosts == [f"h{i + 1}" for i, k in enumerate(layout) for _ in range(k)], hosts
+
+    # Small and large allreduces, an allgather and a broadcast that cross the hosts.
+    for count in (7, int(args.mib * (1 << 20)) // 4):
+        x = (np.arange(count, dtype=np.float32) % 97) * (r + 1)
+        got = hvd.allreduce(x, op=hvd.Sum, name=f"sum.{count}")
+        want = (np.arange(count, dtype=np.float32) % 97) * (n * (n + 1) / 2)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        got = hvd.allreduce(x, op=hvd.Average, name=f"avg.{count}")
+        np.testing.assert_allclose(got, want / n, rtol=1e-6)
+    gathered = hvd.allgather(np.full((r + 1, 3), r, np.int64), name="ragged")
+    assert gathered.shape == (n * (n + 1) // 2, 3)
+    assert list(gathered[:, 0]) == [i for i in range(n) for _ in range(i + 1)]
+    b = hvd.broadcast(np.full(5, r, np.float64), root_rank=n - 1, name="from_last")
+    assert (b == n - 1).all()
+    hvd.barrier()
+    print("CHECKS OK", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Multi-host runs on hosts emulated with network namespaces (``tests/hosts/emulated.py``).
+
+``hvdlite-run -H`` and ``--hostfile`` place the ranks; every rank's view of the topology
+(``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``, ``is_homogeneous``) is
+checked against the layout asked for, with even and uneven hosts; collectives cross the
+hosts' rate-limited links; the PyTorch digits example trains across two hosts. Needs
+root: without it every test skips with the reason."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.hosts.emulated import EmulatedHosts, unavailable
+from tests.launch import REPO, job_env, run_job
+
+HERE = Path(__file__).resolve().parent
+CHECKS = HERE / "hosts_checks.py"
+REASON = unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with EmulatedHosts(3, rate="1gbit") as h:
+        yield h
+
+
+def expected(layout: list[int]) -> list[dict]:
+    """What Horovod defines for ranks placed ``layout[i]`` per host, in host order."""
+    out = []
+    for host, k in enumerate(layout):
+        for local in range(k):
+            ranks_with_this_local = [i for i, m in enumerate(layout) if m > local]
+            out.append({"host": f"h{host + 1}", "local_rank": local, "local_size": k,
+                        "cross_rank": ranks_with_this_local.index(host),
+                        "cross_size": len(ranks_with_this_local),
+                        "is_homogeneous": len(set(layout)) == 1})
+    return out
+
+
+def run_on_hosts(hosts: EmulatedHosts, layout: list[int], launcher_args: list[str],
+                 *args: str, script: Path = CHECKS, timeout: float = 240):
+    proc = run_job(sum(layout), script, *args, env=hosts.env(), launcher_args=launcher_args,
+                   timeout=timeout)
+    assert proc.returncode == 0, (f"exit status {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\n"
+                                  f"stderr:\n{proc.stderr[-6000:]}")
+    return proc.stdout
+
+
+def check_topology(out: str, layout: list[int]) -> None:
+    seen = sorted((json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
+                   if line.startswith("TOPOLOGY ")), key=lambda d: d["rank"])
+    assert [d["rank"] for d in seen] == list(range(sum(layout))), out
+    for got, want in zip(seen, expected(layout)):
+        for key, value in want.items():
+            assert got[key] == value, f"rank {got['rank']}: {key} {got[key]!r}, expected {value!r}\n{out}"
+    assert out.count("CHECKS OK") == sum(layout), out
+
+
+@pytest.mark.parametrize("layout", [[2, 2], [1, 1, 1], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
+def test_ranks_placed_with_H_see_the_topology(hosts: EmulatedHosts, layout: list[int]) -> None:
+    spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
+    out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)))
+    check_topology(out, layout)
+
+
+def test_uneven_hosts_from_a_hostfile(hosts: EmulatedHosts, tmp_path: Path) -> None:
+    layout = [3, 1]
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("# three ranks on h1, one on h2\nh1 slots=3\nh2 slots=1\n")
+    out = run_on_hosts(hosts, layout, ["--hostfile", str(hostfile)], "--layout", "3,1")
+    check_topology(out, layout)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_torch_digits_example_trains_across_two_hosts(hosts: EmulatedHosts, tmp_path: Path) -> None:
+    """The README's main job on 2 hosts x 2 ranks ends with the single-process
+    reference's weights (float64, so the two agree to rounding)."""
+    example = REPO / "examples" / "pytorch" / "train_digits_cnn.py"
+    common = ["--float64", "--epochs", "2", "--batch-size", "64", "--no-progress", "--checkpoint", ""]
+    ref = subprocess.run([sys.executable, str(example), "--reference", *common,
+                          "--save-params", str(tmp_path / "ref.npz")],
+                         cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    out = run_on_hosts(hosts, [2, 2], ["-H", hosts.host_spec([2, 2, 0])], *common,
+                       "--save-params", str(tmp_path / "dist.npz"), script=example)
+    accuracy = re.findall(r"final test accuracy: ([0-9.]+)", out)
+    want = re.findall(r"final test accuracy: ([0-9.]+)", ref.stdout)
+    assert len(accuracy) == 1 and abs(float(accuracy[0]) - float(want[-1])) < 1e-9, (accuracy, want, out[-3000:])
+    got, ref_params = dict(np.load(tmp_path / "dist.npz")), dict(np.load(tmp_path / "ref.npz"))
+    assert got.keys() == ref_params.keys()
+    for k in got:
+        np.testing.assert_allclose(got[k], ref_params[k], rtol=1e-8, atol=1e-10, err_msg=k)
