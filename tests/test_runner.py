@@ -178,7 +178,7 @@ def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
         "--network-interface", "eth1", "--network-interfaces", "ib0,eth1", "--tcp",
         "--binding-args", "--bind-to socket --map-by ppr:1:socket",
         "--output-filename", "logs", "-prefix-timestamp", "--mpi", "--start-timeout", "60",
-        "--disable-cache", "python", "t.py",
+        "--disable-cache", "--hierarchical-allreduce", "python", "t.py",
     ])
     assert config is not None
     argv, env = _build(config, {"PATH": "/usr/bin", "HOROVOD_STALL_CHECK_DISABLE": "1"})
@@ -192,6 +192,7 @@ def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
     assert argv.count("--bind-to") == 1
     assert ("--output", f"dir={os.path.abspath('logs')},timestamp") in pairs
     assert env["HVDLITE_TIMELINE_MARK_CYCLES"] == "1"
+    assert env["HVDLITE_HIERARCHICAL_ALLREDUCE"] == "1"
     assert env["HVDLITE_STALL_CHECK_TIME_SECONDS"] == "20"
     assert env["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] == "50"
     assert "HVDLITE_STALL_CHECK_DISABLE" not in env
@@ -405,7 +406,6 @@ def test_check_build_imports_no_framework() -> None:
         (["-np", "2", "--gloo", "true"], "no Gloo controller"),
         (["-np", "2", "--autotune", "true"], "no autotuner"),
         (["-np", "2", "--min-np", "1", "true"], "no elastic launcher"),
-        (["-np", "2", "--hierarchical-allreduce", "true"], "no hierarchical allreduce"),
         (["-np", "2", "--binding-args", "'", "true"], "--binding-args"),
         (["-np", "2", "--network-interface", "eth0,", "true"], "empty interface"),
         (["-np", "2", "-p", "0", "true"], "positive integer"),

@@ -58,9 +58,12 @@ void TuneHostAllocator() {
 // values, whatever the other ranks' environments say.
 void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   struct Shared {
-    int64_t host_chunk_bytes, fusion_direct_bytes, ring_min_segment_bytes;
+    int64_t host_chunk_bytes, fusion_direct_bytes, ring_min_segment_bytes, hierarchical_chunk_bytes;
     int32_t gpu_mpi[kNumRequestTypes];  // 1: host-staged MPI, 0: NCCL
+    int32_t hierarchical_allreduce;
   } s{};
+  s.hierarchical_allreduce = p->hierarchical_allreduce;
+  s.hierarchical_chunk_bytes = p->hierarchical_chunk_bytes;
   s.host_chunk_bytes = p->host_chunk_bytes;
   s.fusion_direct_bytes = p->fusion_direct_bytes;
   s.ring_min_segment_bytes = p->ring_min_segment_bytes;
@@ -69,6 +72,8 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   p->host_chunk_bytes = s.host_chunk_bytes;
   p->fusion_direct_bytes = s.fusion_direct_bytes;
   p->ring_min_segment_bytes = s.ring_min_segment_bytes;
+  p->hierarchical_allreduce = s.hierarchical_allreduce;
+  p->hierarchical_chunk_bytes = s.hierarchical_chunk_bytes;
   for (int t = 0; t < kNumRequestTypes; ++t) p->gpu_backend[t] = s.gpu_mpi[t] ? "MPI" : "NCCL";
 }
 
@@ -89,7 +94,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
   if (spin_us_ > 0 && params_.malloc_tuning) TuneHostAllocator();
   InitReduceOps();
   registry_ = std::make_unique<BackendRegistry>(params_);
-  mpi_ = static_cast<MpiBackend*>(registry_->Add(std::make_unique<MpiBackend>(topology_->world(), params_)));
+  mpi_ = static_cast<MpiBackend*>(registry_->Add(std::make_unique<MpiBackend>(*topology_, params_)));
   registry_->Add(std::make_unique<NcclBackend>(channel_.get(), &gpus_, params_, rank, size));
   registry_->Add(std::make_unique<HostStagedBackend>(mpi_, &gpus_));
   if (rank == 0) {

@@ -96,6 +96,8 @@ Parameters Parameters::FromEnvironment() {
   ReadInt("FUSION_DIRECT_BYTES", &p.fusion_direct_bytes);
   ReadInt("RING_MIN_SEGMENT_BYTES", &p.ring_min_segment_bytes);
   ReadInt("SPIN_MICROSECONDS", &p.spin_us);
+  if (const char* v = GetEnv("HIERARCHICAL_ALLREDUCE"); v && *v) p.hierarchical_allreduce = Truthy(v) ? 1 : 0;
+  ReadInt("HIERARCHICAL_CHUNK_BYTES", &p.hierarchical_chunk_bytes);
   ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
   if (const char* v = GetEnv("HUGE_PAGES")) p.huge_pages = Truthy(v);
@@ -112,6 +114,7 @@ Parameters Parameters::FromEnvironment() {
   if (p.cache_capacity < 0) p.cache_capacity = 0;
   if (p.spin_us < 0) p.spin_us = 0;
   if (p.host_chunk_bytes < 4096) p.host_chunk_bytes = 4096;
+  if (p.hierarchical_chunk_bytes < 4096) p.hierarchical_chunk_bytes = 4096;
   return p;
 }
 

@@ -41,6 +41,14 @@ struct Parameters {
   // Back the large buffers an allreduce hands to MPI as they are with 2 MiB pages once
   // they are reused (see host_memory.h). HVDLITE_HUGE_PAGES=0 leaves their mapping alone.
   bool huge_pages = true;
+  // Host-memory allreduces across hosts: 1 always two-level (HierarchicalAllreduce)
+  // where every host runs the same number of ranks, 0 never, -1 (unset) chosen per
+  // message by MpiBackend. HOROVOD_HIERARCHICAL_ALLREDUCE.
+  int hierarchical_allreduce = -1;
+  // The pieces a two-level allreduce sends between hosts one after the other: on
+  // emulated 1 Gbit/s links 2 MiB beat 1 MiB (waits between pieces) and 4-16 MiB (TCP
+  // stalls on long transfers); docs/scale.md. HVDLITE_HIERARCHICAL_CHUNK_BYTES.
+  int64_t hierarchical_chunk_bytes = 2LL * 1024 * 1024;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
   // GPU tensors: the backend each kind of collective prefers, by request type ("NCCL",
   // or "MPI" for host-staged), from HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OP>.

@@ -77,6 +77,7 @@ _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_STALL_CHECK_DISABLE": "HOROVOD_STALL_CHECK_DISABLE",
     "HVDLITE_TIMELINE_MARK_CYCLES": "HOROVOD_TIMELINE_MARK_CYCLES",
     "HVDLITE_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
+    "HVDLITE_HIERARCHICAL_ALLREDUCE": "HOROVOD_HIERARCHICAL_ALLREDUCE",
 }
 
 _ELASTIC = ("hvdlite has no elastic launcher (workers cannot join or leave a running job); "
@@ -99,8 +100,6 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--elastic-timeout": (1, _ELASTIC),
     "--reset-limit": (1, _ELASTIC),
     "--blacklist-cooldown-range": (2, _ELASTIC),
-    "--hierarchical-allreduce": (0, "hvdlite has no hierarchical allreduce; MPI picks its "
-                                    "own algorithm"),
     "--hierarchical-allgather": (0, "hvdlite has no hierarchical allgather; MPI picks its "
                                     "own algorithm"),
     "--autotune": (0, _AUTOTUNE),
@@ -109,8 +108,7 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--autotune-steps-per-sample": (1, _AUTOTUNE),
     "--autotune-bayes-opt-max-samples": (1, _AUTOTUNE),
     "--autotune-gaussian-process-noise": (1, _AUTOTUNE),
-    "--num-nccl-streams": (1, "hvdlite has no NCCL backend yet (GPU tensors go through "
-                              "host memory)"),
+    "--num-nccl-streams": (1, "hvdlite runs one NCCL stream of its own per GPU"),
     "--thread-affinity": (1, "hvdlite does not pin its background thread"),
     "--mpi-threads-disable": (0, "hvdlite's engine and callers share MPI from two threads, "
                                  "so it always asks MPI for thread support"),
@@ -140,6 +138,7 @@ class LaunchConfig:
     verbose: bool = False
     # horovodrun's further options.
     timeline_mark_cycles: bool = False
+    hierarchical_allreduce: bool = False
     stall_shutdown_time: float | None = None
     no_stall_check: bool = False
     ssh_port: int | None = None
@@ -367,6 +366,8 @@ def build_mpirun_command(
         tunables["HVDLITE_STALL_CHECK_DISABLE"] = "1"
     if config.timeline_mark_cycles:
         tunables["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
+    if config.hierarchical_allreduce:
+        tunables["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
     if config.log_level is not None:
         tunables["HVDLITE_LOG_LEVEL"] = config.log_level.upper()
     for name, value in tunables.items():
@@ -486,6 +487,10 @@ def make_parser() -> argparse.ArgumentParser:
         "accepted with horovodrun's meaning, so that its command lines work unchanged")
     hr.add_argument("--timeline-mark-cycles", action="store_true",
                     help="mark the engine's cycles on the timeline (HVDLITE_TIMELINE_MARK_CYCLES)")
+    hr.add_argument("--hierarchical-allreduce", action="store_true",
+                    help="allreduce host memory in two levels, inside each host and then across "
+                         "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLREDUCE=1; by default "
+                         "large allreduces across hosts are two-level)")
     hr.add_argument("--stall-check-warning-time-seconds", dest="stall_check_time",
                     type=_non_negative_float, metavar="S", help="same as --stall-check-time")
     hr.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_float,
@@ -590,6 +595,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         mpi_args=mpi_args,
         verbose=ns.verbose,
         timeline_mark_cycles=ns.timeline_mark_cycles,
+        hierarchical_allreduce=ns.hierarchical_allreduce,
         stall_shutdown_time=ns.stall_check_shutdown_time_seconds,
         no_stall_check=ns.no_stall_check,
         ssh_port=ns.ssh_port,

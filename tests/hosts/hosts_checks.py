@@ -42,6 +42,23 @@ def main() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-6)
         got = hvd.allreduce(x, op=hvd.Average, name=f"avg.{count}")
         np.testing.assert_allclose(got, want / n, rtol=1e-6)
+    # A size no host's rank count divides, scaled, and other ops and types.
+    odd = 1_000_003
+    x = np.linspace(-1, 1, odd, dtype=np.float64) + r
+    got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="scaled")
+    want = 1.5 * (n * np.linspace(-1, 1, odd) + n * (n - 1) / 2)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    big = (np.arange(odd) % 1000).astype(np.float32)
+    np.testing.assert_array_equal(hvd.allreduce(big + r, op=hvd.Max, name="max"), big + (n - 1))
+    np.testing.assert_array_equal(hvd.allreduce(big - r, op=hvd.Min, name="min"), big - (n - 1))
+    half = np.full(300_001, 0.25 * (r + 1), np.float16)
+    np.testing.assert_allclose(hvd.allreduce(half, op=hvd.Sum, name="half").astype(np.float32),
+                               0.25 * n * (n + 1) / 2, rtol=1e-3)
+    # Many small tensors in flight together: fused.
+    parts = [np.full(1000 + 17 * i, i + r, np.float32) for i in range(40)]
+    outs = hvd.grouped_allreduce(parts, op=hvd.Sum, name="group")
+    for i, o in enumerate(outs):
+        np.testing.assert_allclose(o, n * i + n * (n - 1) / 2)
     gathered = hvd.allgather(np.full((r + 1, 3), r, np.int64), name="ragged")
     assert gathered.shape == (n * (n + 1) // 2, 3)
     assert list(gathered[:, 0]) == [i for i in range(n) for _ in range(i + 1)]

@@ -46,9 +46,9 @@ def expected(layout: list[int]) -> list[dict]:
 
 
 def run_on_hosts(hosts: EmulatedHosts, layout: list[int], launcher_args: list[str],
-                 *args: str, script: Path = CHECKS, timeout: float = 240):
-    proc = run_job(sum(layout), script, *args, env=hosts.env(), launcher_args=launcher_args,
-                   timeout=timeout)
+                 *args: str, script: Path = CHECKS, timeout: float = 240, env: dict | None = None):
+    proc = run_job(sum(layout), script, *args, env={**hosts.env(), **(env or {})},
+                   launcher_args=launcher_args, timeout=timeout)
     assert proc.returncode == 0, (f"exit status {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\n"
                                   f"stderr:\n{proc.stderr[-6000:]}")
     return proc.stdout
@@ -69,6 +69,43 @@ def test_ranks_placed_with_H_see_the_topology(hosts: EmulatedHosts, layout: list
     spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
     out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)))
     check_topology(out, layout)
+
+
+@pytest.mark.parametrize("mode", ["default", "1", "0"])
+@pytest.mark.parametrize("layout", [[2, 2], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
+def test_hierarchical_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: list[int], mode: str) -> None:
+    """HOROVOD_HIERARCHICAL_ALLREDUCE=1 runs every host-memory allreduce in two levels,
+    0 none, and by default the large ones; every result is checked against NumPy. The
+    timeline shows which ran: a large tensor's MPI_HIERARCHICAL_ALLREDUCE phase."""
+    timeline = tmp_path / "timeline.json"
+    env = {"HOROVOD_TIMELINE": str(timeline)}
+    if mode != "default":
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = mode
+    spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
+    out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)), env=env)
+    check_topology(out, layout)
+    events = json.loads(timeline.read_text())
+    tensors = {e["args"]["name"]: e["pid"] for e in events if e.get("name") == "process_name"}
+    phases: dict = {}
+    for e in events:
+        if e.get("ph") == "X":
+            phases.setdefault(e["pid"], set()).add(e["name"])
+    large, small = phases[tensors["scaled"]], phases[tensors["sum.7"]]
+    two_level = "MPI_HIERARCHICAL_ALLREDUCE"
+    assert (two_level in large) == (mode != "0"), large
+    assert (two_level in small) == (mode == "1"), small
+
+
+def test_uneven_hosts_refuse_hierarchical_allreduce(hosts: EmulatedHosts) -> None:
+    """3 ranks on one host and 1 on the other: a forced two-level allreduce is refused
+    with the reason, and the allreduces run flat and right."""
+    layout = [3, 1]
+    out_err = run_job(4, CHECKS, "--layout", "3,1", env={**hosts.env(), "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},
+                      launcher_args=["-H", hosts.host_spec([3, 1, 0])], timeout=240)
+    assert out_err.returncode == 0, out_err.stdout[-3000:] + out_err.stderr[-3000:]
+    check_topology(out_err.stdout, layout)
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run different numbers of ranks" in (
+        out_err.stdout + out_err.stderr)
 
 
 def test_uneven_hosts_from_a_hostfile(hosts: EmulatedHosts, tmp_path: Path) -> None:

@@ -6,13 +6,42 @@
 
 #include "backends/layout.h"
 #include "backends/mpi/reduce_ops.h"
+#include "logging.h"
 
 namespace hvdlite {
 
-MpiBackend::MpiBackend(MPI_Comm world, const Parameters& params)
-    : params_(params), mpi_(world, params.ring_min_segment_bytes), huge_pages_(params.huge_pages) {
-  MPI_Comm_rank(world, &rank_);
-  MPI_Comm_size(world, &size_);
+MpiBackend::MpiBackend(const Topology& topology, const Parameters& params)
+    : params_(params),
+      mpi_(topology.world(), params.ring_min_segment_bytes),
+      huge_pages_(params.huge_pages),
+      rank_(topology.rank()),
+      size_(topology.size()) {
+  const bool several_hosts = topology.cross_size() > 1 && topology.local_size() > 1;
+  if (several_hosts && topology.homogeneous()) {
+    local_ = std::make_unique<MpiCollectives>(topology.local(), params.ring_min_segment_bytes);
+    cross_ = std::make_unique<MpiCollectives>(topology.cross(), params.ring_min_segment_bytes);
+    hierarchical_ = std::make_unique<HierarchicalAllreduce>(local_.get(), cross_.get());
+  } else if (several_hosts && params.hierarchical_allreduce == 1 && rank_ == 0) {
+    HVD_WARN("HOROVOD_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run different numbers of ranks, "
+             "and the two-level allreduce needs the same number on every host; allreduces stay flat");
+  }
+}
+
+// Two-level where the hosts allow it and it is asked for, or (by default) where the
+// flat allreduce would be a ring: large enough that bandwidth, not latency, decides.
+// Every rank decides alike: from the count, the type, rank 0's settings and the topology.
+bool MpiBackend::Hierarchical(int64_t count, int64_t element_bytes) const {
+  if (!hierarchical_ || params_.hierarchical_allreduce == 0) return false;
+  if (params_.hierarchical_allreduce == 1) return true;
+  return count >= size_ && count / size_ * element_bytes >= params_.ring_min_segment_bytes;
+}
+
+void MpiBackend::AllreduceRange(const void* src, void* dst, int64_t count, DataType dt, ReduceOp op,
+                                double postscale) {
+  if (Hierarchical(count, DataTypeSize(dt)))
+    hierarchical_->Run(src, dst, count, dt, op, postscale,
+                       std::max<int64_t>(1, params_.hierarchical_chunk_bytes / DataTypeSize(dt)));
+  else mpi_.Allreduce(src, dst, count, dt, op, postscale);
 }
 
 bool MpiBackend::Supports(const Response& r, std::string* why_not) const {
@@ -107,13 +136,29 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
         huge_pages_.Prepare(entries[i].input, cnt * es);
         if (entries[i].output != entries[i].input) huge_pages_.Prepare(entries[i].output, cnt * es);
       }
+      if (Hierarchical(cnt, es)) {  // the whole tensor at once: its chunks are pipelined
+        const void* src = entries[i].input;
+        void* dst = entries[i].output;
+        if (!have[i]) {  // zeros, through the same steps as every other rank's data
+          dst = scratch_.Get(cnt * es);
+          std::memset(dst, 0, static_cast<size_t>(cnt * es));
+          src = dst;
+        } else if (pre != 1.0) {
+          ScaleCopy(dst, src, cnt, dt, pre);
+          src = dst;
+        }
+        hierarchical_->Run(src, dst, cnt, dt, op, post,
+                           std::max<int64_t>(1, params_.hierarchical_chunk_bytes / es));
+        if (trace && have[i]) job.trace.Phase(r.names[i], "MPI_HIERARCHICAL_ALLREDUCE", t0, NowMicros());
+        continue;
+      }
       for (int64_t off = 0; off < cnt; off += chunk_elems) {
         const int64_t c = std::min(chunk_elems, cnt - off);
         if (!have[i]) {
           uint8_t* z = scratch_.Get(c * es);
           std::memset(z, 0, static_cast<size_t>(c * es));
           // The same factor as every other rank: a backend may scale on any rank's behalf.
-          mpi_.Allreduce(z, z, c, dt, op, post);
+          AllreduceRange(z, z, c, dt, op, post);
           continue;
         }
         const uint8_t* src = static_cast<const uint8_t*>(entries[i].input) + off * es;
@@ -122,7 +167,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
           ScaleCopy(dst, src, c, dt, pre);
           src = dst;
         }
-        mpi_.Allreduce(src, dst, c, dt, op, post);
+        AllreduceRange(src, dst, c, dt, op, post);
       }
       if (trace && have[i]) job.trace.Phase(r.names[i], "MPI_ALLREDUCE", t0, NowMicros());
       continue;
@@ -145,7 +190,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
     }
     const int64_t t_mpi = NowMicros();
     huge_pages_.Prepare(buf, total * es);
-    mpi_.Allreduce(buf, buf, total, dt, op, 1.0);  // scaled as it is copied out
+    AllreduceRange(buf, buf, total, dt, op, 1.0);  // scaled as it is copied out
     const int64_t t_out = NowMicros();
     off = 0;
     for (size_t k = 0; k < step.members.size(); ++k) {
@@ -157,7 +202,8 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
         else std::memcpy(entries[i].output, buf + off * es, static_cast<size_t>(c * es));
         if (trace) {
           job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", k ? copy_in_end[k - 1] : t_in, copy_in_end[k]);
-          job.trace.Phase(r.names[i], "MPI_ALLREDUCE", t_mpi, t_out);
+          job.trace.Phase(r.names[i], Hierarchical(total, es) ? "MPI_HIERARCHICAL_ALLREDUCE" : "MPI_ALLREDUCE",
+                          t_mpi, t_out);
           job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", s, NowMicros());
         }
       }

@@ -10,15 +10,19 @@
 
 #include "backends/backend.h"
 #include "backends/mpi/fusion_buffer.h"
+#include "backends/mpi/hierarchical_allreduce.h"
 #include "backends/mpi/host_memory.h"
 #include "backends/mpi/mpi_collectives.h"
 #include "parameters.h"
+#include "topology.h"
 
 namespace hvdlite {
 
 class MpiBackend : public Backend {
  public:
-  MpiBackend(MPI_Comm world, const Parameters& params);
+  // Collectives run on `topology`'s world; allreduces across hosts may run in two
+  // levels on its local and cross communicators (hierarchical_allreduce.h).
+  MpiBackend(const Topology& topology, const Parameters& params);
   const char* Name() const override { return "MPI"; }
   DeviceKind Device() const override { return DeviceKind::kHost; }
   bool Supports(const Response& r, std::string* why_not) const override;
@@ -29,18 +33,24 @@ class MpiBackend : public Backend {
 
  private:
   void Allreduce(CollectiveJob& job);
+  // One reduction of `count` elements, flat or two-level (see Hierarchical).
+  void AllreduceRange(const void* src, void* dst, int64_t count, DataType dt, ReduceOp op, double postscale);
+  bool Hierarchical(int64_t count, int64_t element_bytes) const;
   void Allgather(CollectiveJob& job);
   void Broadcast(CollectiveJob& job);
   void Alltoall(CollectiveJob& job);
   void Reducescatter(CollectiveJob& job);
 
   Parameters params_;
-  int rank_ = 0;
-  int size_ = 1;
   MpiCollectives mpi_;
   FusionBuffer fusion_;
   FusionBuffer scratch_;
   HugePages huge_pages_;
+  int rank_ = 0;
+  int size_ = 1;
+  // Set when this job spans several hosts with the same number of ranks on each.
+  std::unique_ptr<MpiCollectives> local_, cross_;
+  std::unique_ptr<HierarchicalAllreduce> hierarchical_;
 };
 
 }  // namespace hvdlite

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -79,6 +80,18 @@ void MpiCollectives::Allreduce(const void* sendbuf, void* recvbuf, int64_t count
 // Open MPI carries between processes of one host as a single copy (CMA).
 void MpiCollectives::RingAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
                                    double postscale) {
+  RingReduceScatter(sendbuf, recvbuf, count, dt, op, postscale);
+  RingAllgather(recvbuf, count, dt);
+}
+
+RingSegment MpiCollectives::OwnedSegment(int64_t count) const {
+  const int64_t base = count / size_, extra = count % size_;
+  const int k = (rank_ + 1) % size_;
+  return RingSegment{k * base + std::min<int64_t>(k, extra), base + (k < extra ? 1 : 0)};
+}
+
+RingSegment MpiCollectives::RingReduceScatter(const void* sendbuf, void* recvbuf, int64_t count, DataType dt,
+                                              ReduceOp op, double postscale) {
   const int n = size_;
   const int64_t es = DataTypeSize(dt);
   const MPI_Datatype type = MpiType(dt);
@@ -89,10 +102,14 @@ void MpiCollectives::RingAllreduce(const void* sendbuf, void* recvbuf, int64_t c
   auto at = [es](const void* p, int64_t elems) {
     return const_cast<char*>(static_cast<const char*>(p)) + elems * es;
   };
+  if (n == 1) {
+    if (sendbuf != recvbuf) std::memcpy(recvbuf, sendbuf, static_cast<size_t>(count * es));
+    ScaleBuffer(recvbuf, count, dt, postscale);
+    return RingSegment{0, count};
+  }
   uint8_t* incoming = incoming_.Get((base + 1) * es);
-
-  // Reduce-scatter. In step s a rank sends segment r-s (its input at s = 0, else what it
-  // reduced in step s-1) and reduces segment r-s-1 into the output.
+  // In step s a rank sends segment r-s (its input at s = 0, else what it reduced in
+  // step s-1) and reduces segment r-s-1 into the output.
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = ((rank_ - s) % n + n) % n;
     const int recv_seg = ((rank_ - s - 1) % n + n) % n;
@@ -104,12 +121,25 @@ void MpiCollectives::RingAllreduce(const void* sendbuf, void* recvbuf, int64_t c
     ReduceScaled(at(recvbuf, off), at(sendbuf, off), incoming, seg_len(recv_seg), dt, op,
                  s == n - 2 ? postscale : 1.0);
   }
-  // Allgather: rank r owns segment r+1; in step s it sends segment r+1-s and receives r-s.
+  return OwnedSegment(count);
+}
+
+// Rank r owns segment r+1; in step s it sends segment r+1-s and receives r-s.
+void MpiCollectives::RingAllgather(void* recvbuf, int64_t count, DataType dt) {
+  const int n = size_;
+  if (n == 1) return;
+  const int64_t es = DataTypeSize(dt);
+  const MPI_Datatype type = MpiType(dt);
+  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
+  const int64_t base = count / n, extra = count % n;
+  auto seg_off = [&](int k) { return k * base + std::min<int64_t>(k, extra); };
+  auto seg_len = [&](int k) { return base + (k < extra ? 1 : 0); };
+  char* buf = static_cast<char*>(recvbuf);
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = ((rank_ + 1 - s) % n + n) % n;
     const int recv_seg = ((rank_ - s) % n + n) % n;
-    Check(MPI_Sendrecv(at(recvbuf, seg_off(send_seg)), static_cast<int>(seg_len(send_seg)), type, right, 1,
-                       at(recvbuf, seg_off(recv_seg)), static_cast<int>(seg_len(recv_seg)), type, left, 1,
+    Check(MPI_Sendrecv(buf + seg_off(send_seg) * es, static_cast<int>(seg_len(send_seg)), type, right, 1,
+                       buf + seg_off(recv_seg) * es, static_cast<int>(seg_len(recv_seg)), type, left, 1,
                        comm_, MPI_STATUS_IGNORE),
           "Sendrecv");
   }

@@ -12,6 +12,13 @@
 
 namespace hvdlite {
 
+// The part of a buffer (in elements) that one rank holds finished after a ring
+// reduce-scatter.
+struct RingSegment {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
 class MpiCollectives {
  public:
   // Allreduces whose ring segments (bytes / ranks) reach `ring_min_segment_bytes` run
@@ -28,6 +35,18 @@ class MpiCollectives {
   void ReduceScatter(const void* sendbuf, void* recvbuf, const std::vector<int64_t>& recv_counts,
                      DataType dt, ReduceOp op);
   void Barrier();
+
+  // The two halves of hvdlite's ring allreduce, for algorithms built on them
+  // (hierarchical_allreduce.h). RingReduceScatter leaves in `recvbuf` the whole
+  // reduction (scaled by `postscale`) of the segment it returns, which this rank owns;
+  // RingAllgather then passes every rank's owned segment to every rank. `count` may be
+  // below the number of ranks (some segments are empty).
+  RingSegment RingReduceScatter(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                                double postscale);
+  void RingAllgather(void* recvbuf, int64_t count, DataType dt);
+  RingSegment OwnedSegment(int64_t count) const;
+  int size() const { return size_; }
+  int rank() const { return rank_; }
 
  private:
   void RingAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
