@@ -75,8 +75,8 @@ def test_ranks_placed_with_H_see_the_topology(hosts: EmulatedHosts, layout: list
 @pytest.mark.parametrize("layout", [[2, 2], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
 def test_hierarchical_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: list[int], mode: str) -> None:
     """HOROVOD_HIERARCHICAL_ALLREDUCE=1 runs every host-memory allreduce in two levels,
-    0 none, and by default the large ones; every result is checked against NumPy. The
-    timeline shows which ran: a large tensor's MPI_HIERARCHICAL_ALLREDUCE phase."""
+    0 none, and by default those of 64 KiB and more; every result is checked against
+    NumPy. The timeline shows which ran: the MPI_HIERARCHICAL_ALLREDUCE phase."""
     timeline = tmp_path / "timeline.json"
     env = {"HOROVOD_TIMELINE": str(timeline)}
     if mode != "default":

@@ -41,6 +41,8 @@ class MpiBackend : public Backend {
   void Alltoall(CollectiveJob& job);
   void Reducescatter(CollectiveJob& job);
 
+  static constexpr int64_t kHierarchicalMinBytes = 64 * 1024;  // the default's threshold
+
   Parameters params_;
   MpiCollectives mpi_;
   FusionBuffer fusion_;
