@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #if defined(__GLIBC__)
@@ -20,6 +21,8 @@ namespace {
 
 constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this often anyway
 constexpr int64_t kStallCheckEveryMicros = 1000000;
+// How long rank 0, failing, listens for a worker's report of the failure's cause.
+constexpr int64_t kPeerReportGraceMicros = 200000;
 
 // A caller that runs the engine (Drive) runs MPI's collectives on its own thread, so
 // MPI's temporary buffers come from the same malloc arena as the caller's arrays. With
@@ -233,7 +236,23 @@ void Engine::BeginShutdown(const std::string& reason, bool failure) {
 void Engine::Fail(const std::string& reason) {
   HVD_ERROR(reason);
   if (rank() == 0) {
-    BeginShutdown(reason, /*failure=*/true);  // aborts this rank's device work too
+    // A worker that fails reports to this rank before it aborts its device work, and
+    // that abort may be what failed here: its report, if it comes within a moment,
+    // names the cause and becomes the job's reason.
+    std::string cause = reason;
+    std::vector<uint8_t> buf;
+    int from = -1;
+    const int64_t until = NowMicros() + kPeerReportGraceMicros;
+    while (size() > 1 && !shutting_down_ && NowMicros() < until && cause == reason) {
+      if (!channel_->ReceiveRequest(&buf, &from)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      RequestList list = DeserializeRequestList(buf.data(), buf.size());
+      if (list.shutdown_ack) ++acks_;
+      else if (list.shutdown && list.failure) cause = list.shutdown_reason;
+    }
+    BeginShutdown(cause, /*failure=*/true);  // aborts this rank's device work too
     return;
   }
   // Tell the coordinator before aborting: the abort makes the peers' device work fail

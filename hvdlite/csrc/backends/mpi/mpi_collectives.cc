@@ -37,6 +37,15 @@ std::vector<int> ToIntCounts(const std::vector<int64_t>& v, std::vector<int>* di
   return out;
 }
 
+// How a ring cuts `count` elements into one segment per rank (the first count % n
+// segments get one element more).
+struct RingCut {
+  RingCut(int64_t count, int n) : base(count / n), extra(count % n) {}
+  int64_t offset(int k) const { return k * base + std::min<int64_t>(k, extra); }
+  int64_t length(int k) const { return base + (k < extra ? 1 : 0); }
+  int64_t base, extra;
+};
+
 }  // namespace
 
 MpiCollectives::MpiCollectives(MPI_Comm comm, int64_t ring_min_segment_bytes)
@@ -85,9 +94,9 @@ void MpiCollectives::RingAllreduce(const void* sendbuf, void* recvbuf, int64_t c
 }
 
 RingSegment MpiCollectives::OwnedSegment(int64_t count) const {
-  const int64_t base = count / size_, extra = count % size_;
+  const RingCut cut(count, size_);
   const int k = (rank_ + 1) % size_;
-  return RingSegment{k * base + std::min<int64_t>(k, extra), base + (k < extra ? 1 : 0)};
+  return RingSegment{cut.offset(k), cut.length(k)};
 }
 
 RingSegment MpiCollectives::RingReduceScatter(const void* sendbuf, void* recvbuf, int64_t count, DataType dt,
@@ -96,9 +105,7 @@ RingSegment MpiCollectives::RingReduceScatter(const void* sendbuf, void* recvbuf
   const int64_t es = DataTypeSize(dt);
   const MPI_Datatype type = MpiType(dt);
   const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
-  const int64_t base = count / n, extra = count % n;
-  auto seg_off = [&](int k) { return k * base + std::min<int64_t>(k, extra); };
-  auto seg_len = [&](int k) { return base + (k < extra ? 1 : 0); };
+  const RingCut cut(count, n);
   auto at = [es](const void* p, int64_t elems) {
     return const_cast<char*>(static_cast<const char*>(p)) + elems * es;
   };
@@ -107,18 +114,18 @@ RingSegment MpiCollectives::RingReduceScatter(const void* sendbuf, void* recvbuf
     ScaleBuffer(recvbuf, count, dt, postscale);
     return RingSegment{0, count};
   }
-  uint8_t* incoming = incoming_.Get((base + 1) * es);
+  uint8_t* incoming = incoming_.Get((cut.base + 1) * es);
   // In step s a rank sends segment r-s (its input at s = 0, else what it reduced in
   // step s-1) and reduces segment r-s-1 into the output.
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = ((rank_ - s) % n + n) % n;
     const int recv_seg = ((rank_ - s - 1) % n + n) % n;
-    const void* from = s == 0 ? at(sendbuf, seg_off(send_seg)) : at(recvbuf, seg_off(send_seg));
-    Check(MPI_Sendrecv(from, static_cast<int>(seg_len(send_seg)), type, right, 0, incoming,
-                       static_cast<int>(seg_len(recv_seg)), type, left, 0, comm_, MPI_STATUS_IGNORE),
+    const void* from = s == 0 ? at(sendbuf, cut.offset(send_seg)) : at(recvbuf, cut.offset(send_seg));
+    Check(MPI_Sendrecv(from, static_cast<int>(cut.length(send_seg)), type, right, 0, incoming,
+                       static_cast<int>(cut.length(recv_seg)), type, left, 0, comm_, MPI_STATUS_IGNORE),
           "Sendrecv");
-    const int64_t off = seg_off(recv_seg);
-    ReduceScaled(at(recvbuf, off), at(sendbuf, off), incoming, seg_len(recv_seg), dt, op,
+    const int64_t off = cut.offset(recv_seg);
+    ReduceScaled(at(recvbuf, off), at(sendbuf, off), incoming, cut.length(recv_seg), dt, op,
                  s == n - 2 ? postscale : 1.0);
   }
   return OwnedSegment(count);
@@ -131,15 +138,13 @@ void MpiCollectives::RingAllgather(void* recvbuf, int64_t count, DataType dt) {
   const int64_t es = DataTypeSize(dt);
   const MPI_Datatype type = MpiType(dt);
   const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
-  const int64_t base = count / n, extra = count % n;
-  auto seg_off = [&](int k) { return k * base + std::min<int64_t>(k, extra); };
-  auto seg_len = [&](int k) { return base + (k < extra ? 1 : 0); };
+  const RingCut cut(count, n);
   char* buf = static_cast<char*>(recvbuf);
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = ((rank_ + 1 - s) % n + n) % n;
     const int recv_seg = ((rank_ - s) % n + n) % n;
-    Check(MPI_Sendrecv(buf + seg_off(send_seg) * es, static_cast<int>(seg_len(send_seg)), type, right, 1,
-                       buf + seg_off(recv_seg) * es, static_cast<int>(seg_len(recv_seg)), type, left, 1,
+    Check(MPI_Sendrecv(buf + cut.offset(send_seg) * es, static_cast<int>(cut.length(send_seg)), type, right, 1,
+                       buf + cut.offset(recv_seg) * es, static_cast<int>(cut.length(recv_seg)), type, left, 1,
                        comm_, MPI_STATUS_IGNORE),
           "Sendrecv");
   }
