@@ -53,7 +53,7 @@ def _dtype_name(arr: np.ndarray, what: Any) -> str:
     return name
 
 
-def _unsupported(arr: np.ndarray) -> str:
+def _unsupported(arr: Any) -> str:
     return f"unsupported dtype {arr.dtype}; hvdlite supports {', '.join(_ops.DTYPES)}"
 
 
@@ -92,7 +92,7 @@ def _device_view(tensor: Any, in_place: bool) -> tuple[DeviceView | None, str | 
     if problem is not None:
         return None, problem
     if view.dtype not in _ops.NAME_OF_NP_DTYPE:
-        return None, f"unsupported dtype {view.dtype}; hvdlite supports {', '.join(_ops.DTYPES)}"
+        return None, _unsupported(view)
     if in_place and view.readonly:
         return None, "the in-place form needs writable memory (the device array is read-only)"
     return view, None

@@ -137,19 +137,15 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     core, name = _prepare(kind, name, tensor.dtype, op)
     out_ptr = output.ptr if output is not None else 0
     try:
-        if tensor.device == CPU_DEVICE:
-            hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
-                               tensor.shape, tensor.device, op,
-                               float(prescale_factor), float(postscale_factor), root_rank,
-                               splits if splits is not None else (),
-                               group_id, group_size, _caller.waits)
-        else:
+        stream = ()  # host memory: no stream argument
+        if tensor.device != CPU_DEVICE:
             gpu_libraries.configure(core)  # where the NVIDIA wheels are, before the first GPU tensor
-            hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
-                               tensor.shape, tensor.device, op,
-                               float(prescale_factor), float(postscale_factor), root_rank,
-                               splits if splits is not None else (),
-                               group_id, group_size, _caller.waits, tensor.stream)
+            stream = (tensor.stream,)
+        hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
+                           tensor.shape, tensor.device, op,
+                           float(prescale_factor), float(postscale_factor), root_rank,
+                           splits if splits is not None else (),
+                           group_id, group_size, _caller.waits, *stream)
     except RuntimeError as exc:
         raise_engine_error(exc)
     req = Request(hid, kind, name, keepalive)

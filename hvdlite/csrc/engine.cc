@@ -65,18 +65,18 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
     int32_t gpu_mpi[kNumRequestTypes];  // 1: host-staged MPI, 0: NCCL
     int32_t hierarchical_allreduce;
   } s{};
-  s.hierarchical_allreduce = p->hierarchical_allreduce;
-  s.hierarchical_chunk_bytes = p->hierarchical_chunk_bytes;
   s.host_chunk_bytes = p->host_chunk_bytes;
   s.fusion_direct_bytes = p->fusion_direct_bytes;
   s.ring_min_segment_bytes = p->ring_min_segment_bytes;
+  s.hierarchical_chunk_bytes = p->hierarchical_chunk_bytes;
+  s.hierarchical_allreduce = p->hierarchical_allreduce;
   for (int t = 0; t < kNumRequestTypes; ++t) s.gpu_mpi[t] = p->gpu_backend[t] == "MPI";
   channel.Share(&s, sizeof s, 0);
   p->host_chunk_bytes = s.host_chunk_bytes;
   p->fusion_direct_bytes = s.fusion_direct_bytes;
   p->ring_min_segment_bytes = s.ring_min_segment_bytes;
-  p->hierarchical_allreduce = s.hierarchical_allreduce;
   p->hierarchical_chunk_bytes = s.hierarchical_chunk_bytes;
+  p->hierarchical_allreduce = s.hierarchical_allreduce;
   for (int t = 0; t < kNumRequestTypes; ++t) p->gpu_backend[t] = s.gpu_mpi[t] ? "MPI" : "NCCL";
 }
 

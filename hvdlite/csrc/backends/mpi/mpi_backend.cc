@@ -138,7 +138,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
         huge_pages_.Prepare(entries[i].input, cnt * es);
         if (entries[i].output != entries[i].input) huge_pages_.Prepare(entries[i].output, cnt * es);
       }
-      if (Hierarchical(cnt, es)) {  // the whole tensor at once: its chunks are pipelined
+      if (Hierarchical(cnt, es)) {  // the whole tensor at once: the algorithm cuts its own pieces
         const void* src = entries[i].input;
         void* dst = entries[i].output;
         if (!have[i]) {  // zeros, through the same steps as every other rank's data
@@ -149,8 +149,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
           ScaleCopy(dst, src, cnt, dt, pre);
           src = dst;
         }
-        hierarchical_->Run(src, dst, cnt, dt, op, post,
-                           std::max<int64_t>(1, params_.hierarchical_chunk_bytes / es));
+        AllreduceRange(src, dst, cnt, dt, op, post);
         if (trace && have[i]) job.trace.Phase(r.names[i], "MPI_HIERARCHICAL_ALLREDUCE", t0, NowMicros());
         continue;
       }
