@@ -1,0 +1,1303 @@
+"""Cost model of allreduce across hosts (issue 27): validated on emulated hosts here,
+extrapolated to thousands of ranks, control plane included.
+
+    python benchmarks/cost_model.py                 # tables and JSON lines, from the stored files
+    python benchmarks/cost_model.py --plot          # and docs/scale_*.png (needs matplotlib)
+    python benchmarks/cost_model.py --measure       # re-measure the parameters (root: emulated hosts)
+    python benchmarks/cost_model.py --validate      # re-run bench_hosts.py on emulated hosts (root)
+
+What it models, for H hosts of G ranks each (P = H*G ranks) and an allreduce of S bytes,
+in the alpha-beta(-gamma) form: a message between two ranks costs alpha + bytes/bw, and
+reducing costs gamma per byte. Links have two levels: inside a host (shared memory here,
+NVLink on a GPU server) and between hosts (one stream per NIC; k streams leaving one host
+share its NICs, so each gets bw * min(1, nics/k)).
+
+- flat ring over all P ranks (hvdlite's ring, Horovod's MPI ring): 2(P-1) steps of
+  S/P; in every step one stream per host crosses its link.
+- two-level, as hvdlite implements it (= a 2D torus): ring reduce-scatter inside the
+  host, an allreduce across hosts of each rank's S/G share among the ranks of the same
+  local rank (G concurrent streams per host), ring allgather inside the host; hvdlite
+  runs it in 2 MiB pieces, one after the other.
+- hierarchical with a leader: reduce to one rank per host, allreduce of S among the H
+  leaders (one stream per host), broadcast inside the host.
+- double binary tree (NCCL's tree): pipelined reduce and broadcast over two trees across
+  hosts, a chain inside each host.
+- recursive doubling and Rabenseifner's reduce-scatter/allgather (what MPI libraries use
+  for small and middle sizes), with the rank order that keeps the first steps in the host.
+
+On the emulated hosts (network namespaces, links limited by a tc token bucket, all ranks
+on 2 cores) two more effects are modelled: the token bucket (bursts pass at memory speed
+until the bucket is empty, then the link's rate holds) and the 2 cores shared by all
+ranks. The control plane (one negotiation cycle at P ranks: through rank 0, or one
+bit-vector allreduce) is modelled from rank 0's measured cost per message.
+
+Files beside this script: cost_model_params.json (measured parameters, how and when),
+cost_model_validation.json (bench_hosts.py rows the validation uses). docs/scale.md
+("Cost model") explains the formulas, sources and conclusions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PARAMS_FILE = HERE / "cost_model_params.json"
+VALIDATION_FILE = HERE / "cost_model_validation.json"
+DOCS = REPO / "docs"
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+# hvdlite's own settings that shape its algorithms (hvdlite/csrc/parameters.h, mpi_backend.cc)
+HVD_FLAT_PIECE = 4 * MiB          # HVDLITE_HOST_CHUNK_BYTES: a flat allreduce runs in these pieces
+HVD_TWO_LEVEL_PIECE = 2 * MiB     # HVDLITE_HIERARCHICAL_CHUNK_BYTES
+HVD_RING_MIN_SEGMENT = 256 * KiB  # HVDLITE_RING_MIN_SEGMENT_BYTES: below, MPI_Allreduce instead of the ring
+HVD_TWO_LEVEL_MIN = 64 * KiB      # default: two-level from 64 KiB on
+ELEMENT = 4                       # float32
+
+
+# ================================================================ the model
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: `alpha` seconds per message (one step of an algorithm), `bw`
+    bytes per second for one stream in one direction."""
+    alpha: float
+    bw: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Hosts of ranks. `intra`: between two ranks of one host; `inter`: one stream
+    between hosts (one NIC's worth); `nics`: NICs per host (streams beyond that share
+    them); `gamma`: seconds per byte a rank reduces."""
+    name: str
+    intra: Link
+    inter: Link
+    nics: int = 1
+    gamma: float = 0.0
+    note: str = ""
+
+    def stream_bw(self, streams: int) -> float:
+        """Bandwidth of each of `streams` concurrent streams leaving (or entering) a host."""
+        return self.inter.bw * min(1.0, self.nics / max(1, streams))
+
+    @property
+    def host_bw(self) -> float:
+        return self.inter.bw * self.nics
+
+
+def log2ceil(n: int) -> int:
+    return 0 if n <= 1 else math.ceil(math.log2(n))
+
+
+def ring_allreduce(n: int, size: float, alpha: float, bw: float, gamma: float) -> float:
+    """Ring allreduce of `size` bytes over `n` ranks whose every step is limited by one
+    link (alpha, bw): 2(n-1) steps of size/n, reducing in the first n-1."""
+    if n <= 1:
+        return 0.0
+    seg = size / n
+    return 2 * (n - 1) * (alpha + seg / bw) + (n - 1) * seg * gamma
+
+
+def flat_ring(cl: Cluster, H: int, G: int, S: float, rings: int = 1) -> float:
+    """One ring (or `rings` rings, each carrying S/rings, as NCCL's channels do) over all
+    H*G ranks, ordered host by host: each step moves S/(rings*P) per ring; per host, one
+    stream per ring crosses to the next host while the other hops stay in the host."""
+    P = H * G
+    if P <= 1:
+        return 0.0
+    if H == 1:
+        return ring_allreduce(G, S, cl.intra.alpha, cl.intra.bw, cl.gamma)
+    m = S / (rings * P)
+    step_inter = cl.inter.alpha + m / cl.stream_bw(rings)
+    step_intra = cl.intra.alpha + S / P / cl.intra.bw if G > 1 else 0.0
+    return 2 * (P - 1) * max(step_inter, step_intra) + (P - 1) * (S / P) * cl.gamma
+
+
+def recursive_doubling(cl: Cluster, H: int, G: int, S: float) -> float:
+    """log2(P) exchanges of the whole buffer: the first log2(G) inside the host, the
+    rest across hosts, where all G ranks of a host send S at once."""
+    t = log2ceil(G) * (cl.intra.alpha + S / cl.intra.bw + S * cl.gamma)
+    t += log2ceil(H) * (cl.inter.alpha + S / cl.stream_bw(G) + S * cl.gamma)
+    return t
+
+
+def rabenseifner(cl: Cluster, H: int, G: int, S: float) -> float:
+    """Reduce-scatter by recursive halving, then allgather by recursive doubling; the
+    halving steps with the larger pieces stay inside the host (log2 G of them), the last
+    log2 H cross hosts with G streams each. Powers of two assumed."""
+    lg, lh = log2ceil(G), log2ceil(H)
+    t = 0.0
+    piece = S
+    for _ in range(lg):
+        piece /= 2
+        t += 2 * (cl.intra.alpha + piece / cl.intra.bw) + piece * cl.gamma
+    for _ in range(lh):
+        piece /= 2
+        t += 2 * (cl.inter.alpha + piece / cl.stream_bw(G)) + piece * cl.gamma
+    return t
+
+
+def cross_allreduce(cl: Cluster, H: int, s: float, streams: int, alg: str = "ring") -> float:
+    """Allreduce of `s` bytes among H ranks on H different hosts, while `streams` such
+    allreduces run at once on every host (they share its NICs)."""
+    if H <= 1:
+        return 0.0
+    bw = cl.stream_bw(streams)
+    a = cl.inter.alpha
+    if alg == "ring":
+        return ring_allreduce(H, s, a, bw, cl.gamma)
+    if alg == "rd":
+        return log2ceil(H) * (a + s / bw + s * cl.gamma)
+    if alg == "rabenseifner":
+        return 2 * log2ceil(H) * a + 2 * (H - 1) / H * s / bw + (H - 1) / H * s * cl.gamma
+    if alg == "best":
+        return min(cross_allreduce(cl, H, s, streams, x) for x in ("ring", "rd", "rabenseifner"))
+    raise ValueError(f"unknown cross-host algorithm {alg!r}")
+
+
+def _pieces(S: float, piece: float | None) -> list[float]:
+    if not piece or piece >= S:
+        return [S]
+    n = int(S // piece)
+    rest = S - n * piece
+    return [piece] * n + ([rest] if rest > 0 else [])
+
+
+def two_level_phases(cl: Cluster, H: int, G: int, c: float, cross: str = "ring") -> tuple[float, float, float]:
+    """(reduce-scatter in host, allreduce across hosts, allgather in host) for one piece."""
+    seg = c / G
+    rs = (G - 1) * (cl.intra.alpha + seg / cl.intra.bw + seg * cl.gamma)
+    ag = (G - 1) * (cl.intra.alpha + seg / cl.intra.bw)
+    return rs, cross_allreduce(cl, H, seg, G, cross), ag
+
+
+def two_level(cl: Cluster, H: int, G: int, S: float, piece: float | None = None, cross: str = "ring",
+              pipelined: bool = False) -> float:
+    """The two-level allreduce (2D torus). `piece`: hvdlite's pieces, run one after the
+    other (`pipelined=False`, as hvdlite does) or with the levels of consecutive pieces
+    overlapped (`pipelined=True`: after the first piece, each costs the slower level)."""
+    if H <= 1:
+        return ring_allreduce(G, S, cl.intra.alpha, cl.intra.bw, cl.gamma)
+    if G <= 1:
+        return cross_allreduce(cl, H, S, 1, cross)
+    pieces = _pieces(S, piece)
+    if not pipelined:
+        return sum(sum(two_level_phases(cl, H, G, c, cross)) for c in pieces)
+    rs, x, ag = two_level_phases(cl, H, G, pieces[0], cross)
+    total = rs + x + ag
+    for c in pieces[1:]:
+        rs, x, ag = two_level_phases(cl, H, G, c, cross)
+        total += max(rs + ag, x)
+    return total
+
+
+def two_level_best_piece(cl: Cluster, H: int, G: int, S: float, cross: str = "ring") -> tuple[float, float]:
+    """The pipelined two-level allreduce at its best piece size: (time, piece)."""
+    best = (two_level(cl, H, G, S, None, cross), S)
+    piece = 64 * KiB
+    while piece < S:
+        t = two_level(cl, H, G, S, piece, cross, pipelined=True)
+        if t < best[0]:
+            best = (t, piece)
+        piece *= 2
+    return best
+
+
+def leader(cl: Cluster, H: int, G: int, S: float, cross: str = "ring") -> float:
+    """Hierarchical with a leader per host: reduce-scatter then gather to the leader,
+    allreduce of S among the H leaders (one stream per host), scatter then allgather."""
+    seg = S / G
+    local = 0.0
+    if G > 1:
+        reduce = (G - 1) * (cl.intra.alpha + seg / cl.intra.bw + seg * cl.gamma) \
+            + (G - 1) * (cl.intra.alpha + seg / cl.intra.bw)
+        bcast = 2 * (G - 1) * (cl.intra.alpha + seg / cl.intra.bw)
+        local = reduce + bcast
+    return local + cross_allreduce(cl, H, S, 1, cross)
+
+
+def tree_pipeline(cl: Cluster, H: int, G: int, S: float, d: float) -> float:
+    """NCCL-style double binary tree across hosts (a chain inside each), pipelined in
+    steps that each move `d` bytes of data (d/2 per tree). Per byte of data a host's link
+    carries 2 bytes in each direction (interior node of one tree, leaf of the other), so
+    an inter-host stage costs alpha + 2d/host_bw; an intra-host stage alpha + 2d/bw.
+    Time = sum of the stage times (filling the pipeline) + (steps-1) * slowest stage."""
+    stages = []
+    if H > 1:
+        tx = cl.inter.alpha + 2 * d / cl.host_bw + d * cl.gamma
+        stages += [tx] * (2 * log2ceil(H))
+    if G > 1:
+        tl = cl.intra.alpha + 2 * d / cl.intra.bw + d * cl.gamma
+        stages += [tl] * (2 * (G - 1))
+    if not stages:
+        return 0.0
+    steps = max(1, math.ceil(S / d))
+    return sum(stages) + (steps - 1) * max(stages)
+
+
+def tree(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float]:
+    """The double binary tree at its best pipeline step size: (time, step bytes)."""
+    best = (tree_pipeline(cl, H, G, S, S), S)
+    d = S / 2
+    while d >= 1 * KiB:
+        t = tree_pipeline(cl, H, G, S, d)
+        if t < best[0]:
+            best = (t, d)
+        d /= 2
+    return best
+
+
+ALGORITHMS = ("flat_ring", "two_level", "two_level_hvdlite", "leader", "tree", "recursive_doubling",
+              "rabenseifner")
+LABELS = {
+    "flat_ring": "flat ring",
+    "two_level": "two-level / 2D torus (best piece, pipelined)",
+    "two_level_hvdlite": "two-level as hvdlite runs it (2 MiB pieces, serial)",
+    "leader": "leader per host (reduce, ring of leaders, bcast)",
+    "tree": "double binary tree (pipelined)",
+    "recursive_doubling": "recursive doubling",
+    "rabenseifner": "Rabenseifner (halving/doubling)",
+}
+
+
+def predict(cl: Cluster, H: int, G: int, S: float) -> dict[str, float]:
+    """Every algorithm's time (seconds) for an allreduce of S bytes on H x G ranks."""
+    return {
+        "flat_ring": flat_ring(cl, H, G, S),
+        "two_level": two_level_best_piece(cl, H, G, S)[0],
+        "two_level_hvdlite": two_level(cl, H, G, S, HVD_TWO_LEVEL_PIECE),
+        "leader": leader(cl, H, G, S),
+        "tree": tree(cl, H, G, S)[0],
+        "recursive_doubling": recursive_doubling(cl, H, G, S),
+        "rabenseifner": rabenseifner(cl, H, G, S),
+    }
+
+
+# ---------------------------------------------------------------- control plane
+def rank0_cycle(P: int, alpha: float, per_message: float) -> float:
+    """One negotiation cycle through rank 0: every other rank's message reaches rank 0
+    (one latency), rank 0 handles the P-1 messages and answers each (per_message for
+    the pair, one after the other), the answers travel back (one latency)."""
+    if P <= 1:
+        return 0.0
+    return 2 * alpha + (P - 1) * per_message
+
+
+def bitvector_cycle(H: int, G: int, intra_alpha: float, inter_alpha: float, kind: str = "tree") -> float:
+    """One allreduce (bitwise AND) of a small bit vector among all ranks: a few bytes, so
+    latency only. `tree`: recursive doubling, log2 G steps in the host and log2 H across;
+    `ring`: 2(P-1) steps, each paying the slower link's latency."""
+    P = H * G
+    if P <= 1:
+        return 0.0
+    if kind == "tree":
+        return log2ceil(G) * intra_alpha + log2ceil(H) * inter_alpha
+    if kind == "ring":
+        return 2 * (P - 1) * (inter_alpha if H > 1 else intra_alpha)
+    raise ValueError(kind)
+
+
+# ================================================================ the emulated hosts
+@dataclass(frozen=True)
+class Emulation:
+    """What the emulated hosts add to the alpha-beta model: a token bucket per host and
+    direction (`rate` bytes/s of payload once the bucket is empty, `burst` bytes that pass
+    at the `wire` speed of TCP over the veth pair), and `cores` CPU cores for all ranks."""
+    rate: float
+    burst: float
+    wire: Link
+    cores: int = 2
+
+
+def emulated_cluster(params: dict, rate_name: str) -> tuple[Cluster, Emulation]:
+    shm, em = params["shm"], params["emulated"][rate_name]
+    cl = Cluster(name=f"emulated {rate_name}", intra=Link(shm["alpha"], shm["bw"]),
+                 inter=Link(em["alpha"], em["wire_bw"]), nics=1, gamma=shm["gamma"])
+    return cl, Emulation(rate=em["rate"], burst=em["burst"], wire=cl.inter, cores=params.get("cores", 2))
+
+
+def _mpi_small(cl: Cluster, H: int, G: int, c: float) -> tuple[float, float]:
+    """What an MPI_Allreduce of c bytes (below hvdlite's ring threshold) is modelled as:
+    recursive doubling. Returns (time, bytes per host link and direction)."""
+    return recursive_doubling(cl, H, G, c), log2ceil(H) * G * c
+
+
+def hvdlite_flat(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float, list[str]]:
+    """hvdlite with HOROVOD_HIERARCHICAL_ALLREDUCE=0: 4 MiB pieces, each a ring over all
+    ranks if its segments reach 256 KiB, else MPI_Allreduce. (time, link bytes, what ran)"""
+    P = H * G
+    t = x = 0.0
+    used = set()
+    for c in _pieces(S, HVD_FLAT_PIECE):
+        if c / P >= HVD_RING_MIN_SEGMENT and c / ELEMENT >= P:
+            t += flat_ring(cl, H, G, c)
+            x += 2 * (P - 1) / P * c if H > 1 else 0.0
+            used.add("ring")
+        else:
+            dt, dx = _mpi_small(cl, H, G, c)
+            t += dt
+            x += dx if H > 1 else 0.0
+            used.add("MPI_Allreduce")
+    return t, x, sorted(used)
+
+
+def hvdlite_two_level(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float, list[str]]:
+    """hvdlite with HOROVOD_HIERARCHICAL_ALLREDUCE=1: 2 MiB pieces, one after the other;
+    across hosts hvdlite's ring if each rank's share per host reaches 256 KiB, else
+    MPI_Allreduce. With one rank per host it is the flat allreduce."""
+    if G <= 1 or H <= 1:
+        return hvdlite_flat(cl, H, G, S)
+    t = x = 0.0
+    used = set()
+    for c in _pieces(S, HVD_TWO_LEVEL_PIECE):
+        seg = c / G
+        if seg / H >= HVD_RING_MIN_SEGMENT:
+            rs, xt, ag = two_level_phases(cl, H, G, c, "ring")
+            x += 2 * (H - 1) / H * c
+            used.add("ring")
+        else:
+            rs, _, ag = two_level_phases(cl, H, G, c, "ring")
+            xt = log2ceil(H) * (cl.inter.alpha + seg / cl.stream_bw(G) + seg * cl.gamma)
+            x += log2ceil(H) * c
+            used.add("MPI_Allreduce")
+        t += rs + xt + ag
+    return t, x, sorted(used)
+
+
+def mpi_leader_two_hosts(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float, list[str]] | None:
+    """Open MPI's own MPI_Allreduce across hosts, where its algorithm is known well enough
+    to model: on 2 hosts every algorithm it may pick moves S each way over the link
+    (HAN: reduce in the host, exchange between the two leaders, broadcast in the host).
+    None elsewhere (4 hosts: its choice among tuned/HAN algorithms is not modelled)."""
+    if H != 2:
+        return None
+    return leader(cl, H, G, S, "rd"), S, ["leader (HAN)"]
+
+
+def bench_reps(S: float, max_reps: int = 20, budget: float = 512 * MiB) -> int:
+    """Timed repetitions bench_hosts.py runs at size S (after 2 warm-ups)."""
+    return max(3, min(max_reps, int(budget / S)))
+
+
+def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: float, S: float,
+                  overhead: float, max_reps: int = 20) -> tuple[float, str]:
+    """Turns an algorithm's alpha-beta time on the emulated hosts (`path`, with the
+    inter-host links at wire speed) into a predicted median of bench_hosts.py.
+
+    - CPU: every rank of every host shares `cores` cores. The busy phases of the P
+      ranks (copies, reductions, TCP) run together, so the path stretches by P/cores.
+    - Token bucket: the benchmark repeats [hvdlite op, MPI op] back to back; if the two
+      ops of a repetition need more tokens than refill meanwhile, the bucket drains after
+      burst/deficit repetitions. If it still holds tokens for the median repetition the
+      link is not the limit (`burst`); otherwise the link's payload rate is, and the
+      time is at least link_bytes/rate (`rate`)."""
+    t = (path + overhead) * max(1.0, P / em.cores)
+    if link_bytes <= 0:
+        return t, "one host"
+    deficit = 2 * link_bytes - em.rate * 2 * t
+    reps = bench_reps(S, max_reps)
+    if deficit <= 0 or em.burst / deficit >= 2 + reps / 2:
+        return t, "burst"
+    return max(t, link_bytes / em.rate), "rate"
+
+
+# ================================================================ measuring the parameters
+def _median_time(comm, fn, reps: int, inner: int = 1, warm: int = 2) -> float:
+    """Median over `reps` repetitions (after `warm`) of the time per call of fn, each
+    repetition `inner` calls after a barrier, as rank 0 sees it."""
+    out = []
+    for i in range(reps + warm):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        dt = (time.perf_counter() - t0) / inner
+        if i >= warm:
+            out.append(dt)
+    return statistics.median(out)
+
+
+def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x: (a, b)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+def _pingpong_and_exchange(comm, sizes: list[int], budget: float) -> dict:
+    import numpy as np
+    rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
+    out: dict = {"pingpong_half_rtt": {}, "exchange": {}}
+    for s in sizes:
+        a, b = np.ones(max(1, s), np.uint8), np.empty(max(1, s), np.uint8)
+        inner = max(1, min(200, int(256 * KiB / max(s, 1))))
+        reps = max(5, min(40, int(budget / max(s, 1) / inner)))
+
+        def pingpong() -> None:
+            if rank == 0:
+                comm.Send(a, peer, 7)
+                comm.Recv(b, peer, 7)
+            else:
+                comm.Recv(b, peer, 7)
+                comm.Send(a, peer, 7)
+
+        def exchange() -> None:
+            comm.Sendrecv(a, peer, 8, b, peer, 8)
+
+        out["pingpong_half_rtt"][s] = _median_time(comm, pingpong, reps, inner) / 2
+        out["exchange"][s] = _median_time(comm, exchange, reps, inner)
+    return out
+
+
+def _control_fan_in(comm, ks: list[int], reps: int) -> dict:
+    """Rank 1 stands for k workers: it posts k small requests to rank 0 at once; rank 0
+    receives them one by one as hvdlite's coordinator does (MPI_Improbe + MPI_Mrecv on a
+    duplicate communicator) and answers each; rank 1 receives the k answers. The slope of
+    the cycle time over k is rank 0's cost per worker message (receive + answer)."""
+    import numpy as np
+    from mpi4py import MPI
+    ctrl = comm.Dup()
+    rank = comm.Get_rank()
+    msg, inbox = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    res = {}
+    for k in ks:
+        def cycle() -> None:
+            if rank == 0:
+                got = 0
+                while got < k:
+                    m = ctrl.improbe(MPI.ANY_SOURCE, 11)
+                    if m is None:
+                        continue
+                    m.Recv(inbox)
+                    got += 1
+                MPI.Request.Waitall([ctrl.Isend(msg, 1, 12) for _ in range(k)])
+            else:
+                MPI.Request.Waitall([ctrl.Isend(msg, 0, 11) for _ in range(k)])
+                for _ in range(k):
+                    ctrl.Recv(inbox, 0, 12)
+        res[k] = _median_time(comm, cycle, reps)
+    ctrl.Free()
+    a, b = _fit_line([float(k) for k in ks], [res[k] for k in ks])
+    return {"cycle_s": res, "fixed_s": a, "per_message_s": b}
+
+
+def _small_allreduce(comm, reps: int) -> float:
+    """An allreduce (bitwise AND) of a 32-byte bit vector: the steady-state agreement."""
+    import numpy as np
+    from mpi4py import MPI
+    bits = np.full(4, -1, np.int64)
+    return _median_time(comm, lambda: comm.Allreduce(MPI.IN_PLACE, bits, op=MPI.BAND), reps, inner=20)
+
+
+def _hvdlite_overhead(comm, reps: int) -> dict:
+    """hvdlite's fixed cost per call: a 4-byte hvd.allreduce_ (Python, the engine's
+    thread, the round trip to rank 0, waking the caller) against MPI_Allreduce of the
+    same buffer, interleaved call by call."""
+    import numpy as np
+    from mpi4py import MPI
+    import hvdlite as hvd
+    hvd.init()
+    x = np.zeros(1, np.float32)
+    th, tm = [], []
+    for i in range(reps + 5):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        hvd.allreduce_(x, op=hvd.Sum, name="cost_model.tiny")
+        t1 = time.perf_counter()
+        comm.Barrier()
+        t2 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        t3 = time.perf_counter()
+        if i >= 5:
+            th.append(t1 - t0)
+            tm.append(t3 - t2)
+    hvd.shutdown()
+    h, m = statistics.median(th), statistics.median(tm)
+    return {"hvdlite_s": h, "mpi_s": m, "overhead_s": h - m}
+
+
+def _reduction_speed(comm, sizes: list[int]) -> dict:
+    """Seconds per byte of a float32 sum a += b (NumPy's vectorized loop, as hvdlite's
+    reduction kernel), on rank 0 alone and on both ranks at once."""
+    import numpy as np
+    rank = comm.Get_rank()
+    out: dict = {"alone": {}, "pair": {}}
+    for s in sizes:
+        a, b = np.zeros(s // 4, np.float32), np.ones(s // 4, np.float32)
+        inner = max(1, int(16 * MiB / s))
+        reps = 15
+
+        def add() -> None:
+            np.add(a, b, out=a)
+
+        def alone() -> None:
+            if rank == 0:
+                add()
+        out["alone"][s] = _median_time(comm, alone, reps, inner) / s
+        out["pair"][s] = _median_time(comm, add, reps, inner) / s
+    return out
+
+
+def measure_worker(kind: str, rate: str) -> None:
+    """Runs inside a 2-rank job (`intra`: one host; `inter`: one rank on each of two
+    emulated hosts) and prints rank 0's findings as one RESULT line."""
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    res: dict = {"kind": kind, "hosts": comm.allgather(MPI.Get_processor_name())}
+    if kind == "intra":
+        res.update(_pingpong_and_exchange(comm, [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 4 * MiB,
+                                                 16 * MiB, 64 * MiB], 256 * MiB))
+        res["reduce_s_per_byte"] = _reduction_speed(comm, [256 * KiB, 2 * MiB, 64 * MiB])
+        res["control"] = _control_fan_in(comm, [1, 2, 4, 8, 16, 32, 64, 128, 256], 200)
+        res["bitvector_allreduce_s"] = _small_allreduce(comm, 200)
+        res["hvdlite"] = _hvdlite_overhead(comm, 300)
+    else:
+        from tests.hosts.emulated import _rate_bytes
+        rb = _rate_bytes(rate)
+        peer = 1 - rank
+        # latency with messages far below the bucket
+        res.update(_pingpong_and_exchange(comm, [8, 64, 512, 4 * KiB], 1 * MiB))
+        # bursts: one message after the bucket refilled (idle 60 ms), then a 1-byte answer
+        ack = np.zeros(1, np.uint8)
+        burst: dict = {}
+        for s in [64 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB]:
+            if s > rb * 0.3:
+                break
+            buf = np.ones(s, np.uint8)
+            ts = []
+            for _ in range(5):
+                comm.Barrier()
+                time.sleep(0.06)
+                comm.Barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    comm.Send(buf, peer, 21)
+                    comm.Recv(ack, peer, 22)
+                else:
+                    comm.Recv(buf, peer, 21)
+                    comm.Send(ack, peer, 22)
+                ts.append(time.perf_counter() - t0)
+            burst[s] = statistics.median(ts)
+        res["burst_one_way_s"] = burst
+        # sustained: drain the bucket, then stream 1 MiB messages for ~0.6 s
+        chunk = np.ones(1 * MiB, np.uint8)
+        n = max(16, int(rb * 0.6 / MiB))
+
+        def stream(count: int, both: bool) -> float:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(count):
+                if both:
+                    comm.Sendrecv(chunk, peer, 23, chunk, peer, 23)
+                elif rank == 0:
+                    comm.Send(chunk, peer, 23)
+                else:
+                    comm.Recv(chunk, peer, 23)
+            if rank == 0:
+                comm.Recv(ack, peer, 24)
+            else:
+                comm.Send(ack, peer, 24)
+            return time.perf_counter() - t0
+        one, two = [], []
+        for _ in range(3):
+            stream(max(4, int(rb * 0.05 / MiB)), False)  # empties the bucket
+            one.append(n * MiB / stream(n, False))
+            stream(max(4, int(rb * 0.05 / MiB)), True)
+            two.append(n * MiB / stream(n, True))
+        res["stream_one_way_Bps"] = statistics.median(one)
+        res["stream_both_ways_Bps"] = statistics.median(two)
+        res["control"] = _control_fan_in(comm, [1, 4, 16, 64, 256], 60)
+        res["bitvector_allreduce_s"] = _small_allreduce(comm, 100)
+        res["hvdlite"] = _hvdlite_overhead(comm, 200)
+    if rank == 0:
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+def _launch_worker(kind: str, rate: str, hosts=None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), HVDLITE_LOG_LEVEL="error")
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", "2"]
+    if hosts is not None:
+        env.update(hosts.env())
+        cmd += ["-H", hosts.host_spec(1)]
+    cmd += [sys.executable, str(Path(__file__).resolve()), "--measure-worker", kind, "--rate", rate]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=str(REPO))
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"measure {kind} {rate}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[0][7:])
+
+
+def _keys_to_int(d: dict) -> dict:
+    return {int(k): v for k, v in d.items()}
+
+
+def derive_shm(run: dict) -> dict:
+    """alpha, bw and gamma of shared memory from one `intra` run."""
+    pp = _keys_to_int(run["pingpong_half_rtt"])
+    ex = _keys_to_int(run["exchange"])
+    alpha = pp[8]
+    big = [s for s in ex if s >= 1 * MiB]
+    # a ring step is an exchange: both ranks send and receive at once
+    _, slope = _fit_line([float(s) for s in big], [ex[s] for s in big])
+    red = _keys_to_int(run["reduce_s_per_byte"]["pair"])
+    return {"alpha": alpha, "bw": 1 / slope, "gamma": red[2 * MiB],
+            "gamma_large": red[64 * MiB], "pingpong_bw": 1 / _fit_line(
+                [float(s) for s in pp if s >= 1 * MiB], [pp[s] for s in pp if s >= 1 * MiB])[1]}
+
+
+def derive_link(run: dict, rate_bytes: float) -> dict:
+    """alpha, wire speed, payload rate and bucket size of an emulated link."""
+    pp = _keys_to_int(run["pingpong_half_rtt"])
+    alpha = pp[8]
+    rate = run["stream_one_way_Bps"]
+    burst = _keys_to_int(run["burst_one_way_s"])
+    rtt = 2 * alpha
+    fits = {s: t - rtt for s, t in burst.items()}
+    nominal_bucket = rate_bytes / 100  # tests/hosts/emulated.py: 10 ms at the link's rate
+    small = [s for s in fits if s <= nominal_bucket / 2]
+    wire = statistics.median([s / fits[s] for s in small])
+    # beyond the bucket: t = b/wire + (s - b)/rate, so b = (s/rate - t) / (1/rate - 1/wire)
+    large = [s for s in fits if s >= 2 * nominal_bucket]
+    b = statistics.median([(s / rate - fits[s]) / (1 / rate - 1 / wire) for s in large]) if large \
+        else nominal_bucket
+    return {"alpha": alpha, "wire_bw": wire, "rate": rate, "rate_both_ways": run["stream_both_ways_Bps"],
+            "burst": b, "nominal_rate": rate_bytes, "payload_efficiency": rate / rate_bytes}
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _core_stamp() -> str:
+    """When the hvdlite extension in the repository was built (other sessions rebuild it)."""
+    found = sorted((REPO / "hvdlite").glob("_core*.so"))
+    if not found:
+        return "no _core built"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0].stat().st_mtime))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _median_dict(ds: list[dict]) -> dict:
+    return {k: statistics.median(d[k] for d in ds) for k in ds[0]}
+
+
+def run_measure(rates: list[str], rounds: int, out: Path) -> dict:
+    """Measures shared memory (2 ranks on this host) and each emulated link rate (1 rank
+    on each of 2 emulated hosts), `rounds` times interleaved, and writes the medians of
+    the derived parameters with every raw run to `out`."""
+    sys.path.insert(0, str(REPO))
+    from tests.hosts.emulated import EmulatedHosts, _rate_bytes, unavailable
+    reason = unavailable()
+    if reason:
+        print(f"cost_model --measure: inter-host links skipped: {reason}", file=sys.stderr)
+        rates = []
+    runs: dict = {"intra": [], "inter": {r: [] for r in rates}}
+    for rnd in range(rounds):
+        load = os.getloadavg()[0]
+        run = _launch_worker("intra", "")
+        run.update(started=_now(), load_before=load, load_after=os.getloadavg()[0])
+        runs["intra"].append(run)
+        print(f"measure: shared memory, round {rnd}: load {load:.2f}", flush=True)
+        for rate in rates:
+            load = os.getloadavg()[0]
+            with EmulatedHosts(2, rate) as hosts:
+                run = _launch_worker("inter", rate, hosts)
+            run.update(started=_now(), load_before=load, load_after=os.getloadavg()[0])
+            runs["inter"][rate].append(run)
+            print(f"measure: {rate} link, round {rnd}: load {load:.2f}", flush=True)
+    shm = _median_dict([derive_shm(r) for r in runs["intra"]])
+    emulated = {rate: _median_dict([derive_link(r, _rate_bytes(rate)) for r in rs]) for rate, rs in runs["inter"].items()}
+    ctl_shm = statistics.median(r["control"]["per_message_s"] for r in runs["intra"])
+    control = {
+        "rank0_per_message_shm": ctl_shm,
+        "bitvector_allreduce_shm": statistics.median(r["bitvector_allreduce_s"] for r in runs["intra"]),
+        "hvdlite_overhead_shm": statistics.median(r["hvdlite"]["overhead_s"] for r in runs["intra"]),
+        "hvdlite_call_shm": statistics.median(r["hvdlite"]["hvdlite_s"] for r in runs["intra"]),
+    }
+    for rate, rs in runs["inter"].items():
+        control[f"rank0_per_message_{rate}"] = statistics.median(r["control"]["per_message_s"] for r in rs)
+        control[f"bitvector_allreduce_{rate}"] = statistics.median(r["bitvector_allreduce_s"] for r in rs)
+        control[f"hvdlite_overhead_{rate}"] = statistics.median(r["hvdlite"]["overhead_s"] for r in rs)
+        control[f"hvdlite_call_{rate}"] = statistics.median(r["hvdlite"]["hvdlite_s"] for r in rs)
+    params = {
+        "about": "Parameters of benchmarks/cost_model.py, measured on this machine by "
+                 f"`python benchmarks/cost_model.py --measure --rounds {rounds}` (medians over rounds; "
+                 "every raw run under `runs`). Units: seconds, bytes, bytes/s; gamma in s per byte reduced.",
+        "measured": _now(), "commit": _git_commit(), "core_built": _core_stamp(), "cores": os.cpu_count(),
+        "how": {
+            "shm": "2 ranks on one host (hvdlite-run -np 2). alpha: half the round trip of an 8-byte "
+                   "ping-pong. bw: slope of MPI_Sendrecv exchange time (both ranks send and receive "
+                   "at once, as in a ring step) over 1-64 MiB. gamma: NumPy float32 a += b on both "
+                   "ranks at once, per byte, at 2 MiB (the size of hvdlite's two-level pieces).",
+            "emulated": "1 rank on each of 2 emulated hosts (tests/hosts/emulated.py, tc tbf). alpha: "
+                        "half the round trip of an 8-byte ping-pong over TCP. wire_bw: one message of "
+                        "at most half a bucket after 60 ms idle (bucket full). rate: payload bytes/s "
+                        "of a stream of 1 MiB messages after the bucket was emptied. burst: from "
+                        "one-way transfers of 2-30 buckets after idle, t = b/wire + (s-b)/rate.",
+            "control": "rank0_per_message: slope over k = 1..256 of a cycle in which one rank posts "
+                       "k 64-byte requests to rank 0, which receives each (MPI_Improbe/Mrecv through "
+                       "mpi4py, so including Python's cost per call) and answers each. "
+                       "hvdlite_overhead: median 4-byte hvd.allreduce_ minus MPI_Allreduce, interleaved.",
+        },
+        "shm": shm, "emulated": emulated, "control": control, "runs": runs,
+    }
+    out.write_text(json.dumps(params, indent=1))
+    return params
+
+
+# ---------------------------------------------------------------- validation runs
+VALIDATE_CONFIGS = "2x2@1gbit,4x1@1gbit,4x2@1gbit,2x4@1gbit,2x2@10gbit,4x2@10gbit"
+VALIDATE_SIZES = "4K,64K,1M,4M,16M,64M"
+
+
+def run_validation(configs: str, sizes: str, rounds: int, out: Path, max_reps: int) -> None:
+    """Runs benchmarks/bench_hosts.py once per configuration and round (configurations
+    interleaved across rounds, so that a disturbed minute hits one sample of each rather
+    than all samples of one) and appends every row, with when and how it ran, to `out`."""
+    data = json.loads(out.read_text()) if out.exists() else {"runs": []}
+    data.setdefault("about", {
+        "what": "hvdlite flat / two-level / default and MPI_Allreduce on emulated hosts, "
+                "from benchmarks/bench_hosts.py (medians over its repetitions, seconds)",
+        "command": f"python benchmarks/cost_model.py --validate --configs {configs} --sizes {sizes} "
+                   f"--rounds {rounds}",
+    })
+    for rnd in range(rounds):
+        for config in configs.split(","):
+            started = _now()
+            load_before = list(os.getloadavg())
+            t0 = time.time()
+            tmp = out.with_suffix(".tmp.json")
+            cmd = [sys.executable, str(HERE / "bench_hosts.py"), "--configs", config, "--sizes", sizes,
+                   "--max-reps", str(max_reps), "--json-out", str(tmp)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO))
+            entry = {"config": config, "round": rnd, "started": started, "seconds": round(time.time() - t0, 1),
+                     "load_before": load_before, "load_after": list(os.getloadavg()), "commit": _git_commit(),
+                     "core_built": _core_stamp(), "max_reps": max_reps}
+            if proc.returncode != 0 or not tmp.exists():
+                entry["error"] = (proc.stdout[-2000:] + proc.stderr[-2000:]).strip()
+                print(f"validate: {config} round {rnd} failed:\n{entry['error']}", file=sys.stderr, flush=True)
+            else:
+                entry["rows"] = json.loads(tmp.read_text())[0]["rows"]
+                tmp.unlink()
+            data["runs"].append(entry)
+            out.write_text(json.dumps(data, indent=1))
+            print(f"validate: {config} round {rnd} done in {entry['seconds']} s, load {entry['load_after'][0]:.2f}",
+                  flush=True)
+
+
+# ================================================================ validation against bench_hosts.py
+def parse_config(config: str) -> tuple[int, int, str]:
+    shape, rate = config.split("@")
+    h, g = (int(v) for v in shape.lower().split("x"))
+    return h, g, rate
+
+
+def hvdlite_overhead(params: dict, rate: str, H: int, G: int) -> float:
+    """hvdlite's fixed cost per call at P ranks: measured with 2 ranks (across two
+    emulated hosts when H > 1), plus rank 0's cost for each further worker's message."""
+    c = params["control"]
+    P = H * G
+    if H > 1 and f"hvdlite_overhead_{rate}" in c:
+        return c[f"hvdlite_overhead_{rate}"] + max(0, P - 2) * c[f"rank0_per_message_{rate}"]
+    return c["hvdlite_overhead_shm"] + max(0, P - 2) * c["rank0_per_message_shm"]
+
+
+def group_validation(val: dict) -> tuple[dict, dict]:
+    """{(config, bytes): {mode: [medians of each run]}} and per-config run notes."""
+    grouped: dict = {}
+    notes: dict = {}
+    for run in val.get("runs", []):
+        if "rows" not in run:
+            continue
+        notes.setdefault(run["config"], []).append(
+            {k: run[k] for k in ("round", "started", "seconds", "load_before", "load_after", "commit", "core_built")})
+        for row in run["rows"]:
+            g = grouped.setdefault((row["config"], row["bytes"]), {m: [] for m in ("flat", "two_level", "default", "mpi")})
+            g["flat"].append(row["flat_s"])
+            g["two_level"].append(row["hierarchical_s"])
+            g["default"].append(row["default_s"])
+            g["mpi"].append(row["mpi_s"])
+    return grouped, notes
+
+
+def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
+    grouped, _ = group_validation(val)
+    rows = []
+    for (config, S), samples in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        H, G, rate = parse_config(config)
+        if rate not in params["emulated"]:
+            continue
+        cl, em = emulated_cluster(params, rate)
+        P = H * G
+        over = hvdlite_overhead(params, rate, H, G)
+        row = {"table": "validation", "config": config, "bytes": S, "runs": len(samples["flat"])}
+        models = {"flat": hvdlite_flat(cl, H, G, S), "two_level": hvdlite_two_level(cl, H, G, S)}
+        mpi = mpi_leader_two_hosts(cl, H, G, S)
+        if mpi is not None:
+            models["mpi"] = mpi
+        for mode in ("flat", "two_level", "mpi"):
+            meas = samples[mode]
+            row[f"{mode}_measured_s"] = statistics.median(meas)
+            row[f"{mode}_spread"] = (max(meas) - min(meas)) / statistics.median(meas) if len(meas) > 1 else 0.0
+            if mode not in models:
+                continue
+            path, link_bytes, used = models[mode]
+            t, regime = emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else over, max_reps)
+            row[f"{mode}_model_s"] = t
+            row[f"{mode}_regime"] = regime
+            row[f"{mode}_algorithm"] = "+".join(used)
+            row[f"{mode}_error"] = (t - row[f"{mode}_measured_s"]) / row[f"{mode}_measured_s"]
+        rows.append(row)
+    return rows
+
+
+# ================================================================ extrapolation (public figures)
+SOURCES = {
+    "nvlink4": "NVLink 4 (H100/H200 SXM): 18 links, 900 GB/s per GPU both directions together, so 450 GB/s "
+               "each way (MLCommons system description, mlcommons/inference_results_v4.1 "
+               "closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json: \"18x 4th Gen NVLink, 900GB/s\")",
+    "ndr": "NDR InfiniBand, 400 Gb/s = 50 GB/s per port; 8 such NICs in an 8-GPU H100 server (MLCommons "
+           "system description mlcommons/inference_results_v3.1 closed/Dell/systems/XE9680_H100_SXM_80GBx8_TRT.json: "
+           "\"8x 400Gb Infiniband\"); switch port-to-port latency below 1 us",
+    "ethernet": "100 GbE = 12.5 GB/s per host; TCP latency 20-50 us against ~1 us for RDMA "
+                "(malgukke.de/expertise/nodecommu.html); we take 10 us per step (RoCE or a tuned stack)",
+    "resnet50": "ResNet-50 v1.5, mixed precision, batch 256 per GPU: 2,470 img/s on one A100 80GB, 1,200 on one "
+                "V100 (NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md); "
+                "25,557,032 parameters (benchmarks/resnet50_shapes.py)",
+}
+
+
+def public_clusters() -> list[Cluster]:
+    """GPU clusters of 8 GPUs per host, from public figures (SOURCES) and stated assumptions
+    for the per-step latencies (a few us: NCCL's per-hop software cost dominates the wire's)."""
+    nvlink = Link(alpha=3e-6, bw=450e9)
+    gamma_gpu = 3 / 3.35e12  # reading two operands and writing one at H100 SXM's 3.35 TB/s HBM3
+    return [
+        Cluster("8xH100 NVLink, 8 x 400G IB per host", nvlink, Link(5e-6, 50e9), nics=8, gamma=gamma_gpu,
+                note="one NDR NIC per GPU (rail-optimized, as DGX H100)"),
+        Cluster("8xH100 NVLink, 1 x 400G IB per host", nvlink, Link(5e-6, 50e9), nics=1, gamma=gamma_gpu,
+                note="one NDR NIC per host"),
+        Cluster("8xH100 NVLink, 1 x 100GbE per host", nvlink, Link(10e-6, 12.5e9), nics=1, gamma=gamma_gpu,
+                note="one 100 Gb/s Ethernet NIC per host"),
+    ]
+
+
+EXTRAP_HOSTS = [2, 4, 8, 16, 32, 64, 128, 256, 512]
+EXTRAP_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 100 * 10**6, 1 * GiB]
+RESNET50_BYTES = 25_557_032 * 4
+FUSION_BUCKET = 64 * MiB  # Horovod's default fusion threshold
+
+
+def extrapolation_rows(clusters: list[Cluster], G: int = 8) -> list[dict]:
+    rows = []
+    for cl in clusters:
+        for H in EXTRAP_HOSTS:
+            for S in EXTRAP_SIZES:
+                t = predict(cl, H, G, S)
+                win = min(t, key=t.get)
+                rows.append({"table": "extrapolation", "cluster": cl.name, "hosts": H, "ranks": H * G, "bytes": S,
+                             **{f"{a}_s": v for a, v in t.items()}, "winner": win,
+                             "two_level_piece": two_level_best_piece(cl, H, G, S)[1]})
+    return rows
+
+
+def gradient_allreduce(cl: Cluster, H: int, G: int, alg: str, total: float = RESNET50_BYTES,
+                       bucket: float = FUSION_BUCKET) -> float:
+    """The whole gradient set, fused into buckets of `bucket` bytes, one allreduce each."""
+    t = 0.0
+    for b in _pieces(total, bucket):
+        t += predict(cl, H, G, b)[alg]
+    return t
+
+
+def efficiency(t_compute: float, t_comm: float, t_control: float, overlap: float) -> float:
+    """Scaling efficiency of a data-parallel step (weak scaling, batch per GPU fixed):
+    the one-GPU step time over the P-GPU step time. `overlap`: the share of the compute
+    (the backward pass) under which the allreduce can hide."""
+    exposed = max(0.0, t_comm - overlap * t_compute)
+    return t_compute / (t_compute + exposed + t_control)
+
+
+def efficiency_rows(clusters: list[Cluster], params: dict, G: int = 8) -> list[dict]:
+    """The issue's claim: a 2D-ring (two-level) allreduce keeps scaling efficiency above
+    0.90 at a thousand cards. ResNet-50 (fp32 gradients), batch 256 per GPU."""
+    per_msg = params["control"]["rank0_per_message_shm"] if params else 2e-6
+    rows = []
+    computes = {"A100 AMP (2,470 img/s)": 256 / 2470, "3x faster GPU (assumed)": 256 / 2470 / 3}
+    for cl in clusters:
+        for H in [2, 16, 128, 256, 512]:
+            P = H * G
+            ctl_rank0 = 2 * rank0_cycle(P, cl.inter.alpha, per_msg)  # two buckets, one agreement each
+            ctl_bits = 2 * bitvector_cycle(H, G, cl.intra.alpha, cl.inter.alpha)
+            for cname, tc in computes.items():
+                for alg in ("two_level", "two_level_hvdlite", "flat_ring", "tree", "leader"):
+                    ta = gradient_allreduce(cl, H, G, alg)
+                    rows.append({
+                        "table": "efficiency", "cluster": cl.name, "hosts": H, "ranks": P, "compute": cname,
+                        "compute_s": tc, "algorithm": alg, "allreduce_s": ta,
+                        "control_rank0_s": ctl_rank0, "control_bitvector_s": ctl_bits,
+                        "eff_no_overlap_bitvector": efficiency(tc, ta, ctl_bits, 0.0),
+                        "eff_overlap_bitvector": efficiency(tc, ta, ctl_bits, 2 / 3),
+                        "eff_no_overlap_rank0": efficiency(tc, ta, ctl_rank0, 0.0),
+                        "eff_overlap_rank0": efficiency(tc, ta, ctl_rank0, 2 / 3),
+                    })
+    return rows
+
+
+CONTROL_RANKS = [2, 8, 64, 256, 1024, 2048, 4096, 16384]
+
+
+def control_rows(params: dict, clusters: list[Cluster]) -> list[dict]:
+    """The cost of one negotiation cycle at P ranks (8 per host)."""
+    c = params["control"]
+    per_msg = {"measured here (mpi4py, shared memory)": c["rank0_per_message_shm"]}
+    rows = []
+    for cl in clusters[:1] + clusters[2:]:
+        for P in CONTROL_RANKS:
+            G = min(8, P)
+            H = max(1, P // G)
+            for label, pm in per_msg.items():
+                rows.append({"table": "control", "cluster": cl.name, "ranks": P, "per_message_source": label,
+                             "per_message_s": pm,
+                             "rank0_s": rank0_cycle(P, cl.inter.alpha if H > 1 else cl.intra.alpha, pm),
+                             "bitvector_tree_s": bitvector_cycle(H, G, cl.intra.alpha, cl.inter.alpha, "tree"),
+                             "bitvector_ring_s": bitvector_cycle(H, G, cl.intra.alpha, cl.inter.alpha, "ring")})
+    return rows
+
+
+# ================================================================ output
+def fmt_t(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms" if s < 0.1 else f"{s * 1e3:.0f} ms"
+    return f"{s:.2f} s"
+
+
+def fmt_b(n: float) -> str:
+    for unit, f in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= f and n % f == 0:
+            return f"{n // f:g} {unit}"
+    if n >= 10**6:
+        return f"{n / 10**6:g} MB"
+    return f"{n:g} B"
+
+
+def fmt_e(e: float | None) -> str:
+    return "-" if e is None else f"{e * 100:+.0f} %"
+
+
+def print_params(params: dict) -> None:
+    shm, c = params["shm"], params["control"]
+    print(f"\nParameters (measured {params['measured']}, commit {params['commit']}; "
+          f"{PARAMS_FILE.name})")
+    print(f"  shared memory: alpha {fmt_t(shm['alpha'])}, bw {shm['bw'] / 1e9:.2f} GB/s (exchange), "
+          f"gamma {shm['gamma'] * 1e9:.3f} ns/B ({1 / shm['gamma'] / 1e9:.1f} GB/s reduced)")
+    for rate, e in params["emulated"].items():
+        print(f"  emulated {rate}: alpha {fmt_t(e['alpha'])}, wire {e['wire_bw'] / 1e9:.2f} GB/s, "
+              f"rate {e['rate'] / 1e6:.1f} MB/s ({e['payload_efficiency']:.3f} of nominal), "
+              f"bucket {e['burst'] / 1e6:.2f} MB")
+    print(f"  rank 0 per worker message: {fmt_t(c['rank0_per_message_shm'])} (shared memory)"
+          + "".join(f", {fmt_t(v)} ({k.split('_')[-1]})" for k, v in c.items()
+                    if k.startswith("rank0_per_message_") and not k.endswith("shm")))
+    print(f"  hvdlite fixed cost per call: {fmt_t(c['hvdlite_overhead_shm'])} (one host)"
+          + "".join(f", {fmt_t(v)} ({k.split('_')[-1]})" for k, v in c.items()
+                    if k.startswith("hvdlite_overhead_") and not k.endswith("shm")))
+
+
+def print_validation(rows: list[dict]) -> None:
+    print("\nValidation: measured (median of runs) vs modelled on emulated hosts")
+    head = (f"{'config':<11} {'size':>8} | {'flat':>8} {'model':>8} {'err':>6} | {'2-level':>8} {'model':>8} "
+            f"{'err':>6} | {'MPI':>8} {'model':>8} {'err':>6} | regime")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        def cell(m: str) -> str:
+            return (f"{fmt_t(r.get(f'{m}_measured_s')):>8} {fmt_t(r.get(f'{m}_model_s')):>8} "
+                    f"{fmt_e(r.get(f'{m}_error')):>6}")
+        print(f"{r['config']:<11} {fmt_b(r['bytes']):>8} | {cell('flat')} | {cell('two_level')} | {cell('mpi')} | "
+              f"{r.get('two_level_regime', '')}")
+    errs = [abs(r[f"{m}_error"]) for r in rows for m in ("flat", "two_level", "mpi") if f"{m}_error" in r]
+    big = [abs(r[f"{m}_error"]) for r in rows for m in ("flat", "two_level", "mpi")
+           if f"{m}_error" in r and r["bytes"] >= 1 * MiB]
+    if errs:
+        print(f"within 25 %: {sum(e <= 0.25 for e in errs)} of {len(errs)} (all sizes); "
+              f"{sum(e <= 0.25 for e in big)} of {len(big)} from 1 MiB; median |error| "
+              f"{statistics.median(errs) * 100:.0f} % / {statistics.median(big) * 100:.0f} %")
+
+
+def print_extrapolation(rows: list[dict]) -> None:
+    short = {"flat_ring": "ring", "two_level": "2lvl", "two_level_hvdlite": "2lvl-hvd", "leader": "leader",
+             "tree": "tree", "recursive_doubling": "rec.dbl", "rabenseifner": "rabens."}
+    clusters = sorted({r["cluster"] for r in rows}, key=[r["cluster"] for r in rows].index)
+    for cl in clusters:
+        print(f"\nExtrapolation: {cl}, 8 ranks per host (time per allreduce; * = fastest)")
+        head = f"{'ranks':>6} {'size':>8} " + " ".join(f"{v:>9}" for v in short.values())
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            if r["cluster"] != cl or r["hosts"] not in (2, 16, 128, 512):
+                continue
+            cells = []
+            for a in short:
+                s = fmt_t(r[f"{a}_s"]) + ("*" if a == r["winner"] else " ")
+                cells.append(f"{s:>9}")
+            print(f"{r['ranks']:>6} {fmt_b(r['bytes']):>8} " + " ".join(cells))
+
+
+def print_efficiency(rows: list[dict]) -> None:
+    print("\nResNet-50 data-parallel step, fp32 gradients in 64 MiB buckets: scaling efficiency")
+    print("  (no overlap / backward overlap 2/3 of compute), control plane = bit-vector allreduce; "
+          "[rank-0 control plane, with overlap]")
+    head = f"{'cluster':<38} {'ranks':>6} {'compute':>8} {'algorithm':<18} {'allreduce':>9} {'efficiency':>14} {'[rank 0]':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        if r["algorithm"] not in ("two_level", "two_level_hvdlite", "flat_ring") or r["hosts"] not in (16, 128, 512):
+            continue
+        print(f"{r['cluster']:<38} {r['ranks']:>6} {fmt_t(r['compute_s']):>8} {r['algorithm']:<18} "
+              f"{fmt_t(r['allreduce_s']):>9} {r['eff_no_overlap_bitvector']:>6.3f} / {r['eff_overlap_bitvector']:.3f} "
+              f"{r['eff_overlap_rank0']:>8.3f}")
+
+
+def print_control(rows: list[dict]) -> None:
+    print("\nControl plane: one negotiation cycle (8 ranks per host)")
+    head = f"{'cluster':<38} {'ranks':>6} {'via rank 0':>10} {'bits, tree':>10} {'bits, ring':>10}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['cluster']:<38} {r['ranks']:>6} {fmt_t(r['rank0_s']):>10} {fmt_t(r['bitvector_tree_s']):>10} "
+              f"{fmt_t(r['bitvector_ring_s']):>10}")
+
+
+# ================================================================ plots
+COLORS = {"flat_ring": "tab:red", "two_level": "tab:blue", "two_level_hvdlite": "tab:cyan", "leader": "tab:orange",
+          "tree": "tab:green", "recursive_doubling": "tab:purple", "rabenseifner": "tab:brown"}
+
+
+def plot_all(params: dict, vrows: list[dict], clusters: list[Cluster], erows: list[dict], crows: list[dict],
+             outdir: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    written = []
+
+    # 1. which algorithm wins where
+    algs = [a for a in ALGORITHMS if a != "two_level_hvdlite"]
+    sizes = [2.0 ** k for k in range(12, 31)]
+    fig, axes = plt.subplots(1, len(clusters), figsize=(5.2 * len(clusters), 4.6), sharey=True)
+    for ax, cl in zip(axes, clusters):
+        grid = []
+        for H in EXTRAP_HOSTS:
+            line = []
+            for S in sizes:
+                t = predict(cl, H, 8, S)
+                line.append(algs.index(min(algs, key=lambda a: t[a])))
+            grid.append(line)
+        ax.imshow(grid, origin="lower", aspect="auto", cmap=ListedColormap([COLORS[a] for a in algs]),
+                  vmin=-0.5, vmax=len(algs) - 0.5)
+        ax.set_xticks(range(0, len(sizes), 3))
+        ax.set_xticklabels([fmt_b(sizes[i]).replace(" ", "") for i in range(0, len(sizes), 3)], fontsize=8)
+        ax.set_yticks(range(len(EXTRAP_HOSTS)))
+        ax.set_yticklabels([f"{H}x8={H * 8}" for H in EXTRAP_HOSTS], fontsize=8)
+        ax.set_title(cl.name, fontsize=9)
+        ax.set_xlabel("allreduce size")
+    axes[0].set_ylabel("hosts x GPUs = ranks")
+    fig.legend(handles=[Patch(color=COLORS[a], label=LABELS[a]) for a in algs], loc="lower center", ncol=3,
+               fontsize=8)
+    fig.suptitle("Fastest allreduce algorithm by the model (8 GPUs per host)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
+    written.append(outdir / "scale_winner.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    # 2. time vs size at several scales
+    picks = [(clusters[0], 8), (clusters[0], 128), (clusters[-1], 8), (clusters[-1], 128)]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
+    for ax, (cl, H) in zip(axes.flat, picks):
+        for a in ALGORITHMS:
+            ys = [predict(cl, H, 8, S)[a] for S in sizes]
+            ax.loglog(sizes, ys, label=LABELS[a], color=COLORS[a], ls="--" if a == "two_level_hvdlite" else "-")
+        ax.set_title(f"{cl.name}: {H} hosts x 8 = {H * 8} ranks", fontsize=9)
+        ax.set_xlabel("allreduce size (bytes)")
+        ax.set_ylabel("time (s)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Modelled allreduce time", fontsize=11)
+    fig.tight_layout()
+    written.append(outdir / "scale_time_vs_size.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    # 3. measured vs modelled on the emulated hosts
+    configs = sorted({r["config"] for r in vrows}, key=[r["config"] for r in vrows].index)
+    if configs:
+        n = len(configs)
+        cols = 3
+        fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(15, 4.2 * math.ceil(n / cols)), squeeze=False)
+        for ax, config in zip(axes.flat, configs):
+            rs = [r for r in vrows if r["config"] == config]
+            xs = [r["bytes"] for r in rs]
+            for mode, color, marker in (("flat", "tab:red", "o"), ("two_level", "tab:blue", "s"), ("mpi", "tab:gray", "^")):
+                ax.loglog(xs, [r[f"{mode}_measured_s"] for r in rs], marker, color=color, label=f"{mode} measured")
+                if any(f"{mode}_model_s" in r for r in rs):
+                    pts = [(r["bytes"], r[f"{mode}_model_s"]) for r in rs if f"{mode}_model_s" in r]
+                    ax.loglog([p[0] for p in pts], [p[1] for p in pts], "-", color=color, alpha=0.7,
+                              label=f"{mode} model")
+            H, G, rate = parse_config(config)
+            if rate in params["emulated"]:
+                floor = [2 * (H - 1) / H * x / params["emulated"][rate]["rate"] for x in xs]
+                ax.loglog(xs, floor, ":", color="black", label="link floor (payload rate)")
+            ax.set_title(f"{H} hosts x {G} ranks, {rate} links", fontsize=9)
+            ax.set_xlabel("allreduce size (bytes)")
+            ax.set_ylabel("time (s)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes.flat[0].legend(fontsize=7)
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        fig.suptitle("Emulated hosts: bench_hosts.py medians (points) against the model (lines)", fontsize=11)
+        fig.tight_layout()
+        written.append(outdir / "scale_validation.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+    # 4. control plane
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for cl, style in ((clusters[0], "-"), (clusters[-1], "--")):
+        rs = [r for r in crows if r["cluster"] == cl.name]
+        ps = [r["ranks"] for r in rs]
+        ax.loglog(ps, [r["rank0_s"] for r in rs], style, color="tab:red", marker="o", label=f"via rank 0 ({cl.name})")
+        ax.loglog(ps, [r["bitvector_tree_s"] for r in rs], style, color="tab:blue", marker="s",
+                  label=f"bit-vector allreduce, tree ({cl.name})")
+        ax.loglog(ps, [r["bitvector_ring_s"] for r in rs], style, color="tab:gray", marker="^",
+                  label=f"bit-vector allreduce, ring ({cl.name})")
+    ax.axhline(1e-3, color="black", ls=":", lw=1)
+    ax.text(2, 1.1e-3, "1 ms: Horovod's cycle time", fontsize=8)
+    ax.set_xlabel("ranks (8 per host)")
+    ax.set_ylabel("one negotiation cycle (s)")
+    ax.set_title("Control plane: cost of one cycle", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    written.append(outdir / "scale_control_plane.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    # 5. scaling efficiency
+    fig, axes = plt.subplots(1, len(clusters), figsize=(5.2 * len(clusters), 4.3), sharey=True)
+    hs = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    tc = 256 / 2470
+    per_msg = params["control"]["rank0_per_message_shm"]
+    for ax, cl in zip(axes, clusters):
+        for a in ("two_level", "two_level_hvdlite", "flat_ring", "tree"):
+            effs, effo, effr = [], [], []
+            for H in hs:
+                ta = gradient_allreduce(cl, H, 8, a)
+                cb = 2 * bitvector_cycle(H, 8, cl.intra.alpha, cl.inter.alpha)
+                cr = 2 * rank0_cycle(H * 8, cl.inter.alpha, per_msg)
+                effs.append(efficiency(tc, ta, cb, 0))
+                effo.append(efficiency(tc, ta, cb, 2 / 3))
+                effr.append(efficiency(tc, ta, cr, 2 / 3))
+            ps = [H * 8 for H in hs]
+            ax.semilogx(ps, effs, "-", color=COLORS[a], label=f"{LABELS[a]}, no overlap")
+            ax.semilogx(ps, effo, "--", color=COLORS[a], label="same, overlapped with backward")
+            if a == "two_level":
+                ax.semilogx(ps, effr, ":", color="black", label="2D torus overlapped, control via rank 0")
+        ax.axhline(0.9, color="gray", lw=1)
+        ax.set_ylim(0, 1.02)
+        ax.set_title(cl.name, fontsize=9)
+        ax.set_xlabel("GPUs (8 per host)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("scaling efficiency")
+    axes[0].legend(fontsize=6, loc="lower left")
+    fig.suptitle("ResNet-50, fp32 gradients, batch 256/GPU at A100 speed (104 ms compute per step)", fontsize=10)
+    fig.tight_layout()
+    written.append(outdir / "scale_efficiency.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written
+
+
+# ================================================================ main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--measure", action="store_true", help="re-measure the parameters into --params")
+    p.add_argument("--rates", default="1gbit,10gbit", help="emulated link rates to measure")
+    p.add_argument("--validate", action="store_true", help="run bench_hosts.py on emulated hosts (root)")
+    p.add_argument("--configs", default=VALIDATE_CONFIGS, help="for --validate: HxG@RATE,...")
+    p.add_argument("--sizes", default=VALIDATE_SIZES, help="for --validate")
+    p.add_argument("--rounds", type=int, default=3, help="repetitions of --measure / --validate")
+    p.add_argument("--max-reps", type=int, default=20, help="bench_hosts.py --max-reps")
+    p.add_argument("--params", default=str(PARAMS_FILE))
+    p.add_argument("--validation-file", default=str(VALIDATION_FILE))
+    p.add_argument("--plot", action="store_true", help="write docs/scale_*.png")
+    p.add_argument("--plot-dir", default=str(DOCS))
+    p.add_argument("--no-json", action="store_true", help="tables only")
+    p.add_argument("--measure-worker", choices=["intra", "inter"], help=argparse.SUPPRESS)
+    p.add_argument("--rate", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.measure_worker:
+        sys.path.insert(0, str(REPO))
+        measure_worker(args.measure_worker, args.rate)
+        return 0
+    if args.measure:
+        run_measure([r for r in args.rates.split(",") if r], args.rounds, Path(args.params))
+    if args.validate:
+        run_validation(args.configs, args.sizes, args.rounds, Path(args.validation_file), args.max_reps)
+    if not Path(args.params).exists():
+        print(f"cost_model: no parameters in {args.params}; run with --measure first", file=sys.stderr)
+        return 2
+    params = json.loads(Path(args.params).read_text())
+    val = json.loads(Path(args.validation_file).read_text()) if Path(args.validation_file).exists() else {}
+    clusters = public_clusters()
+    vrows = validation_rows(params, val, args.max_reps)
+    erows = extrapolation_rows(clusters)
+    frows = efficiency_rows(clusters, params)
+    crows = control_rows(params, clusters)
+    print_params(params)
+    print_validation(vrows)
+    print_extrapolation(erows)
+    print_efficiency(frows)
+    print_control(crows)
+    if not args.no_json:
+        print()
+        for row in vrows + erows + frows + crows:
+            print(json.dumps(row))
+    if args.plot:
+        try:
+            written = plot_all(params, vrows, clusters, erows, crows, Path(args.plot_dir))
+        except ImportError:
+            print("cost_model: --plot needs matplotlib (pip install matplotlib); tables only", file=sys.stderr)
+        else:
+            print("wrote " + ", ".join(str(w.relative_to(REPO)) if w.is_relative_to(REPO) else str(w)
+                                       for w in written), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The formulas of benchmarks/cost_model.py against closed forms worked out by hand.
+
+No MPI, no matplotlib: every case below is a few lines of arithmetic written out
+independently of the model's code, so a wrong term in a formula (a missing factor 2,
+a step count off by one, streams that do not share a NIC) fails here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_model.py"
+_spec = importlib.util.spec_from_file_location("cost_model", _PATH)
+cm = importlib.util.module_from_spec(_spec)
+sys.modules["cost_model"] = cm  # dataclasses look their module up there
+_spec.loader.exec_module(cm)
+
+MiB = 1 << 20
+
+# A made-up cluster with round numbers: shared memory 1 us and 10 GB/s, the network
+# 10 us and 1 GB/s per NIC, reduction 0.1 ns per byte.
+A_L, BW_L = 1e-6, 10e9
+A_X, BW_X = 10e-6, 1e9
+GAMMA = 1e-10
+
+
+def cluster(nics: int = 1, gamma: float = GAMMA) -> "cm.Cluster":
+    return cm.Cluster("test", cm.Link(A_L, BW_L), cm.Link(A_X, BW_X), nics=nics, gamma=gamma)
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def test_ring_allreduce_closed_form():
+    # 4 ranks, 1 MB: 6 steps of 250 kB, 3 of them reduce 250 kB each
+    t = cm.ring_allreduce(4, 1e6, A_X, BW_X, GAMMA)
+    assert close(t, 6 * (10e-6 + 250e3 / 1e9) + 3 * 250e3 * 1e-10)  # 1.635 ms
+    assert close(t, 1.635e-3)
+    assert cm.ring_allreduce(1, 1e6, A_X, BW_X, GAMMA) == 0.0
+
+
+def test_flat_ring_one_host_is_a_ring_over_shared_memory():
+    assert close(cm.flat_ring(cluster(), 1, 4, 8e6), cm.ring_allreduce(4, 8e6, A_L, BW_L, GAMMA))
+
+
+def test_flat_ring_two_hosts_is_limited_by_the_link():
+    # 2 x 2 = 4 ranks, 8 MB: 6 steps of 2 MB; the hop between hosts (10 us + 2 ms) is
+    # slower than the one inside (1 us + 0.2 ms); 3 reduction steps of 2 MB
+    t = cm.flat_ring(cluster(), 2, 2, 8e6)
+    assert close(t, 6 * (10e-6 + 2e6 / 1e9) + 3 * 2e6 * 1e-10)
+    # the link carries 2(P-1)/P of S each way: 12 MB at 1 GB/s is the bulk of it
+    assert 12e-3 < t < 12e-3 + 6 * 10e-6 + 1e-3
+
+
+def test_flat_ring_channels_share_one_nic_but_use_several():
+    # 2 rings of S/2 over 1 NIC: same bytes through the same NIC, same bandwidth term
+    one, two = cm.flat_ring(cluster(1, 0), 2, 4, 64e6), cm.flat_ring(cluster(1, 0), 2, 4, 64e6, rings=2)
+    assert close(one, two)
+    # over 2 NICs each ring has its own: 14 steps of 4 MB at 1 GB/s, where one ring
+    # needs 14 steps of 8 MB (the latency term stays)
+    two_nics = cm.flat_ring(cluster(2, 0), 2, 4, 64e6, rings=2)
+    assert close(two_nics, 14 * (10e-6 + 4e6 / 1e9))
+    assert close(cm.flat_ring(cluster(2, 0), 2, 4, 64e6), 14 * (10e-6 + 8e6 / 1e9))
+
+
+def test_two_level_one_piece_closed_form():
+    # 2 hosts x 4 ranks, 8 MB, 1 NIC: segments of 2 MB
+    S = 8e6
+    rs = 3 * (1e-6 + 2e6 / 10e9 + 2e6 * 1e-10)
+    ag = 3 * (1e-6 + 2e6 / 10e9)
+    # across hosts: 4 concurrent 2-rank rings of 2 MB, each stream gets 1/4 of the NIC;
+    # 2 steps of 1 MB at 0.25 GB/s, 1 reduction of 1 MB
+    cross = 2 * (10e-6 + 1e6 / 0.25e9) + 1e6 * 1e-10
+    assert close(cm.two_level(cluster(), 2, 4, S), rs + cross + ag)
+    # the link carries 2(H-1)/H * S = 8 MB at 1 GB/s: 8 ms of the 8.12 ms across hosts
+    assert 8e-3 < cross < 8.2e-3
+
+
+def test_two_level_serial_pieces_add_up_and_pipelining_overlaps_them():
+    cl = cluster()
+    one_piece = cm.two_level(cl, 2, 4, 4e6)
+    assert close(cm.two_level(cl, 2, 4, 8e6, piece=4e6), 2 * one_piece)
+    rs, x, ag = cm.two_level_phases(cl, 2, 4, 4e6)
+    assert close(rs + x + ag, one_piece)
+    # pipelined: the first piece whole, then the slower level of each further piece
+    assert close(cm.two_level(cl, 2, 4, 12e6, piece=4e6, pipelined=True), one_piece + 2 * max(rs + ag, x))
+
+
+def test_two_level_with_one_nic_per_rank_uses_them_all():
+    # 8 NICs for 8 ranks per host: each cross-host stream gets a whole NIC
+    S = 64e6
+    t8 = cm.two_level(cluster(8, 0), 2, 8, S)
+    cross = 2 * (10e-6 + S / 8 / 2 / 1e9)
+    local = 7 * (1e-6 + S / 8 / 10e9) * 2
+    assert close(t8, local + cross)
+    assert cm.two_level(cluster(1, 0), 2, 8, S) > 7 * t8 / 2  # one NIC: 8x the cross time
+
+
+def test_leader_closed_form():
+    # 2 hosts x 2 ranks, 4 MB: reduce-scatter (1 step of 2 MB + reduce) + gather (1 step),
+    # leaders' ring of 4 MB over 2 (2 steps of 2 MB, one stream), scatter + allgather
+    S = 4e6
+    reduce = (1e-6 + 2e6 / 10e9 + 2e6 * 1e-10) + (1e-6 + 2e6 / 10e9)
+    bcast = 2 * (1e-6 + 2e6 / 10e9)
+    cross = 2 * (10e-6 + 2e6 / 1e9) + 2e6 * 1e-10
+    assert close(cm.leader(cluster(), 2, 2, S), reduce + cross + bcast)
+
+
+def test_recursive_doubling_closed_form():
+    # 4 hosts x 2 ranks, 1 MB: 1 exchange in the host, 2 across where both ranks of a
+    # host send 1 MB at once through one NIC (0.5 GB/s each)
+    S = 1e6
+    expect = (1e-6 + S / 10e9 + S * 1e-10) + 2 * (10e-6 + S / 0.5e9 + S * 1e-10)
+    assert close(cm.recursive_doubling(cluster(), 4, 2, S), expect)
+
+
+def test_rabenseifner_closed_form():
+    # 2 hosts x 2 ranks, 4 MB: halving in the host (pieces of 2 MB), then across (1 MB,
+    # 2 streams on 1 NIC); each level: 2 messages (reduce-scatter + allgather), 1 reduction
+    S = 4e6
+    intra = 2 * (1e-6 + 2e6 / 10e9) + 2e6 * 1e-10
+    inter = 2 * (10e-6 + 1e6 / 0.5e9) + 1e6 * 1e-10
+    assert close(cm.rabenseifner(cluster(), 2, 2, S), intra + inter)
+    # same link bytes as the two-level allreduce: 2(H-1)/H * S through the host's NIC
+    assert close(cm.rabenseifner(cluster(1, 0), 2, 2, S) - 2 * (1e-6 + 2e6 / 10e9) - 2 * 10e-6, 4e-3)
+
+
+def test_tree_pipeline_closed_form():
+    # 4 hosts x 1 rank, 8 MB in steps of 1 MB: 2*log2(4) = 4 stages of
+    # 10 us + 2 * 1 MB / 1 GB/s + 1 MB * gamma, then 7 more steps of the slowest stage
+    tau = 10e-6 + 2 * 1e6 / 1e9 + 1e6 * 1e-10
+    assert close(cm.tree_pipeline(cluster(), 4, 1, 8e6, 1e6), 4 * tau + 7 * tau)
+    best, d = cm.tree(cluster(), 4, 1, 8e6)
+    assert best <= cm.tree_pipeline(cluster(), 4, 1, 8e6, 8e6)
+    assert close(best, cm.tree_pipeline(cluster(), 4, 1, 8e6, d))
+
+
+def test_large_messages_reach_the_bandwidth_bounds():
+    # with no latency and no reduction cost, only bytes through the slowest link count
+    cl = cm.Cluster("bw", cm.Link(0.0, BW_L), cm.Link(0.0, BW_X), nics=1, gamma=0.0)
+    H, G, S = 8, 4, 1e9
+    assert math.isclose(cm.flat_ring(cl, H, G, S), 2 * (H * G - 1) / (H * G) * S / BW_X, rel_tol=1e-9)
+    local = 2 * (G - 1) / G * S / BW_L
+    assert math.isclose(cm.two_level(cl, H, G, S), local + 2 * (H - 1) / H * S / BW_X, rel_tol=1e-9)
+    # the tree moves 2 S per link direction: H/(H-1) times the ring's bytes
+    t_tree, _ = cm.tree(cl, H, 1, S)
+    assert math.isclose(t_tree, 2 * S / BW_X, rel_tol=0.01)
+
+
+def test_control_plane_cycles():
+    # 1,025 ranks through rank 0 at 2 us per message: 2 latencies + 1,024 messages
+    assert close(cm.rank0_cycle(1025, 5e-6, 2e-6), 2 * 5e-6 + 1024 * 2e-6)
+    assert cm.rank0_cycle(1, 5e-6, 2e-6) == 0.0
+    # 128 hosts x 8: a bit vector by recursive doubling, 3 steps inside, 7 across
+    assert close(cm.bitvector_cycle(128, 8, 1e-6, 5e-6), 3 * 1e-6 + 7 * 5e-6)
+    assert close(cm.bitvector_cycle(128, 8, 1e-6, 5e-6, "ring"), 2 * 1023 * 5e-6)
+
+
+def test_hvdlite_piece_rules():
+    cl = cluster()
+    # flat, 8 ranks: a 1 MiB piece has 128 KiB segments, below the ring's 256 KiB: MPI
+    assert cm.hvdlite_flat(cl, 4, 2, 1 * MiB)[2] == ["MPI_Allreduce"]
+    assert cm.hvdlite_flat(cl, 4, 2, 4 * MiB)[2] == ["ring"]
+    # two-level on 2 x 2: 2 MiB pieces, 1 MiB per rank, 512 KiB per ring segment: ring
+    t, x, used = cm.hvdlite_two_level(cl, 2, 2, 8 * MiB)
+    assert used == ["ring"] and close(x, 8 * MiB)  # 2(H-1)/H * S through each link
+    assert close(t, 4 * sum(cm.two_level_phases(cl, 2, 2, 2 * MiB)))
+    # with one rank per host it is the flat allreduce
+    assert cm.hvdlite_two_level(cl, 4, 1, 8 * MiB) == cm.hvdlite_flat(cl, 4, 1, 8 * MiB)
+
+
+def test_emulated_time_regimes():
+    cl = cluster()
+    em = cm.Emulation(rate=100e6, burst=1e6, wire=cl.inter, cores=2)
+    # 4 ranks on 2 cores stretch the path 2x; a tiny op stays inside the bucket
+    t, regime = cm.emulated_time(cl, em, 4, 1e-4, 1e3, 4096, 0.0)
+    assert regime == "burst" and close(t, 2e-4)
+    # 64 MB through the link: the bucket is gone at once, the rate holds
+    t, regime = cm.emulated_time(cl, em, 4, 1e-3, 64e6, 64 * MiB, 0.0)
+    assert regime == "rate" and close(t, 64e6 / 100e6)
+
+
+def test_efficiency():
+    assert close(cm.efficiency(0.1, 0.03, 0.001, 0.0), 0.1 / 0.131)
+    assert close(cm.efficiency(0.1, 0.03, 0.001, 2 / 3), 0.1 / 0.101)  # hidden under the backward pass
+    assert close(cm.efficiency(0.1, 0.09, 0.0, 2 / 3), 0.1 / (0.1 + 0.09 - 0.2 / 3))
+
+
+@pytest.mark.parametrize("H,G", [(2, 2), (4, 2), (16, 8), (128, 8)])
+def test_predict_gives_every_algorithm_a_positive_time(H, G):
+    t = cm.predict(cluster(8), H, G, 16 * MiB)
+    assert set(t) == set(cm.ALGORITHMS)
+    assert all(v > 0 and math.isfinite(v) for v in t.values())
+    # nothing beats the lower bound of the bytes each host must send: 2(H-1)/H * S
+    floor = 2 * (H - 1) / H * 16 * MiB / (8 * BW_X)
+    assert min(t.values()) >= floor * 0.999
