@@ -199,3 +199,16 @@ def test_predict_gives_every_algorithm_a_positive_time(H, G):
     # nothing beats the lower bound of the bytes each host must send: 2(H-1)/H * S
     floor = 2 * (H - 1) / H * 16 * MiB / (8 * BW_X)
     assert min(t.values()) >= floor * 0.999
+
+
+def test_two_level_with_hvdlites_rules():
+    cl = cluster(8)
+    # 2 x 2 ranks, 8 MiB: 2 MiB pieces with 512 KiB ring segments across hosts: the ring
+    assert close(cm.two_level_hvdlite_rules(cl, 2, 2, 8 * MiB), 4 * sum(cm.two_level_phases(cl, 2, 2, 2 * MiB)))
+    # 128 hosts x 8: segments of 2 KiB, so MPI_Allreduce across hosts, modelled as the
+    # faster of recursive doubling (7 exchanges of 256 KiB) and Rabenseifner (14 messages)
+    rs, _, ag = cm.two_level_phases(cl, 128, 8, 2 * MiB)
+    seg = 2 * MiB / 8
+    rd = 7 * (A_X + seg / BW_X + seg * GAMMA)
+    rab = 14 * A_X + 2 * 127 / 128 * seg / BW_X + 127 / 128 * seg * GAMMA
+    assert close(cm.two_level_hvdlite_rules(cl, 128, 8, 4 * MiB), 2 * (rs + min(rd, rab) + ag))
