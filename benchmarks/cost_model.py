@@ -934,7 +934,9 @@ def group_validation(val: dict) -> tuple[dict, dict]:
 def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
     grouped, _ = group_validation(val)
     rows = []
-    for (config, S), samples in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    order = VALIDATE_CONFIGS.split(",")
+    for (config, S), samples in sorted(grouped.items(), key=lambda kv: (
+            order.index(kv[0][0]) if kv[0][0] in order else len(order), kv[0][0], kv[0][1])):
         H, G, rate = parse_config(config)
         if rate not in params["emulated"]:
             continue
@@ -1237,14 +1239,17 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
                 cells = [("**" + fmt_t(r[f"{a}_s"]) + "**") if a == r["winner"] else fmt_t(r[f"{a}_s"]) for a in short]
                 out.append(f"| {r['ranks']} | {fmt_b(r['bytes'])} | " + " | ".join(cells) + " |")
         out.append("")
-    # efficiency
-    out.append("| network | GPUs | compute | algorithm | allreduce | no overlap | overlapped | overlapped, control via rank 0 |")
-    out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in frows:
-        if r["hosts"] in (128, 512) and r["algorithm"] in ("two_level", "two_level_hvdlite", "flat_ring", "tree"):
-            out.append(f"| {r['cluster']} | {r['ranks']} | {fmt_t(r['compute_s'])} | {short[r['algorithm']]} | "
-                       f"{fmt_t(r['allreduce_s'])} | {r['eff_no_overlap_bitvector']:.3f} | {r['eff_overlap_bitvector']:.3f} "
-                       f"| {r['eff_overlap_rank0']:.3f} |")
+    # efficiency: no overlap / overlapped, bit-vector control plane; last column: rank 0's
+    algs = ("two_level", "two_level_hvdlite", "flat_ring", "tree")
+    out.append("| network | GPUs | compute per step | " + " | ".join(short[a] for a in algs)
+               + " | 2D torus overlapped, control via rank 0 |")
+    out.append("| --- | --- | --- | " + " | ".join("---" for _ in algs) + " | --- |")
+    keys = list(dict.fromkeys((r["cluster"], r["hosts"], r["compute"]) for r in frows if r["hosts"] in (16, 128, 512)))
+    for cl, H, comp in keys:
+        by = {r["algorithm"]: r for r in frows if (r["cluster"], r["hosts"], r["compute"]) == (cl, H, comp)}
+        cells = [f"{by[a]['eff_no_overlap_bitvector']:.3f} / {by[a]['eff_overlap_bitvector']:.3f}" for a in algs]
+        out.append(f"| {cl} | {H * 8} | {fmt_t(by['two_level']['compute_s'])} | " + " | ".join(cells)
+                   + f" | {by['two_level']['eff_overlap_rank0']:.3f} |")
     out.append("")
     out.append("| network | ranks | via rank 0 | bit vector, recursive doubling | bit vector, ring |")
     out.append("| --- | --- | --- | --- | --- |")
@@ -1298,7 +1303,7 @@ def plot_all(params: dict, vrows: list[dict], clusters: list[Cluster], erows: li
 
     # 2. time vs size at several scales
     picks = [(clusters[0], 8), (clusters[0], 128), (clusters[-1], 8), (clusters[-1], 128)]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9.5))
     for ax, (cl, H) in zip(axes.flat, picks):
         for a in ALGORITHMS:
             ys = [predict(cl, H, 8, S)[a] for S in sizes]
@@ -1307,9 +1312,10 @@ def plot_all(params: dict, vrows: list[dict], clusters: list[Cluster], erows: li
         ax.set_xlabel("allreduce size (bytes)")
         ax.set_ylabel("time (s)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8)
     fig.suptitle("Modelled allreduce time", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 0.97))
     written.append(outdir / "scale_time_vs_size.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
@@ -1370,7 +1376,7 @@ def plot_all(params: dict, vrows: list[dict], clusters: list[Cluster], erows: li
     plt.close(fig)
 
     # 5. scaling efficiency
-    fig, axes = plt.subplots(1, len(clusters), figsize=(5.2 * len(clusters), 4.3), sharey=True)
+    fig, axes = plt.subplots(1, len(clusters), figsize=(5.2 * len(clusters), 5.2), sharey=True)
     hs = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     tc = 256 / 2470
     per_msg = params["control"]["rank0_per_message_shm"]
@@ -1395,9 +1401,11 @@ def plot_all(params: dict, vrows: list[dict], clusters: list[Cluster], erows: li
         ax.set_xlabel("GPUs (8 per host)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("scaling efficiency")
-    axes[0].legend(fontsize=6, loc="lower left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, [l.split(" (")[0] + (", no overlap" if l.endswith("no overlap") and "(" in l else "")
+                         for l in labels], loc="lower center", ncol=3, fontsize=7)
     fig.suptitle("ResNet-50, fp32 gradients, batch 256/GPU at A100 speed (104 ms compute per step)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.16, 1, 0.95))
     written.append(outdir / "scale_efficiency.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
