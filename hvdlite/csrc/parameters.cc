@@ -98,6 +98,7 @@ Parameters Parameters::FromEnvironment() {
   ReadInt("SPIN_MICROSECONDS", &p.spin_us);
   if (const char* v = GetEnv("HIERARCHICAL_ALLREDUCE"); v && *v) p.hierarchical_allreduce = Truthy(v) ? 1 : 0;
   ReadInt("HIERARCHICAL_CHUNK_BYTES", &p.hierarchical_chunk_bytes);
+  if (const char* v = GetEnv("HIERARCHICAL_ALLGATHER"); v && *v) p.two_level.allgather = Truthy(v) ? 1 : 0;
   ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
   if (const char* v = GetEnv("HUGE_PAGES")) p.huge_pages = Truthy(v);
