@@ -15,6 +15,10 @@ struct TwoLevelSettings {
   // every host runs the same number of ranks, 0 never, -1 (unset) chosen per message by
   // MpiBackend. HOROVOD_HIERARCHICAL_ALLGATHER.
   int32_t allgather = -1;
+  // The two-level allreduce's schedule: 0 torus (reduce-scatter inside the host, allreduce
+  // across, allgather inside), 1 leader (reduce to local rank 0, allreduce among the
+  // leaders, broadcast inside). HVDLITE_HIERARCHICAL_ALGORITHM=torus|leader.
+  int32_t algorithm = 0;
 };
 
 struct Parameters {

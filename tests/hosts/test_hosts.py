@@ -102,6 +102,24 @@ def test_hierarchical_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: li
     assert (two_level in small) == (mode == "1"), small
 
 
+@pytest.mark.parametrize("layout", [[2, 2], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
+def test_leader_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: list[int]) -> None:
+    """HVDLITE_HIERARCHICAL_ALGORITHM=leader: every two-level allreduce is reduced to
+    local rank 0, allreduced among the hosts' leaders and broadcast inside the host;
+    every result (sums, averages, scaling, max, min, float16, fused) matches NumPy, and
+    the timeline shows the MPI_LEADER_ALLREDUCE phase instead of the torus's."""
+    timeline = tmp_path / "timeline.json"
+    env = {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+           "HVDLITE_HIERARCHICAL_ALGORITHM": "leader"}
+    spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
+    out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)), env=env)
+    check_topology(out, layout)
+    seen = phases(timeline)
+    for name in ("scaled", "sum.7", "max", "half", "group.0"):
+        assert "MPI_LEADER_ALLREDUCE" in seen[name], (name, seen[name])
+        assert "MPI_HIERARCHICAL_ALLREDUCE" not in seen[name], (name, seen[name])
+
+
 @pytest.mark.parametrize("mode", ["default", "1", "0"])
 @pytest.mark.parametrize("layout", [[2, 2], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
 def test_hierarchical_allgather(hosts: EmulatedHosts, tmp_path: Path, layout: list[int], mode: str) -> None:

@@ -20,7 +20,9 @@ MpiBackend::MpiBackend(const Topology& topology, const Parameters& params)
   if (several_hosts && topology.homogeneous()) {
     local_ = std::make_unique<MpiCollectives>(topology.local(), params.ring_min_segment_bytes);
     cross_ = std::make_unique<MpiCollectives>(topology.cross(), params.ring_min_segment_bytes);
-    hierarchical_ = std::make_unique<HierarchicalAllreduce>(local_.get(), cross_.get());
+    hierarchical_ = std::make_unique<HierarchicalAllreduce>(
+        local_.get(), cross_.get(),
+        params.two_level.algorithm == 1 ? TwoLevelSchedule::kLeader : TwoLevelSchedule::kTorus);
     hierarchical_gather_ = std::make_unique<HierarchicalAllgather>(topology, local_.get(), cross_.get());
   } else if (several_hosts && rank_ == 0) {
     if (params.hierarchical_allreduce == 1)
@@ -164,7 +166,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
           src = dst;
         }
         AllreduceRange(src, dst, cnt, dt, op, post);
-        if (trace && have[i]) job.trace.Phase(r.names[i], "MPI_HIERARCHICAL_ALLREDUCE", t0, NowMicros());
+        if (trace && have[i]) job.trace.Phase(r.names[i], hierarchical_->PhaseName(), t0, NowMicros());
         continue;
       }
       for (int64_t off = 0; off < cnt; off += chunk_elems) {
@@ -217,7 +219,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
         else std::memcpy(entries[i].output, buf + off * es, static_cast<size_t>(c * es));
         if (trace) {
           job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", k ? copy_in_end[k - 1] : t_in, copy_in_end[k]);
-          job.trace.Phase(r.names[i], Hierarchical(total, es) ? "MPI_HIERARCHICAL_ALLREDUCE" : "MPI_ALLREDUCE",
+          job.trace.Phase(r.names[i], Hierarchical(total, es) ? hierarchical_->PhaseName() : "MPI_ALLREDUCE",
                           t_mpi, t_out);
           job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", s, NowMicros());
         }

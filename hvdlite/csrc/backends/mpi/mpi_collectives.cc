@@ -171,6 +171,18 @@ void MpiCollectives::AllgathervInPlace(void* recvbuf, const std::vector<int64_t>
         "Allgatherv");
 }
 
+void MpiCollectives::Reduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                            int root) {
+  const int64_t es = DataTypeSize(dt);
+  for (int64_t off = 0; off < count; off += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - off));
+    const char* s = static_cast<const char*>(sendbuf) + off * es;
+    char* r = static_cast<char*>(recvbuf) + off * es;
+    const bool in_place = rank_ == root && sendbuf == recvbuf;
+    Check(MPI_Reduce(in_place ? MPI_IN_PLACE : s, r, n, MpiType(dt), MpiOp(op, dt), root, comm_), "Reduce");
+  }
+}
+
 void MpiCollectives::Broadcast(void* buf, int64_t bytes, int root) {
   for (int64_t off = 0; off < bytes; off += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, bytes - off));

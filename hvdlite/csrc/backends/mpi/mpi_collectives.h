@@ -34,6 +34,8 @@ class MpiCollectives {
   // same counts and displacements (bytes, below 2 GiB).
   void AllgathervInPlace(void* recvbuf, const std::vector<int64_t>& recv_bytes,
                          const std::vector<int64_t>& displs);
+  // MPI_Reduce to `root`; `recvbuf` matters on the root only (there it may equal `sendbuf`).
+  void Reduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op, int root);
   void Broadcast(void* buf, int64_t bytes, int root);
   void Alltoallv(const void* sendbuf, const std::vector<int64_t>& send_bytes, void* recvbuf,
                  const std::vector<int64_t>& recv_bytes);
