@@ -178,10 +178,11 @@ def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
         "--network-interface", "eth1", "--network-interfaces", "ib0,eth1", "--tcp",
         "--binding-args", "--bind-to socket --map-by ppr:1:socket",
         "--output-filename", "logs", "-prefix-timestamp", "--mpi", "--start-timeout", "60",
-        "--disable-cache", "--hierarchical-allreduce", "python", "t.py",
+        "--disable-cache", "--hierarchical-allreduce", "--hierarchical-allgather", "python", "t.py",
     ])
     assert config is not None
-    argv, env = _build(config, {"PATH": "/usr/bin", "HOROVOD_STALL_CHECK_DISABLE": "1"})
+    argv, env = _build(config, {"PATH": "/usr/bin", "HOROVOD_STALL_CHECK_DISABLE": "1",
+                                "HOROVOD_HIERARCHICAL_ALLGATHER": "0"})
     pairs = _pairs(argv)
     assert ("--hostfile", str(tmp_path / "hosts")) in pairs
     assert ("plm_ssh_args", f"-p 2222 -i {key}") in pairs
@@ -193,6 +194,8 @@ def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
     assert ("--output", f"dir={os.path.abspath('logs')},timestamp") in pairs
     assert env["HVDLITE_TIMELINE_MARK_CYCLES"] == "1"
     assert env["HVDLITE_HIERARCHICAL_ALLREDUCE"] == "1"
+    # The flag wins over the Horovod name in the caller's environment.
+    assert env["HVDLITE_HIERARCHICAL_ALLGATHER"] == env["HOROVOD_HIERARCHICAL_ALLGATHER"] == "1"
     assert env["HVDLITE_STALL_CHECK_TIME_SECONDS"] == "20"
     assert env["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] == "50"
     assert "HVDLITE_STALL_CHECK_DISABLE" not in env

@@ -78,6 +78,7 @@ _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_TIMELINE_MARK_CYCLES": "HOROVOD_TIMELINE_MARK_CYCLES",
     "HVDLITE_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
     "HVDLITE_HIERARCHICAL_ALLREDUCE": "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "HVDLITE_HIERARCHICAL_ALLGATHER": "HOROVOD_HIERARCHICAL_ALLGATHER",
 }
 
 _ELASTIC = ("hvdlite has no elastic launcher (workers cannot join or leave a running job); "
@@ -100,8 +101,6 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--elastic-timeout": (1, _ELASTIC),
     "--reset-limit": (1, _ELASTIC),
     "--blacklist-cooldown-range": (2, _ELASTIC),
-    "--hierarchical-allgather": (0, "hvdlite has no hierarchical allgather; MPI picks its "
-                                    "own algorithm"),
     "--autotune": (0, _AUTOTUNE),
     "--autotune-log-file": (1, _AUTOTUNE),
     "--autotune-warmup-samples": (1, _AUTOTUNE),
@@ -139,6 +138,7 @@ class LaunchConfig:
     # horovodrun's further options.
     timeline_mark_cycles: bool = False
     hierarchical_allreduce: bool = False
+    hierarchical_allgather: bool = False
     stall_shutdown_time: float | None = None
     no_stall_check: bool = False
     ssh_port: int | None = None
@@ -368,6 +368,8 @@ def build_mpirun_command(
         tunables["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
     if config.hierarchical_allreduce:
         tunables["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
+    if config.hierarchical_allgather:
+        tunables["HVDLITE_HIERARCHICAL_ALLGATHER"] = "1"
     if config.log_level is not None:
         tunables["HVDLITE_LOG_LEVEL"] = config.log_level.upper()
     for name, value in tunables.items():
@@ -491,6 +493,10 @@ def make_parser() -> argparse.ArgumentParser:
                     help="allreduce host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLREDUCE=1; by default "
                          "allreduces of 64 KiB and more across hosts are two-level)")
+    hr.add_argument("--hierarchical-allgather", action="store_true",
+                    help="allgather host memory in two levels, inside each host and then across "
+                         "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLGATHER=1; by default "
+                         "allgathers of 64 KiB and more across hosts are two-level)")
     hr.add_argument("--stall-check-warning-time-seconds", dest="stall_check_time",
                     type=_non_negative_float, metavar="S", help="same as --stall-check-time")
     hr.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_float,
@@ -596,6 +602,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         verbose=ns.verbose,
         timeline_mark_cycles=ns.timeline_mark_cycles,
         hierarchical_allreduce=ns.hierarchical_allreduce,
+        hierarchical_allgather=ns.hierarchical_allgather,
         stall_shutdown_time=ns.stall_check_shutdown_time_seconds,
         no_stall_check=ns.no_stall_check,
         ssh_port=ns.ssh_port,
