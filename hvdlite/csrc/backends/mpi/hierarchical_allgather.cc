@@ -53,7 +53,9 @@ std::vector<int64_t> HierarchicalAllgather::Offsets(const std::vector<int64_t>& 
   return at;
 }
 
-void HierarchicalAllgather::Run(const void* mine, void* out, const std::vector<int64_t>& block) {
+void HierarchicalAllgather::Run(const void* mine, void* out, const std::vector<int64_t>& block,
+                                int64_t chunk) {
+  chunk = std::max<int64_t>(chunk, 1);
   const std::vector<int64_t> at = Offsets(block);
   std::vector<int64_t> seg_off(hosts_), seg_bytes(hosts_, 0);
   for (int h = 0; h < hosts_; ++h) {
@@ -71,18 +73,21 @@ void HierarchicalAllgather::Run(const void* mine, void* out, const std::vector<i
   }
   if (seg_bytes[my_host_] > 0) local_->AllgathervInPlace(buf, counts, displs);
 
-  // 2. Piece `l` of every host's segment, between hosts.
+  // 2. Piece `l` of every host's segment, between hosts, a chunk of each at a time.
   const int l = local_->rank();
   std::vector<int64_t> cross_counts(hosts_), cross_displs(hosts_);
-  int64_t moved = 0;
-  for (int c = 0; c < hosts_; ++c) {
-    const int h = cross_host_[c];
-    const Piece p(seg_bytes[h], per_host_, l);
-    cross_counts[c] = p.length;
-    cross_displs[c] = seg_off[h] + p.offset;
-    moved += p.length;
+  for (int64_t done = 0;; done += chunk) {
+    int64_t moved = 0;
+    for (int c = 0; c < hosts_; ++c) {
+      const int h = cross_host_[c];
+      const Piece p(seg_bytes[h], per_host_, l);
+      cross_counts[c] = std::clamp<int64_t>(p.length - done, 0, chunk);
+      cross_displs[c] = seg_off[h] + p.offset + std::min(done, p.length);
+      moved += cross_counts[c];
+    }
+    if (moved == 0) break;
+    cross_->AllgathervInPlace(buf, cross_counts, cross_displs);
   }
-  if (moved > 0) cross_->AllgathervInPlace(buf, cross_counts, cross_displs);
 
   // 3. The other hosts' segments, piece by piece, inside the host.
   for (int h = 0; h < hosts_; ++h) {

@@ -5,7 +5,9 @@
 //      its host's whole segment;
 //   2. an allgather between hosts among the ranks with the same local rank: local rank l
 //      sends the l-th of local_size pieces of its host's segment, and receives the l-th
-//      piece of every other host's segment;
+//      piece of every other host's segment, in calls that move at most a chunk of each
+//      piece (on the emulated 1 Gbit/s links, long TCP transfers stall behind the rate
+//      limiter, as the two-level allreduce found);
 //   3. for each other host, an allgather inside the host of that host's pieces.
 // Each byte crosses into every other host once, as in any allgather, and the host's
 // outgoing bytes are split evenly over its ranks whatever the first dimensions are
@@ -36,8 +38,9 @@ class HierarchicalAllgather {
   std::vector<int64_t> Offsets(const std::vector<int64_t>& block) const;
   // Gathers every rank's block into `out`, host after host (Offsets()). `mine` is this
   // rank's block (block[rank] bytes), or null when it already lies at its offset in `out`.
-  // Every rank passes the same `block`.
-  void Run(const void* mine, void* out, const std::vector<int64_t>& block);
+  // Between hosts, each call moves at most `chunk` bytes of a piece. Every rank passes
+  // the same `block` and `chunk`.
+  void Run(const void* mine, void* out, const std::vector<int64_t>& block, int64_t chunk);
 
  private:
   MpiCollectives* local_;

@@ -263,10 +263,10 @@ void MpiBackend::Allgather(CollectiveJob& job) {
     if (!two_level) {
       if (g.total > 0) mpi_.Allgatherv(entries[0].input, g.block[rank_], dst, g.block);
     } else if (hierarchical_gather_->WorldOrder()) {
-      hierarchical_gather_->Run(entries[0].input, dst, g.block);
+      hierarchical_gather_->Run(entries[0].input, dst, g.block, params_.hierarchical_chunk_bytes);
     } else {
       uint8_t* tmp = scratch_.Get(g.total);
-      hierarchical_gather_->Run(entries[0].input, tmp, g.block);
+      hierarchical_gather_->Run(entries[0].input, tmp, g.block, params_.hierarchical_chunk_bytes);
       const std::vector<int64_t> at = hierarchical_gather_->Offsets(g.block);
       for (int q = 0; q < size_; ++q)
         std::memcpy(dst + g.block_offset[q], tmp + at[q], static_cast<size_t>(g.block[q]));
@@ -288,7 +288,7 @@ void MpiBackend::Allgather(CollectiveJob& job) {
     off += bytes;
   }
   const int64_t t_mpi = NowMicros();
-  if (two_level) hierarchical_gather_->Run(nullptr, buf, g.block);
+  if (two_level) hierarchical_gather_->Run(nullptr, buf, g.block, params_.hierarchical_chunk_bytes);
   else mpi_.Allgatherv(mine, g.block[rank_], buf, g.block);
   const int64_t t_out = NowMicros();
   for (size_t i = 0; i < n; ++i) {
