@@ -6,6 +6,7 @@ Usage::
     hvdlite-run -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py
     hvdlite-run -np 8 --hostfile hosts.txt --timeline-filename /tmp/tl.json python train.py
     hvdlite-run --check-build
+    sbatch -N 2 --ntasks-per-node 4 --wrap "hvdlite-run -np 8 python train.py"
     hvdlite-run -np 8 -H node1:4,node2:4 -p 2222 --network-interface eth0 python train.py
 
 horovodrun's options work with their horovodrun meaning; the ones for features
@@ -14,7 +15,9 @@ that say so (:data:`UNSUPPORTED_HOROVODRUN_OPTIONS`).
 
 The launcher turns its flags into one ``mpirun`` command line and a set of
 environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
-its exit status.  Everything that decides the command is in
+its exit status.  Inside a Slurm allocation, without ``-H``/``--hostfile``, the
+ranks go to the allocation's nodes (:mod:`hvdlite.runner.slurm`).  Everything that
+decides the command is in
 :func:`build_mpirun_command`, a pure function, so the exact command for given
 flags can be inspected (``--verbose`` prints it) and tested without starting a
 process.
@@ -35,6 +38,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+from hvdlite.runner import slurm
 from hvdlite.runner.check_build import check_build_report, hvdlite_version
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 
@@ -252,7 +256,10 @@ def build_mpirun_command(
     ``ompi_major`` selects option spellings (5: ``--map-by :OVERSUBSCRIBE``;
     older: ``--oversubscribe``).  ``is_root`` defaults to ``os.geteuid() == 0``.
     ``host_list`` is the parsed ``-H``/hostfile content when the caller already
-    has it (otherwise it is parsed here).
+    has it (otherwise it is parsed here).  Without ``-H`` or a hostfile, inside a
+    Slurm allocation (``SLURM_JOB_NODELIST`` in ``environ``) the hosts are the
+    allocation's nodes with ``SLURM_TASKS_PER_NODE`` slots each
+    (:func:`hvdlite.runner.slurm.allocation_hosts`).
 
     Raises :class:`LaunchError` for an inconsistent request (for instance more
     processes than the slots of a remote host list).
@@ -271,12 +278,20 @@ def build_mpirun_command(
     argv: list[str] = [mpirun, "-np", str(config.num_proc)]
 
     # Hosts.
+    from_slurm = False
     if host_list is None:
         if config.hosts:
             host_list = parse_hosts(config.hosts)
         elif config.hostfile:
             host_list = parse_hostfile(config.hostfile)
-    if config.hosts:
+        else:
+            try:
+                slurm_hosts = slurm.allocation_hosts(env)
+            except ValueError as exc:
+                raise LaunchError(f"Slurm allocation: {exc}; or give -H/--hostfile") from None
+            if slurm_hosts:
+                host_list, from_slurm = list(slurm_hosts), True
+    if config.hosts or from_slurm:
         argv += ["--host", ",".join(
             h if s is None else f"{h}:{s}" for h, s in (host_list or [])
         )]
@@ -295,9 +310,11 @@ def build_mpirun_command(
         if all(s is not None for s in slots):
             total = sum(s for s in slots if s is not None)
             if config.num_proc > total:
+                given = ("Slurm allocation (SLURM_TASKS_PER_NODE)" if from_slurm
+                         else "hosts given")
                 raise LaunchError(
-                    f"-np {config.num_proc} exceeds the {total} slots of the hosts "
-                    "given; add slots, lower -np, or pass --mpi-args=--oversubscribe"
+                    f"-np {config.num_proc} exceeds the {total} slots of the {given}; "
+                    "add slots, lower -np, or pass --mpi-args=--oversubscribe"
                 )
     if local_only and not user_oversubscribes:
         user_maps = _has_option(user_args, "--map-by", "-map-by")

@@ -1,6 +1,6 @@
 """Multi-host runs on hosts emulated with network namespaces (``tests/hosts/emulated.py``).
 
-``hvdlite-run -H`` and ``--hostfile`` place the ranks; every rank's view of the topology
+``hvdlite-run -H``, ``--hostfile`` and a (faked) Slurm allocation place the ranks; every rank's view of the topology
 (``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``, ``is_homogeneous``) is
 checked against the layout asked for, with even and uneven hosts; collectives cross the
 hosts' rate-limited links; the PyTorch digits example trains across two hosts. Needs
@@ -180,6 +180,20 @@ def test_uneven_hosts_from_a_hostfile(hosts: EmulatedHosts, tmp_path: Path) -> N
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text("# three ranks on h1, one on h2\nh1 slots=3\nh2 slots=1\n")
     out = run_on_hosts(hosts, layout, ["--hostfile", str(hostfile)], "--layout", "3,1")
+    check_topology(out, layout)
+
+
+@pytest.mark.parametrize("nodelist, tasks, layout", [("h[1-2]", "2(x2)", [2, 2]), ("h1,h[2-3]", "2,1(x2)", [2, 1, 1])],
+                         ids=["2x2", "2-1-1"])
+def test_ranks_placed_on_a_slurm_allocation(hosts: EmulatedHosts, nodelist: str, tasks: str,
+                                            layout: list[int]) -> None:
+    """Inside a Slurm allocation (its variables faked here: no SLURM_JOB_ID, so that
+    mpirun still reaches the hosts through the emulation's ssh stand-in rather than
+    srun), ``hvdlite-run -np N`` without -H puts SLURM_TASKS_PER_NODE ranks on each
+    node of SLURM_JOB_NODELIST, in order; every rank's host and topology are checked."""
+    env = {"SLURM_JOB_NODELIST": nodelist, "SLURM_TASKS_PER_NODE": tasks,
+           "SLURM_JOB_CPUS_PER_NODE": "16(x3)"}
+    out = run_on_hosts(hosts, layout, [], "--layout", ",".join(map(str, layout)), env=env)
     check_topology(out, layout)
 
 
