@@ -513,7 +513,7 @@ def make_parser() -> argparse.ArgumentParser:
     hr.add_argument("--hierarchical-allgather", action="store_true",
                     help="allgather host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLGATHER=1; by default "
-                         "allgathers of 64 KiB and more across hosts are two-level)")
+                         "allgathers of 256 KiB and more across hosts are two-level)")
     hr.add_argument("--stall-check-warning-time-seconds", dest="stall_check_time",
                     type=_non_negative_float, metavar="S", help="same as --stall-check-time")
     hr.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_float,

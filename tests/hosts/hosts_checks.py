@@ -39,6 +39,9 @@ def check_allgathers(r: int, n: int) -> None:
     big = hvd.allgather(part(r, np.uint8, rows_of(r, 100_001), 3), name="gather.big")
     want = np.concatenate([part(q, np.uint8, rows_of(q, 100_001), 3) for q in range(n)])
     assert big.shape == want.shape and (big == want).all()
+    # 128-192 KiB in all on 4-6 ranks: below the default's two-level threshold (256 KiB).
+    mid = hvd.allgather(np.full(4096, r + 0.5, np.float64), name="gather.mid")
+    assert (mid == np.repeat(np.arange(n) + 0.5, 4096)).all()
     # A rank's 1-d part, every rank contributing alike.
     same = hvd.allgather(np.full(70_000, r, np.float64), name="gather.same")
     assert (same == np.repeat(np.arange(n, dtype=np.float64), 70_000)).all()

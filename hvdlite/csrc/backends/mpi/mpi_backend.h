@@ -46,7 +46,9 @@ class MpiBackend : public Backend {
   void Reducescatter(CollectiveJob& job);
 
   static constexpr int64_t kHierarchicalMinBytes = 64 * 1024;  // the default's threshold
-  static constexpr int64_t kHierarchicalGatherMinBytes = 64 * 1024;  // the same for allgathers
+  // The same for allgathers (gathered bytes, all ranks together): below it the two-level
+  // allgather's extra calls inside the hosts cost more than the link saves.
+  static constexpr int64_t kHierarchicalGatherMinBytes = 256 * 1024;
 
   Parameters params_;
   MpiCollectives mpi_;
