@@ -1,19 +1,34 @@
-"""Allreduce across emulated hosts: hvdlite flat, hierarchical and default against Open
-MPI's own MPI_Allreduce, side by side in the same processes.
+"""Allreduce or allgather across emulated hosts: hvdlite's flat and two-level algorithms
+and its default choice against Open MPI's own collective, side by side in the same
+processes.
 
-    python benchmarks/bench_hosts.py [--configs 2x2@1gbit,4x1@10gbit,...]
-                                     [--sizes 4K,1M,64M] [--json-out F.json]
+    python benchmarks/bench_hosts.py [--op allreduce|allgather]
+                                     [--configs 2x2@1gbit,4x1@10gbit,...]
+                                     [--sizes 4K,1M,64M] [--rounds 5] [--json-out F.json]
 
 Needs root: each configuration ``HxG@RATE`` builds H emulated hosts (network
 namespaces joined by a bridge, every host's link limited to RATE in each direction by
 tc; ``tests/hosts/emulated.py``) and launches H*G ranks on them with ``hvdlite-run -H``.
-Inside that one job every rank times, for each message size, hvdlite's allreduce with
-``HOROVOD_HIERARCHICAL_ALLREDUCE=0`` (flat ring or MPI_Allreduce, as on one host), ``=1``
-(two-level) and unset (hvdlite's default choice), restarting hvdlite (``shutdown()``,
-``init()``) between them, and mpi4py's ``MPI_Allreduce`` on the same buffer in between.
-Each figure is the median over repetitions that all ranks start together (after a
-barrier), as seen by rank 0. The link floor is what each host must send over its link
-for an allreduce of S bytes over H hosts, 2(H-1)/H * S, at the link's rate.
+
+Algorithms (each needs its own ``init()``, since rank 0's settings are fixed there):
+
+- allreduce: ``flat`` (``HOROVOD_HIERARCHICAL_ALLREDUCE=0``), ``two-level`` (``=1``, the
+  torus schedule), ``leader`` (``=1`` and ``HVDLITE_HIERARCHICAL_ALGORITHM=leader``),
+  ``default`` (both unset);
+- allgather: ``flat`` (``HOROVOD_HIERARCHICAL_ALLGATHER=0``), ``two-level`` (``=1``),
+  ``default`` (unset).
+
+The machine is shared and its speed drifts, so the algorithms are interleaved: the job
+runs ``--rounds`` rounds, and every round runs every algorithm (``init()``, every size,
+``shutdown()``), starting each round at the next algorithm. Inside an algorithm's turn,
+each repetition times hvdlite and then mpi4py's ``MPI_Allreduce`` / ``MPI_Allgather`` on
+the same data (the MPI column pools these from every turn). A repetition starts after
+a barrier and is timed by rank 0. A figure is the median over rounds of each round's
+median; ``spread`` in the JSON is the largest round median over the smallest.
+
+The link floor is what each host must move over its link, at the link's rate: for an
+allreduce of S bytes over H hosts 2(H-1)/H * S sent, for an allgather of S bytes in all
+(S/n from each rank) (H-1)/H * S received.
 """
 from __future__ import annotations
 
@@ -27,8 +42,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = {"flat": "0", "hierarchical": "1", "default": None}
-DEFAULT_SIZES = "4K,64K,1M,4M,16M,64M,256M"
+# Per operation: algorithm -> the variables it sets (None: unset).
+ALGORITHMS: dict[str, dict[str, dict[str, str | None]]] = {
+    "allreduce": {
+        "flat": {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", "HVDLITE_HIERARCHICAL_ALGORITHM": None},
+        "two-level": {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HVDLITE_HIERARCHICAL_ALGORITHM": "torus"},
+        "leader": {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HVDLITE_HIERARCHICAL_ALGORITHM": "leader"},
+        "default": {"HOROVOD_HIERARCHICAL_ALLREDUCE": None, "HVDLITE_HIERARCHICAL_ALGORITHM": None},
+    },
+    "allgather": {
+        "flat": {"HOROVOD_HIERARCHICAL_ALLGATHER": "0"},
+        "two-level": {"HOROVOD_HIERARCHICAL_ALLGATHER": "1"},
+        "default": {"HOROVOD_HIERARCHICAL_ALLGATHER": None},
+    },
+}
+DEFAULT_SIZES = "4K,64K,1M,4M,16M,64M"
 DEFAULT_CONFIGS = "2x2@1gbit"
 
 
@@ -45,6 +73,14 @@ def size_label(n: int) -> str:
     return f"{n} B"
 
 
+def time_label(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.1f} ms"
+    return f"{t * 1e6:.0f} µs"
+
+
 def rate_bytes(rate: str) -> float:
     sys.path.insert(0, str(REPO))
     from tests.hosts.emulated import _rate_bytes
@@ -59,35 +95,66 @@ def worker(args: argparse.Namespace) -> None:
     import hvdlite as hvd
 
     comm = MPI.COMM_WORLD
+    n = comm.Get_size()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    results: dict[str, dict[int, list[float]]] = {m: {} for m in list(MODES) + ["mpi"]}
-    buffers = {s: np.ones(s // 4, np.float32) for s in sizes}
-    for mode, value in MODES.items():
-        if value is None:
-            os.environ.pop("HOROVOD_HIERARCHICAL_ALLREDUCE", None)
+    algos = ALGORITHMS[args.op]
+    names = list(algos)
+    # samples[algo][size][round] -> times of that round
+    samples: dict[str, dict[int, list[list[float]]]] = {
+        a: {s: [[] for _ in range(args.rounds)] for s in sizes} for a in names + ["mpi"]}
+    if args.op == "allreduce":
+        buffers = {s: np.ones(s // 4, np.float32) for s in sizes}
+    else:  # each rank's part of an allgather of s bytes in all, and MPI's result buffer
+        buffers = {s: np.full(max(1, s // 4 // n), comm.Get_rank(), np.float32) for s in sizes}
+        results = {s: np.empty(n * buffers[s].size, np.float32) for s in sizes}
+
+    def run_hvd(s: int) -> None:
+        if args.op == "allreduce":
+            hvd.allreduce_(buffers[s], op=hvd.Sum, name=f"bench.{s}")
         else:
-            os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = value
-        hvd.init()
-        for s in sizes:
-            x = buffers[s]
-            reps = max(3, min(args.max_reps, int(args.budget_bytes / s)))
-            for rep in range(reps + 2):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                hvd.allreduce_(x, op=hvd.Sum, name=f"bench.{s}")
-                t_h = time.perf_counter() - t0
-                comm.Barrier()
-                t0 = time.perf_counter()
-                comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
-                t_m = time.perf_counter() - t0
-                x.fill(1.0)  # keep the values finite
-                if rep >= 2:  # the first two warm the connections and pages
-                    results[mode].setdefault(s, []).append(t_h)
-                    results["mpi"].setdefault(s, []).append(t_m)
-        hvd.shutdown()
+            hvd.allgather(buffers[s], name=f"bench.{s}")
+
+    def run_mpi(s: int) -> None:
+        if args.op == "allreduce":
+            comm.Allreduce(MPI.IN_PLACE, buffers[s], op=MPI.SUM)
+        else:
+            comm.Allgather(buffers[s], results[s])
+
+    for rnd in range(args.rounds):
+        for k in range(len(names)):
+            algo = names[(rnd + k) % len(names)]
+            for var, value in algos[algo].items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+            hvd.init()
+            for s in sizes:
+                reps = max(args.min_reps, min(args.max_reps, int(args.budget_bytes / s / args.rounds)))
+                for rep in range(reps + args.warmup):
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    run_hvd(s)
+                    t_h = time.perf_counter() - t0
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    run_mpi(s)
+                    t_m = time.perf_counter() - t0
+                    if args.op == "allreduce":
+                        buffers[s].fill(1.0)  # keep the values finite
+                    if rep >= args.warmup:  # the first warm the connections and pages
+                        samples[algo][s][rnd].append(t_h)
+                        samples["mpi"][s][rnd].append(t_m)
+            hvd.shutdown()
     if comm.Get_rank() == 0:
-        med = {m: {s: statistics.median(v) for s, v in by.items()} for m, by in results.items()}
-        print("RESULT " + json.dumps(med), flush=True)
+        out = {}
+        for a, by in samples.items():
+            out[a] = {}
+            for s, rounds in by.items():
+                per_round = [statistics.median(r) for r in rounds if r]
+                out[a][s] = {"median": statistics.median(per_round),
+                             "spread": max(per_round) / min(per_round), "rounds": per_round}
+        print("RESULT " + json.dumps(out), flush=True)
 
 
 # ---------------------------------------------------------------- driver
@@ -99,52 +166,79 @@ def run_config(config: str, args: argparse.Namespace) -> dict:
     hosts_n, per_host = (int(v) for v in shape.lower().split("x"))
     with EmulatedHosts(hosts_n, rate) as hosts:
         env = dict(os.environ, **hosts.env(), PYTHONPATH=str(REPO), HVDLITE_LOG_LEVEL="error")
-        env.pop("HOROVOD_HIERARCHICAL_ALLREDUCE", None)
+        for algo in ALGORITHMS[args.op].values():
+            for var in algo:
+                env.pop(var, None)
         cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(hosts_n * per_host),
                "-H", hosts.host_spec(per_host), sys.executable, str(Path(__file__).resolve()),
-               "--worker", "--sizes", args.sizes, "--max-reps", str(args.max_reps),
-               "--budget-bytes", str(args.budget_bytes)]
+               "--worker", "--op", args.op, "--sizes", args.sizes, "--rounds", str(args.rounds),
+               "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps),
+               "--warmup", str(args.warmup), "--budget-bytes", str(args.budget_bytes)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{config}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    med = {m: {int(s): t for s, t in by.items()} for m, by in json.loads(lines[0][7:]).items()}
-    floor_per_byte = 2 * (hosts_n - 1) / hosts_n / rate_bytes(rate) if hosts_n > 1 else 0.0
+    med = {a: {int(s): v for s, v in by.items()} for a, by in json.loads(lines[0][7:]).items()}
+    if args.op == "allreduce":
+        floor_per_byte = 2 * (hosts_n - 1) / hosts_n / rate_bytes(rate) if hosts_n > 1 else 0.0
+    else:
+        floor_per_byte = (hosts_n - 1) / hosts_n / rate_bytes(rate) if hosts_n > 1 else 0.0
     rows = []
     for s in sorted(med["mpi"]):
-        f, h, d, m = (med[k][s] for k in ("flat", "hierarchical", "default", "mpi"))
+        t = {a: med[a][s]["median"] for a in med}
         floor = s * floor_per_byte
-        rows.append({"config": config, "bytes": s, "flat_s": f, "hierarchical_s": h, "default_s": d,
-                     "mpi_s": m, "floor_s": floor, "default_over_best": d / min(f, h),
-                     "default_over_mpi": d / m, "hierarchical_over_mpi": h / m,
-                     "hierarchical_over_floor": h / floor if floor else None,
-                     "flat_over_floor": f / floor if floor else None})
-    return {"config": config, "rows": rows}
+        row = {"op": args.op, "config": config, "bytes": s, "rounds": args.rounds, "floor_s": floor}
+        for a in med:
+            row[f"{a}_s"] = t[a]
+            row[f"{a}_spread"] = med[a][s]["spread"]
+        best = min(t["flat"], t["two-level"])
+        row["default_over_best"] = t["default"] / best
+        row["default_over_mpi"] = t["default"] / t["mpi"]
+        row["two_level_over_flat"] = t["two-level"] / t["flat"]
+        row["two_level_over_floor"] = t["two-level"] / floor if floor else None
+        if "leader" in t:
+            row["leader_over_two_level"] = t["leader"] / t["two-level"]
+        rows.append(row)
+    return {"op": args.op, "config": config, "rows": rows}
 
 
 def print_table(result: dict) -> None:
-    print(f"\n{result['config']}  (medians, seconds; ratios: lower is better)")
-    head = (f"{'size':>9} {'flat':>9} {'hier':>9} {'default':>9} {'MPI':>9} {'floor':>9} "
-            f"{'dflt/best':>10} {'dflt/MPI':>9} {'hier/MPI':>9} {'hier/floor':>11}")
-    print(head)
-    print("-" * len(head))
-    for r in result["rows"]:
-        hf = f"{r['hierarchical_over_floor']:11.3f}" if r["hierarchical_over_floor"] else f"{'-':>11}"
-        print(f"{size_label(r['bytes']):>9} {r['flat_s']:9.5f} {r['hierarchical_s']:9.5f} "
-              f"{r['default_s']:9.5f} {r['mpi_s']:9.5f} {r['floor_s']:9.5f} "
-              f"{r['default_over_best']:10.3f} {r['default_over_mpi']:9.3f} "
-              f"{r['hierarchical_over_mpi']:9.3f} {hf}")
+    """A Markdown table, as docs/scale.md quotes them."""
+    rows = result["rows"]
+    algos = [a for a in ("flat", "two-level", "leader", "default", "mpi") if f"{a}_s" in rows[0]]
+    mpi_name = "MPI_Allreduce" if result["op"] == "allreduce" else "MPI_Allgather"
+    cols = ["size"] + [mpi_name if a == "mpi" else a for a in algos] + ["link floor", "default ÷ better",
+                                                                         "default ÷ MPI", "two-level ÷ flat",
+                                                                         "two-level ÷ floor"]
+    if "leader" in algos:
+        cols.append("leader ÷ two-level")
+    print(f"\n{result['op']}, {result['config']} (median of {rows[0]['rounds']} rounds' medians)\n")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + " --- |" * len(cols))
+    for r in rows:
+        cells = [size_label(r["bytes"])] + [time_label(r[f"{a}_s"]) for a in algos]
+        cells += [time_label(r["floor_s"]) if r["floor_s"] else "–", f"{r['default_over_best']:.3f}",
+                  f"{r['default_over_mpi']:.3f}", f"{r['two_level_over_flat']:.3f}",
+                  f"{r['two_level_over_floor']:.3f}" if r["two_level_over_floor"] else "–"]
+        if "leader" in algos:
+            cells.append(f"{r['leader_over_two_level']:.3f}")
+        print("| " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", choices=sorted(ALGORITHMS), default="allreduce")
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help="HOSTSxRANKS@RATE,... e.g. 2x2@1gbit,4x1@10gbit")
-    p.add_argument("--sizes", default=DEFAULT_SIZES)
-    p.add_argument("--max-reps", type=int, default=20)
+    p.add_argument("--sizes", default=DEFAULT_SIZES,
+                   help="bytes reduced, or gathered in all (each rank sends its share)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of every algorithm in turn")
+    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per size in each turn")
+    p.add_argument("--min-reps", type=int, default=2, help="timed repetitions per size per turn, at least")
+    p.add_argument("--max-reps", type=int, default=20, help="and at most")
     p.add_argument("--budget-bytes", type=float, default=512 << 20,
-                   help="repetitions per size: about this many bytes (3 at least)")
-    p.add_argument("--timeout", type=float, default=1800)
+                   help="timed repetitions per size: about this many bytes over all rounds")
+    p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--json-out", default="")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.runner import launch
+from hvdlite.runner import launch, slurm
 from hvdlite.runner.launch import (
     LaunchConfig,
     LaunchError,
@@ -147,6 +147,75 @@ def test_parse_hosts_errors() -> None:
             parse_hosts(bad)
 
 
+@pytest.mark.parametrize("text, hosts", [
+    ("h1", ["h1"]),
+    ("h[1-2]", ["h1", "h2"]),
+    ("h1,h2", ["h1", "h2"]),
+    ("node[01-04,07],gpu3", ["node01", "node02", "node03", "node04", "node07", "gpu3"]),
+    ("n[8-11]", ["n8", "n9", "n10", "n11"]),          # no padding: as wide as "8"
+    ("n[08-11]", ["n08", "n09", "n10", "n11"]),       # padded to the first number's width
+    ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+    ("a[1,3],b[2-3],c", ["a1", "a3", "b2", "b3", "c"]),
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ("gpu[3]-ib", ["gpu3-ib"]),
+    ("x-1.example.org,y[5-6].example.org", ["x-1.example.org", "y5.example.org", "y6.example.org"]),
+])
+def test_slurm_nodelist(text: str, hosts: list[str]) -> None:
+    assert slurm.parse_nodelist(text) == hosts
+
+
+@pytest.mark.parametrize("text", ["", "h[1-2", "h1-2]", "h[2-1]", "h[a-b]", "h[[1]]", "[1-2]", "h1,,h2",
+                                  "h[1-]"])
+def test_slurm_nodelist_errors(text: str) -> None:
+    with pytest.raises(ValueError):
+        slurm.parse_nodelist(text)
+
+
+def test_slurm_counts() -> None:
+    assert slurm.parse_counts("2(x2),1") == [2, 2, 1]
+    assert slurm.parse_counts("4") == [4]
+    assert slurm.parse_counts("72(x2),36,1(x3)") == [72, 72, 36, 1, 1, 1]
+    for bad in ("", "2(x)", "x2", "2(2)", "2,,1"):
+        with pytest.raises(ValueError):
+            slurm.parse_counts(bad)
+
+
+def test_slurm_allocation_hosts() -> None:
+    assert slurm.allocation_hosts({"PATH": "/bin"}) is None
+    env = {"SLURM_JOB_NODELIST": "node[01-02],gpu3", "SLURM_TASKS_PER_NODE": "2(x2),1",
+           "SLURM_JOB_CPUS_PER_NODE": "8(x3)"}
+    # Tasks per node give the slots (as Open MPI's mpirun reads them), not CPUs.
+    assert slurm.allocation_hosts(env) == [("node01", 2), ("node02", 2), ("gpu3", 1)]
+    # The older SLURM_NODELIST, and CPUs per node when the tasks are not given.
+    assert slurm.allocation_hosts({"SLURM_NODELIST": "h[1-2]", "SLURM_JOB_CPUS_PER_NODE": "4(x2)"}) == \
+        [("h1", 4), ("h2", 4)]
+    with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE='2' gives 1 counts for the 2 nodes"):
+        slurm.allocation_hosts({"SLURM_JOB_NODELIST": "h[1-2]", "SLURM_TASKS_PER_NODE": "2"})
+    with pytest.raises(ValueError, match="neither SLURM_TASKS_PER_NODE"):
+        slurm.allocation_hosts({"SLURM_JOB_NODELIST": "h[1-2]"})
+    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST='h\\[1-2'"):
+        slurm.allocation_hosts({"SLURM_JOB_NODELIST": "h[1-2", "SLURM_TASKS_PER_NODE": "1"})
+
+
+def test_slurm_allocation_places_ranks() -> None:
+    """Without -H/--hostfile, inside an allocation, the ranks go to its nodes; -H and a
+    hostfile still win; more ranks than the allocation's tasks is an error."""
+    slurm_env = {"PATH": "/usr/bin", "SLURM_JOB_NODELIST": "h[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    argv, _ = _build(LaunchConfig(num_proc=4, command=["python", "t.py"]), slurm_env)
+    assert ("--host", "h1:2,h2:2") in _pairs(argv)
+    assert "--oversubscribe" not in argv and ":OVERSUBSCRIBE" not in argv
+    argv, _ = _build(LaunchConfig(num_proc=3, command=["python", "t.py"]), slurm_env)
+    assert ("--host", "h1:2,h2:2") in _pairs(argv)
+    argv, _ = _build(LaunchConfig(num_proc=2, command=["t"], hosts="other:2"), slurm_env)
+    assert ("--host", "other:2") in _pairs(argv)
+    with pytest.raises(LaunchError, match="exceeds the 4 slots of the Slurm allocation"):
+        _build(LaunchConfig(num_proc=5, command=["t"]), slurm_env)
+    _build(LaunchConfig(num_proc=5, command=["t"], mpi_args=["--oversubscribe"]), slurm_env)
+    with pytest.raises(LaunchError, match="Slurm allocation: SLURM_JOB_NODELIST"):
+        _build(LaunchConfig(num_proc=1, command=["t"]),
+               {"SLURM_JOB_NODELIST": "h[1-", "SLURM_TASKS_PER_NODE": "1"})
+
+
 def test_open_mpi_4_and_user_mpi_args() -> None:
     argv, _ = _build(LaunchConfig(num_proc=3, command=["true"]), ompi_major=4)
     assert "--oversubscribe" in argv and ":OVERSUBSCRIBE" not in argv
@@ -178,10 +247,11 @@ def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
         "--network-interface", "eth1", "--network-interfaces", "ib0,eth1", "--tcp",
         "--binding-args", "--bind-to socket --map-by ppr:1:socket",
         "--output-filename", "logs", "-prefix-timestamp", "--mpi", "--start-timeout", "60",
-        "--disable-cache", "--hierarchical-allreduce", "python", "t.py",
+        "--disable-cache", "--hierarchical-allreduce", "--hierarchical-allgather", "python", "t.py",
     ])
     assert config is not None
-    argv, env = _build(config, {"PATH": "/usr/bin", "HOROVOD_STALL_CHECK_DISABLE": "1"})
+    argv, env = _build(config, {"PATH": "/usr/bin", "HOROVOD_STALL_CHECK_DISABLE": "1",
+                                "HOROVOD_HIERARCHICAL_ALLGATHER": "0"})
     pairs = _pairs(argv)
     assert ("--hostfile", str(tmp_path / "hosts")) in pairs
     assert ("plm_ssh_args", f"-p 2222 -i {key}") in pairs
@@ -193,6 +263,8 @@ def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
     assert ("--output", f"dir={os.path.abspath('logs')},timestamp") in pairs
     assert env["HVDLITE_TIMELINE_MARK_CYCLES"] == "1"
     assert env["HVDLITE_HIERARCHICAL_ALLREDUCE"] == "1"
+    # The flag wins over the Horovod name in the caller's environment.
+    assert env["HVDLITE_HIERARCHICAL_ALLGATHER"] == env["HOROVOD_HIERARCHICAL_ALLGATHER"] == "1"
     assert env["HVDLITE_STALL_CHECK_TIME_SECONDS"] == "20"
     assert env["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] == "50"
     assert "HVDLITE_STALL_CHECK_DISABLE" not in env

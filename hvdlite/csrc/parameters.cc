@@ -80,6 +80,15 @@ void ReadGpuBackend(const char* suffix, std::string* out) {
   else Ignored(suffix, v, "NCCL or MPI (hvdlite has no other GPU backend)");
 }
 
+// HVDLITE_HIERARCHICAL_ALGORITHM: torus (0) or leader (1).
+void ReadSchedule(int32_t* out) {
+  const char* v = GetEnv("HIERARCHICAL_ALGORITHM");
+  if (!v || !*v) return;
+  if (strcasecmp(v, "torus") == 0) *out = 0;
+  else if (strcasecmp(v, "leader") == 0) *out = 1;
+  else Ignored("HIERARCHICAL_ALGORITHM", v, "torus or leader");
+}
+
 }  // namespace
 
 Parameters Parameters::FromEnvironment() {
@@ -98,6 +107,8 @@ Parameters Parameters::FromEnvironment() {
   ReadInt("SPIN_MICROSECONDS", &p.spin_us);
   if (const char* v = GetEnv("HIERARCHICAL_ALLREDUCE"); v && *v) p.hierarchical_allreduce = Truthy(v) ? 1 : 0;
   ReadInt("HIERARCHICAL_CHUNK_BYTES", &p.hierarchical_chunk_bytes);
+  if (const char* v = GetEnv("HIERARCHICAL_ALLGATHER"); v && *v) p.two_level.allgather = Truthy(v) ? 1 : 0;
+  ReadSchedule(&p.two_level.algorithm);
   ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
   if (const char* v = GetEnv("HUGE_PAGES")) p.huge_pages = Truthy(v);

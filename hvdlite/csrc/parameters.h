@@ -8,6 +8,19 @@
 
 namespace hvdlite {
 
+// Settings of the two-level collectives across hosts besides HOROVOD_HIERARCHICAL_ALLREDUCE,
+// which every rank takes from rank 0 (one block in ShareRankZeroSettings, engine.cc).
+struct TwoLevelSettings {
+  // Host-memory allgathers across hosts: 1 always two-level (HierarchicalAllgather) where
+  // every host runs the same number of ranks, 0 never, -1 (unset) chosen per message by
+  // MpiBackend. HOROVOD_HIERARCHICAL_ALLGATHER.
+  int32_t allgather = -1;
+  // The two-level allreduce's schedule: 0 torus (reduce-scatter inside the host, allreduce
+  // across, allgather inside), 1 leader (reduce to local rank 0, allreduce among the
+  // leaders, broadcast inside). HVDLITE_HIERARCHICAL_ALGORITHM=torus|leader.
+  int32_t algorithm = 0;
+};
+
 struct Parameters {
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;  // Horovod's default
   double cycle_time_ms = 1.0;        // longest sleep between checks while work is outstanding
@@ -49,6 +62,7 @@ struct Parameters {
   // emulated 1 Gbit/s links 2 MiB beat 1 MiB (waits between pieces) and 4-16 MiB (TCP
   // stalls on long transfers); docs/scale.md. HVDLITE_HIERARCHICAL_CHUNK_BYTES.
   int64_t hierarchical_chunk_bytes = 2LL * 1024 * 1024;
+  TwoLevelSettings two_level;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
   // GPU tensors: the backend each kind of collective prefers, by request type ("NCCL",
   // or "MPI" for host-staged), from HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OP>.

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import cloudpickle
 
+from hvdlite.runner import slurm
 from hvdlite.runner.launch import LaunchConfig, _is_local_host, launch, parse_hostfile, parse_hosts
 
 DRIVER_ENV = "HVDLITE_RUN_DRIVER"
@@ -189,8 +190,10 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
         raise TypeError(f"hvdlite.run: func must be callable, got {type(func).__name__}")
     del start_timeout, disable_cache, use_mpi, slots
 
+    # Where the ranks run decides where they reach this process: the launch places them
+    # on a Slurm allocation's nodes when no hosts are given.
     host_list = (parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile
-                 else [("localhost", None)])
+                 else slurm.allocation_hosts(os.environ) or [("localhost", None)])
     listen_on, connect_to = _driver_address(host_list)
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
     interfaces = list(network_interfaces or [])

@@ -6,6 +6,7 @@ Usage::
     hvdlite-run -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py
     hvdlite-run -np 8 --hostfile hosts.txt --timeline-filename /tmp/tl.json python train.py
     hvdlite-run --check-build
+    sbatch -N 2 --ntasks-per-node 4 --wrap "hvdlite-run -np 8 python train.py"
     hvdlite-run -np 8 -H node1:4,node2:4 -p 2222 --network-interface eth0 python train.py
 
 horovodrun's options work with their horovodrun meaning; the ones for features
@@ -14,7 +15,9 @@ that say so (:data:`UNSUPPORTED_HOROVODRUN_OPTIONS`).
 
 The launcher turns its flags into one ``mpirun`` command line and a set of
 environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
-its exit status.  Everything that decides the command is in
+its exit status.  Inside a Slurm allocation, without ``-H``/``--hostfile``, the
+ranks go to the allocation's nodes (:mod:`hvdlite.runner.slurm`).  Everything that
+decides the command is in
 :func:`build_mpirun_command`, a pure function, so the exact command for given
 flags can be inspected (``--verbose`` prints it) and tested without starting a
 process.
@@ -35,6 +38,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+from hvdlite.runner import slurm
 from hvdlite.runner.check_build import check_build_report, hvdlite_version
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 
@@ -78,6 +82,7 @@ _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_TIMELINE_MARK_CYCLES": "HOROVOD_TIMELINE_MARK_CYCLES",
     "HVDLITE_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
     "HVDLITE_HIERARCHICAL_ALLREDUCE": "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "HVDLITE_HIERARCHICAL_ALLGATHER": "HOROVOD_HIERARCHICAL_ALLGATHER",
 }
 
 _ELASTIC = ("hvdlite has no elastic launcher (workers cannot join or leave a running job); "
@@ -100,8 +105,6 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--elastic-timeout": (1, _ELASTIC),
     "--reset-limit": (1, _ELASTIC),
     "--blacklist-cooldown-range": (2, _ELASTIC),
-    "--hierarchical-allgather": (0, "hvdlite has no hierarchical allgather; MPI picks its "
-                                    "own algorithm"),
     "--autotune": (0, _AUTOTUNE),
     "--autotune-log-file": (1, _AUTOTUNE),
     "--autotune-warmup-samples": (1, _AUTOTUNE),
@@ -139,6 +142,7 @@ class LaunchConfig:
     # horovodrun's further options.
     timeline_mark_cycles: bool = False
     hierarchical_allreduce: bool = False
+    hierarchical_allgather: bool = False
     stall_shutdown_time: float | None = None
     no_stall_check: bool = False
     ssh_port: int | None = None
@@ -252,7 +256,10 @@ def build_mpirun_command(
     ``ompi_major`` selects option spellings (5: ``--map-by :OVERSUBSCRIBE``;
     older: ``--oversubscribe``).  ``is_root`` defaults to ``os.geteuid() == 0``.
     ``host_list`` is the parsed ``-H``/hostfile content when the caller already
-    has it (otherwise it is parsed here).
+    has it (otherwise it is parsed here).  Without ``-H`` or a hostfile, inside a
+    Slurm allocation (``SLURM_JOB_NODELIST`` in ``environ``) the hosts are the
+    allocation's nodes with ``SLURM_TASKS_PER_NODE`` slots each
+    (:func:`hvdlite.runner.slurm.allocation_hosts`).
 
     Raises :class:`LaunchError` for an inconsistent request (for instance more
     processes than the slots of a remote host list).
@@ -271,12 +278,20 @@ def build_mpirun_command(
     argv: list[str] = [mpirun, "-np", str(config.num_proc)]
 
     # Hosts.
+    from_slurm = False
     if host_list is None:
         if config.hosts:
             host_list = parse_hosts(config.hosts)
         elif config.hostfile:
             host_list = parse_hostfile(config.hostfile)
-    if config.hosts:
+        else:
+            try:
+                slurm_hosts = slurm.allocation_hosts(env)
+            except ValueError as exc:
+                raise LaunchError(f"Slurm allocation: {exc}; or give -H/--hostfile") from None
+            if slurm_hosts:
+                host_list, from_slurm = list(slurm_hosts), True
+    if config.hosts or from_slurm:
         argv += ["--host", ",".join(
             h if s is None else f"{h}:{s}" for h, s in (host_list or [])
         )]
@@ -295,9 +310,11 @@ def build_mpirun_command(
         if all(s is not None for s in slots):
             total = sum(s for s in slots if s is not None)
             if config.num_proc > total:
+                given = ("Slurm allocation (SLURM_TASKS_PER_NODE)" if from_slurm
+                         else "hosts given")
                 raise LaunchError(
-                    f"-np {config.num_proc} exceeds the {total} slots of the hosts "
-                    "given; add slots, lower -np, or pass --mpi-args=--oversubscribe"
+                    f"-np {config.num_proc} exceeds the {total} slots of the {given}; "
+                    "add slots, lower -np, or pass --mpi-args=--oversubscribe"
                 )
     if local_only and not user_oversubscribes:
         user_maps = _has_option(user_args, "--map-by", "-map-by")
@@ -368,6 +385,8 @@ def build_mpirun_command(
         tunables["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
     if config.hierarchical_allreduce:
         tunables["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
+    if config.hierarchical_allgather:
+        tunables["HVDLITE_HIERARCHICAL_ALLGATHER"] = "1"
     if config.log_level is not None:
         tunables["HVDLITE_LOG_LEVEL"] = config.log_level.upper()
     for name, value in tunables.items():
@@ -491,6 +510,10 @@ def make_parser() -> argparse.ArgumentParser:
                     help="allreduce host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLREDUCE=1; by default "
                          "allreduces of 64 KiB and more across hosts are two-level)")
+    hr.add_argument("--hierarchical-allgather", action="store_true",
+                    help="allgather host memory in two levels, inside each host and then across "
+                         "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLGATHER=1; by default "
+                         "allgathers of 256 KiB and more across hosts are two-level)")
     hr.add_argument("--stall-check-warning-time-seconds", dest="stall_check_time",
                     type=_non_negative_float, metavar="S", help="same as --stall-check-time")
     hr.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_float,
@@ -596,6 +619,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         verbose=ns.verbose,
         timeline_mark_cycles=ns.timeline_mark_cycles,
         hierarchical_allreduce=ns.hierarchical_allreduce,
+        hierarchical_allgather=ns.hierarchical_allgather,
         stall_shutdown_time=ns.stall_check_shutdown_time_seconds,
         no_stall_check=ns.no_stall_check,
         ssh_port=ns.ssh_port,

@@ -141,14 +141,18 @@ class EmulatedHosts:
         self.agent = str(agent)
 
     def down(self) -> None:
-        for ns in self.namespaces.values():
+        for i, ns in enumerate(self.namespaces.values(), start=1):
             pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
             for pid in pids:
                 try:
                     os.kill(int(pid), 9)
                 except (OSError, ValueError):
                     pass
-            _run("ip", "netns", "del", ns, check=False)  # takes its end of the veth along
+            # Deleting this end of the veth removes both ends at once. A namespace's own
+            # removal frees its devices later, in the background, and the next hosts
+            # made by this process (same names) could find them still there.
+            _run("ip", "link", "del", f"{self.tag}v{i}"[:15], check=False)
+            _run("ip", "netns", "del", ns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
         if self._dir is not None:
             self._dir.cleanup()

@@ -20,10 +20,17 @@ MpiBackend::MpiBackend(const Topology& topology, const Parameters& params)
   if (several_hosts && topology.homogeneous()) {
     local_ = std::make_unique<MpiCollectives>(topology.local(), params.ring_min_segment_bytes);
     cross_ = std::make_unique<MpiCollectives>(topology.cross(), params.ring_min_segment_bytes);
-    hierarchical_ = std::make_unique<HierarchicalAllreduce>(local_.get(), cross_.get());
-  } else if (several_hosts && params.hierarchical_allreduce == 1 && rank_ == 0) {
-    HVD_WARN("HOROVOD_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run different numbers of ranks, "
-             "and the two-level allreduce needs the same number on every host; allreduces stay flat");
+    hierarchical_ = std::make_unique<HierarchicalAllreduce>(
+        local_.get(), cross_.get(),
+        params.two_level.algorithm == 1 ? TwoLevelSchedule::kLeader : TwoLevelSchedule::kTorus);
+    hierarchical_gather_ = std::make_unique<HierarchicalAllgather>(topology, local_.get(), cross_.get());
+  } else if (several_hosts && rank_ == 0) {
+    if (params.hierarchical_allreduce == 1)
+      HVD_WARN("HOROVOD_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run different numbers of ranks, "
+               "and the two-level allreduce needs the same number on every host; allreduces stay flat");
+    if (params.two_level.allgather == 1)
+      HVD_WARN("HOROVOD_HIERARCHICAL_ALLGATHER=1 is ignored: the hosts run different numbers of ranks, "
+               "and the two-level allgather needs the same number on every host; allgathers stay flat");
   }
 }
 
@@ -44,6 +51,17 @@ void MpiBackend::AllreduceRange(const void* src, void* dst, int64_t count, DataT
     hierarchical_->Run(src, dst, count, dt, op, postscale,
                        std::max<int64_t>(1, params_.hierarchical_chunk_bytes / DataTypeSize(dt)));
   else mpi_.Allreduce(src, dst, count, dt, op, postscale);
+}
+
+// Two-level where the hosts allow it and it is asked for, or by default from 256 KiB of
+// gathered bytes on. On emulated hosts (docs/scale.md: 2 x 2, 2 x 4 and 4 x 2 ranks,
+// 1 Gbit/s) it took 0.27-0.59 of the flat time from 256 KiB to 64 MiB, but 1.06-1.2 at
+// 4-64 KiB on 2 x 4 and 4 x 2 ranks, whose hosts need more calls inside them.
+// `total` comes from the response, so every rank decides alike.
+bool MpiBackend::HierarchicalGather(int64_t total) const {
+  if (!hierarchical_gather_ || params_.two_level.allgather == 0) return false;
+  if (params_.two_level.allgather == 1) return true;
+  return total >= kHierarchicalGatherMinBytes;
 }
 
 bool MpiBackend::Supports(const Response& r, std::string* why_not) const {
@@ -150,7 +168,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
           src = dst;
         }
         AllreduceRange(src, dst, cnt, dt, op, post);
-        if (trace && have[i]) job.trace.Phase(r.names[i], "MPI_HIERARCHICAL_ALLREDUCE", t0, NowMicros());
+        if (trace && have[i]) job.trace.Phase(r.names[i], hierarchical_->PhaseName(), t0, NowMicros());
         continue;
       }
       for (int64_t off = 0; off < cnt; off += chunk_elems) {
@@ -203,7 +221,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
         else std::memcpy(entries[i].output, buf + off * es, static_cast<size_t>(c * es));
         if (trace) {
           job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", k ? copy_in_end[k - 1] : t_in, copy_in_end[k]);
-          job.trace.Phase(r.names[i], Hierarchical(total, es) ? "MPI_HIERARCHICAL_ALLREDUCE" : "MPI_ALLREDUCE",
+          job.trace.Phase(r.names[i], Hierarchical(total, es) ? hierarchical_->PhaseName() : "MPI_ALLREDUCE",
                           t_mpi, t_out);
           job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", s, NowMicros());
         }
@@ -218,6 +236,10 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
 // per rank: this rank copies its tensors into the fusion buffer, one MPI_Allgatherv
 // moves every block, and each output is cut from the blocks of all ranks. The
 // coordinator fuses only small tensors (Fusion()), so the copies stay in cache.
+// Across hosts the blocks may be gathered in two levels (hierarchical_allgather.h),
+// which lays them out host after host: the same as the world's order unless mpirun
+// placed the ranks otherwise, in which case they are gathered into scratch memory and
+// put in rank order from there.
 void MpiBackend::Allgather(CollectiveJob& job) {
   const Response& r = job.response;
   std::vector<TensorEntry>& entries = job.entries;
@@ -236,14 +258,31 @@ void MpiBackend::Allgather(CollectiveJob& job) {
     job.outputs[i] = std::move(out);
   }
   const bool trace = job.trace.Active();
+  const bool two_level = g.total > 0 && HierarchicalGather(g.total);
+  const char* phase = two_level ? "MPI_HIERARCHICAL_ALLGATHER" : "MPI_ALLGATHER";
   if (n == 1) {
-    if (g.total > 0) mpi_.Allgatherv(entries[0].input, g.block[rank_], job.outputs[0]->data.get(), g.block);
-    if (trace) job.trace.Phase(r.names[0], "MPI_ALLGATHER", t0, NowMicros());
+    uint8_t* dst = job.outputs[0]->data.get();
+    if (!two_level) {
+      if (g.total > 0) mpi_.Allgatherv(entries[0].input, g.block[rank_], dst, g.block);
+    } else if (hierarchical_gather_->WorldOrder()) {
+      hierarchical_gather_->Run(entries[0].input, dst, g.block, params_.hierarchical_chunk_bytes);
+    } else {
+      uint8_t* tmp = scratch_.Get(g.total);
+      hierarchical_gather_->Run(entries[0].input, tmp, g.block, params_.hierarchical_chunk_bytes);
+      const std::vector<int64_t> at = hierarchical_gather_->Offsets(g.block);
+      for (int q = 0; q < size_; ++q)
+        std::memcpy(dst + g.block_offset[q], tmp + at[q], static_cast<size_t>(g.block[q]));
+    }
+    if (trace) job.trace.Phase(r.names[0], phase, t0, NowMicros());
     return;
   }
   if (g.total == 0) return;
-  uint8_t* buf = fusion_.Get(g.total + g.block[rank_]);
-  uint8_t* mine = buf + g.total;  // this rank's block, packed
+  // Where each rank's block lies in the packed result.
+  std::vector<int64_t> at = two_level ? hierarchical_gather_->Offsets(g.block) : g.block_offset;
+  uint8_t* buf = fusion_.Get(g.total + (two_level ? 0 : g.block[rank_]));
+  // Flat, this rank's block is packed after the result and gathered from there; two-level,
+  // it is packed where it belongs and gathered in place.
+  uint8_t* mine = two_level ? buf + at[rank_] : buf + g.total;
   int64_t off = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t bytes = g.Bytes(i, rank_);
@@ -251,9 +290,9 @@ void MpiBackend::Allgather(CollectiveJob& job) {
     off += bytes;
   }
   const int64_t t_mpi = NowMicros();
-  mpi_.Allgatherv(mine, g.block[rank_], buf, g.block);
+  if (two_level) hierarchical_gather_->Run(nullptr, buf, g.block, params_.hierarchical_chunk_bytes);
+  else mpi_.Allgatherv(mine, g.block[rank_], buf, g.block);
   const int64_t t_out = NowMicros();
-  std::vector<int64_t> at = g.block_offset;  // where the next tensor starts in each rank's block
   for (size_t i = 0; i < n; ++i) {
     uint8_t* dst = job.outputs[i]->data.get();
     for (int q = 0; q < size_; ++q) {
@@ -267,7 +306,7 @@ void MpiBackend::Allgather(CollectiveJob& job) {
     const int64_t t_end = NowMicros();
     for (size_t i = 0; i < n; ++i) {
       job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", t0, t_mpi);
-      job.trace.Phase(r.names[i], "MPI_ALLGATHER", t_mpi, t_out);
+      job.trace.Phase(r.names[i], phase, t_mpi, t_out);
       job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", t_out, t_end);
     }
   }

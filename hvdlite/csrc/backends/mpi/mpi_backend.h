@@ -10,6 +10,7 @@
 
 #include "backends/backend.h"
 #include "backends/mpi/fusion_buffer.h"
+#include "backends/mpi/hierarchical_allgather.h"
 #include "backends/mpi/hierarchical_allreduce.h"
 #include "backends/mpi/host_memory.h"
 #include "backends/mpi/mpi_collectives.h"
@@ -20,8 +21,9 @@ namespace hvdlite {
 
 class MpiBackend : public Backend {
  public:
-  // Collectives run on `topology`'s world; allreduces across hosts may run in two
-  // levels on its local and cross communicators (hierarchical_allreduce.h).
+  // Collectives run on `topology`'s world; allreduces and allgathers across hosts may
+  // run in two levels on its local and cross communicators (hierarchical_allreduce.h,
+  // hierarchical_allgather.h).
   MpiBackend(const Topology& topology, const Parameters& params);
   const char* Name() const override { return "MPI"; }
   DeviceKind Device() const override { return DeviceKind::kHost; }
@@ -36,12 +38,17 @@ class MpiBackend : public Backend {
   // One reduction of `count` elements, flat or two-level (see Hierarchical).
   void AllreduceRange(const void* src, void* dst, int64_t count, DataType dt, ReduceOp op, double postscale);
   bool Hierarchical(int64_t count, int64_t element_bytes) const;
+  // Whether an allgather of `total` gathered bytes (all ranks together) runs in two levels.
+  bool HierarchicalGather(int64_t total) const;
   void Allgather(CollectiveJob& job);
   void Broadcast(CollectiveJob& job);
   void Alltoall(CollectiveJob& job);
   void Reducescatter(CollectiveJob& job);
 
   static constexpr int64_t kHierarchicalMinBytes = 64 * 1024;  // the default's threshold
+  // The same for allgathers (gathered bytes, all ranks together): below it the two-level
+  // allgather's extra calls inside the hosts cost more than the link saves.
+  static constexpr int64_t kHierarchicalGatherMinBytes = 256 * 1024;
 
   Parameters params_;
   MpiCollectives mpi_;
@@ -53,6 +60,7 @@ class MpiBackend : public Backend {
   // Set when this job spans several hosts with the same number of ranks on each.
   std::unique_ptr<MpiCollectives> local_, cross_;
   std::unique_ptr<HierarchicalAllreduce> hierarchical_;
+  std::unique_ptr<HierarchicalAllgather> hierarchical_gather_;
 };
 
 }  // namespace hvdlite

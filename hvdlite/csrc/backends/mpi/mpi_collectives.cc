@@ -158,6 +158,31 @@ void MpiCollectives::Allgatherv(const void* sendbuf, int64_t send_bytes, void* r
                        counts.data(), displs.data(), MPI_BYTE, comm_), "Allgatherv");
 }
 
+void MpiCollectives::AllgathervInPlace(void* recvbuf, const std::vector<int64_t>& recv_bytes,
+                                       const std::vector<int64_t>& displs) {
+  std::vector<int> counts(recv_bytes.size()), at(displs.size());
+  for (size_t i = 0; i < recv_bytes.size(); ++i) {
+    if (recv_bytes[i] > INT_MAX || displs[i] > INT_MAX || displs[i] + recv_bytes[i] > INT_MAX)
+      throw std::runtime_error("hvdlite: a single allgather above 2 GiB is not supported");
+    counts[i] = static_cast<int>(recv_bytes[i]);
+    at[i] = static_cast<int>(displs[i]);
+  }
+  Check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recvbuf, counts.data(), at.data(), MPI_BYTE, comm_),
+        "Allgatherv");
+}
+
+void MpiCollectives::Reduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
+                            int root) {
+  const int64_t es = DataTypeSize(dt);
+  for (int64_t off = 0; off < count; off += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - off));
+    const char* s = static_cast<const char*>(sendbuf) + off * es;
+    char* r = static_cast<char*>(recvbuf) + off * es;
+    const bool in_place = rank_ == root && sendbuf == recvbuf;
+    Check(MPI_Reduce(in_place ? MPI_IN_PLACE : s, r, n, MpiType(dt), MpiOp(op, dt), root, comm_), "Reduce");
+  }
+}
+
 void MpiCollectives::Broadcast(void* buf, int64_t bytes, int root) {
   for (int64_t off = 0; off < bytes; off += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, bytes - off));

@@ -29,6 +29,13 @@ class MpiCollectives {
                  double postscale);
   void Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
                   const std::vector<int64_t>& recv_bytes);
+  // An allgather in place: rank q's `recv_bytes[q]` bytes already lie at
+  // `recvbuf + displs[q]` on rank q, and go there on every rank. Every rank passes the
+  // same counts and displacements (bytes, below 2 GiB).
+  void AllgathervInPlace(void* recvbuf, const std::vector<int64_t>& recv_bytes,
+                         const std::vector<int64_t>& displs);
+  // MPI_Reduce to `root`; `recvbuf` matters on the root only (there it may equal `sendbuf`).
+  void Reduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op, int root);
   void Broadcast(void* buf, int64_t bytes, int root);
   void Alltoallv(const void* sendbuf, const std::vector<int64_t>& send_bytes, void* recvbuf,
                  const std::vector<int64_t>& recv_bytes);
