@@ -63,14 +63,12 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   struct Shared {
     int64_t host_chunk_bytes, fusion_direct_bytes, ring_min_segment_bytes, hierarchical_chunk_bytes;
     int32_t gpu_mpi[kNumRequestTypes];  // 1: host-staged MPI, 0: NCCL
-    int32_t hierarchical_allreduce;
     TwoLevelSettings two_level;
   } s{};
   s.host_chunk_bytes = p->host_chunk_bytes;
   s.fusion_direct_bytes = p->fusion_direct_bytes;
   s.ring_min_segment_bytes = p->ring_min_segment_bytes;
   s.hierarchical_chunk_bytes = p->hierarchical_chunk_bytes;
-  s.hierarchical_allreduce = p->hierarchical_allreduce;
   s.two_level = p->two_level;
   for (int t = 0; t < kNumRequestTypes; ++t) s.gpu_mpi[t] = p->gpu_backend[t] == "MPI";
   channel.Share(&s, sizeof s, 0);
@@ -78,7 +76,6 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   p->fusion_direct_bytes = s.fusion_direct_bytes;
   p->ring_min_segment_bytes = s.ring_min_segment_bytes;
   p->hierarchical_chunk_bytes = s.hierarchical_chunk_bytes;
-  p->hierarchical_allreduce = s.hierarchical_allreduce;
   p->two_level = s.two_level;
   for (int t = 0; t < kNumRequestTypes; ++t) p->gpu_backend[t] = s.gpu_mpi[t] ? "MPI" : "NCCL";
 }

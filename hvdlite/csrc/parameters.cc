@@ -105,7 +105,7 @@ Parameters Parameters::FromEnvironment() {
   ReadInt("FUSION_DIRECT_BYTES", &p.fusion_direct_bytes);
   ReadInt("RING_MIN_SEGMENT_BYTES", &p.ring_min_segment_bytes);
   ReadInt("SPIN_MICROSECONDS", &p.spin_us);
-  if (const char* v = GetEnv("HIERARCHICAL_ALLREDUCE"); v && *v) p.hierarchical_allreduce = Truthy(v) ? 1 : 0;
+  if (const char* v = GetEnv("HIERARCHICAL_ALLREDUCE"); v && *v) p.two_level.allreduce = Truthy(v) ? 1 : 0;
   ReadInt("HIERARCHICAL_CHUNK_BYTES", &p.hierarchical_chunk_bytes);
   if (const char* v = GetEnv("HIERARCHICAL_ALLGATHER"); v && *v) p.two_level.allgather = Truthy(v) ? 1 : 0;
   ReadSchedule(&p.two_level.algorithm);

@@ -8,12 +8,14 @@
 
 namespace hvdlite {
 
-// Settings of the two-level collectives across hosts besides HOROVOD_HIERARCHICAL_ALLREDUCE,
-// which every rank takes from rank 0 (one block in ShareRankZeroSettings, engine.cc).
+// Settings of the two-level collectives across hosts, which every rank takes from rank 0
+// (one block in ShareRankZeroSettings, engine.cc).
 struct TwoLevelSettings {
-  // Host-memory allgathers across hosts: 1 always two-level (HierarchicalAllgather) where
-  // every host runs the same number of ranks, 0 never, -1 (unset) chosen per message by
-  // MpiBackend. HOROVOD_HIERARCHICAL_ALLGATHER.
+  // Host-memory allreduces / allgathers across hosts: 1 always two-level
+  // (HierarchicalAllreduce / HierarchicalAllgather) where every host runs the same number
+  // of ranks, 0 never, -1 (unset) chosen per message by MpiBackend.
+  // HOROVOD_HIERARCHICAL_ALLREDUCE, HOROVOD_HIERARCHICAL_ALLGATHER.
+  int32_t allreduce = -1;
   int32_t allgather = -1;
   // The two-level allreduce's schedule: 0 torus (reduce-scatter inside the host, allreduce
   // across, allgather inside), 1 leader (reduce to local rank 0, allreduce among the
@@ -54,10 +56,6 @@ struct Parameters {
   // Back the large buffers an allreduce hands to MPI as they are with 2 MiB pages once
   // they are reused (see host_memory.h). HVDLITE_HUGE_PAGES=0 leaves their mapping alone.
   bool huge_pages = true;
-  // Host-memory allreduces across hosts: 1 always two-level (HierarchicalAllreduce)
-  // where every host runs the same number of ranks, 0 never, -1 (unset) chosen per
-  // message by MpiBackend. HOROVOD_HIERARCHICAL_ALLREDUCE.
-  int hierarchical_allreduce = -1;
   // The pieces a two-level allreduce sends between hosts one after the other: on
   // emulated 1 Gbit/s links 2 MiB beat 1 MiB (waits between pieces) and 4-16 MiB (TCP
   // stalls on long transfers); docs/scale.md. HVDLITE_HIERARCHICAL_CHUNK_BYTES.

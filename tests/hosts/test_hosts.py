@@ -82,6 +82,16 @@ def test_ranks_placed_with_H_see_the_topology(hosts: EmulatedHosts, layout: list
     check_topology(out, layout)
 
 
+def run_checks_with_timeline(hosts: EmulatedHosts, layout: list[int], timeline: Path,
+                             env: dict[str, str]) -> dict[str, set[str]]:
+    """Runs hosts_checks.py on `layout` with `env` (which names `timeline`), checks every
+    rank's topology, and returns the phases each tensor went through."""
+    spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
+    out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)), env=env)
+    check_topology(out, layout)
+    return phases(timeline)
+
+
 @pytest.mark.parametrize("mode", ["default", "1", "0"])
 @pytest.mark.parametrize("layout", [[2, 2], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
 def test_hierarchical_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: list[int], mode: str) -> None:
@@ -92,10 +102,7 @@ def test_hierarchical_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: li
     env = {"HOROVOD_TIMELINE": str(timeline)}
     if mode != "default":
         env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = mode
-    spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
-    out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)), env=env)
-    check_topology(out, layout)
-    seen = phases(timeline)
+    seen = run_checks_with_timeline(hosts, layout, timeline, env)
     large, small = seen["scaled"], seen["sum.7"]
     two_level = "MPI_HIERARCHICAL_ALLREDUCE"
     assert (two_level in large) == (mode != "0"), large
@@ -111,10 +118,7 @@ def test_leader_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: list[int
     timeline = tmp_path / "timeline.json"
     env = {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
            "HVDLITE_HIERARCHICAL_ALGORITHM": "leader"}
-    spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
-    out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)), env=env)
-    check_topology(out, layout)
-    seen = phases(timeline)
+    seen = run_checks_with_timeline(hosts, layout, timeline, env)
     for name in ("scaled", "sum.7", "max", "half", "group.0"):
         assert "MPI_LEADER_ALLREDUCE" in seen[name], (name, seen[name])
         assert "MPI_HIERARCHICAL_ALLREDUCE" not in seen[name], (name, seen[name])
@@ -130,10 +134,7 @@ def test_hierarchical_allgather(hosts: EmulatedHosts, tmp_path: Path, layout: li
     env = {"HOROVOD_TIMELINE": str(timeline)}
     if mode != "default":
         env["HOROVOD_HIERARCHICAL_ALLGATHER"] = mode
-    spec = hosts.host_spec(layout + [0] * (hosts.n - len(layout)))
-    out = run_on_hosts(hosts, layout, ["-H", spec], "--layout", ",".join(map(str, layout)), env=env)
-    check_topology(out, layout)
-    seen = phases(timeline)
+    seen = run_checks_with_timeline(hosts, layout, timeline, env)
     two_level = "MPI_HIERARCHICAL_ALLGATHER"
     for name in ("gather.big", "gather.same"):
         assert (two_level in seen[name]) == (mode != "0"), (name, seen[name])

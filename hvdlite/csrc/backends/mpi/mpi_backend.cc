@@ -25,7 +25,7 @@ MpiBackend::MpiBackend(const Topology& topology, const Parameters& params)
         params.two_level.algorithm == 1 ? TwoLevelSchedule::kLeader : TwoLevelSchedule::kTorus);
     hierarchical_gather_ = std::make_unique<HierarchicalAllgather>(topology, local_.get(), cross_.get());
   } else if (several_hosts && rank_ == 0) {
-    if (params.hierarchical_allreduce == 1)
+    if (params.two_level.allreduce == 1)
       HVD_WARN("HOROVOD_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run different numbers of ranks, "
                "and the two-level allreduce needs the same number on every host; allreduces stay flat");
     if (params.two_level.allgather == 1)
@@ -34,15 +34,21 @@ MpiBackend::MpiBackend(const Topology& topology, const Parameters& params)
   }
 }
 
+namespace {
+
+// A two-level setting (1 always, 0 never, -1 default) applied to a message of `bytes`:
+// by default two-level from `threshold` on.
+bool TwoLevel(int32_t mode, int64_t bytes, int64_t threshold) { return mode == 1 || (mode < 0 && bytes >= threshold); }
+
+}  // namespace
+
 // Two-level where the hosts allow it and it is asked for, or by default from 64 KiB on.
 // On emulated hosts (docs/scale.md: 2 x 2, 2 x 4 and 4 x 2 ranks, 1 and 10 Gbit/s) it was
 // as fast as flat or faster from 64 KiB to 256 MiB, up to 3x at 1 MiB on 4 x 2 ranks,
 // except by 5-7 % on 2 x 4 ranks sharing 2 cores; at 4 KiB either won by turns.
 // Every rank decides alike: from the count, the type, rank 0's settings and the topology.
 bool MpiBackend::Hierarchical(int64_t count, int64_t element_bytes) const {
-  if (!hierarchical_ || params_.hierarchical_allreduce == 0) return false;
-  if (params_.hierarchical_allreduce == 1) return true;
-  return count * element_bytes >= kHierarchicalMinBytes;
+  return hierarchical_ && TwoLevel(params_.two_level.allreduce, count * element_bytes, kHierarchicalMinBytes);
 }
 
 void MpiBackend::AllreduceRange(const void* src, void* dst, int64_t count, DataType dt, ReduceOp op,
@@ -59,9 +65,7 @@ void MpiBackend::AllreduceRange(const void* src, void* dst, int64_t count, DataT
 // 4-64 KiB on 2 x 4 and 4 x 2 ranks, whose hosts need more calls inside them.
 // `total` comes from the response, so every rank decides alike.
 bool MpiBackend::HierarchicalGather(int64_t total) const {
-  if (!hierarchical_gather_ || params_.two_level.allgather == 0) return false;
-  if (params_.two_level.allgather == 1) return true;
-  return total >= kHierarchicalGatherMinBytes;
+  return hierarchical_gather_ && TwoLevel(params_.two_level.allgather, total, kHierarchicalGatherMinBytes);
 }
 
 bool MpiBackend::Supports(const Response& r, std::string* why_not) const {
