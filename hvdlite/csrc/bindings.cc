@@ -550,6 +550,7 @@ PYBIND11_MODULE(_core, m) {
     py::dict d;
     d["requests_in_full"] = s.requests_in_full;
     d["requests_as_ids"] = s.requests_as_ids;
+    d["cycles"] = s.cycles;
     d["control_bytes_sent"] = s.control_bytes_sent;
     d["control_bytes_received"] = s.control_bytes_received;
     d["waits_driven"] = s.waits_driven;

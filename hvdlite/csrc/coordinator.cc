@@ -69,7 +69,7 @@ Coordinator::Coordinator(int size, const Parameters& params, const FusionLimits 
   for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
 }
 
-void Coordinator::AddRequest(const Request& r, int64_t now_us, bool from_cache) {
+void Coordinator::AddRequest(const Request& r, int64_t now_us) {
   if (r.type == RequestType::kJoin) {
     if (!joined_[r.rank]) {
       joined_[r.rank] = 1;
@@ -77,16 +77,9 @@ void Coordinator::AddRequest(const Request& r, int64_t now_us, bool from_cache) 
       last_joined_ = r.rank;
     }
     if (joined_count_ == size_) join_complete_ = true;
-    // Zeros stand in for joined ranks on the full path only: move counted cache hits there.
-    for (int32_t id = 0; id < static_cast<int32_t>(hits_.size()); ++id)
-      if (hits_[id].count > 0) ToTable(id);
     // Tensors waiting only for ranks that have now joined can go ahead.
     for (auto& [name, p] : table_) MarkReadyIfComplete(name);
     return;
-  }
-  if (!hits_.empty()) {  // other ranks' cache hits for this tensor join it on the full path
-    const int32_t id = cache_->IdOf(r.name);
-    if (id >= 0 && id < static_cast<int32_t>(hits_.size()) && hits_[id].count > 0) ToTable(id);
   }
   auto [it, inserted] = table_.try_emplace(r.name);
   Pending& p = it->second;
@@ -101,7 +94,6 @@ void Coordinator::AddRequest(const Request& r, int64_t now_us, bool from_cache) 
   p.requests[r.rank] = r;
   p.have[r.rank] = 1;
   p.arrival_us[r.rank] = now_us;
-  p.all_from_cache = p.all_from_cache && from_cache;
   ++p.count;
   if (p.doomed.empty()) {
     if (const std::string* why = FailedGroup(p)) Doom(r.name, p, *why);
@@ -122,58 +114,43 @@ const std::string* Coordinator::FailedGroup(const Pending& p) const {
 // Fails `name` at the next TakeReady, whether or not every rank has sent it.
 void Coordinator::Doom(const std::string& name, Pending& p, const std::string& why) {
   p.doomed = RequestLabel(RequestType::kAllreduce, name) + ": not run, another member of its group failed: " + why;
-  if (!IsReady(name)) ready_.push_back(Ready{-1, name});
+  if (!IsReady(name)) ready_.push_back(name);
 }
 
 bool Coordinator::IsReady(const std::string& name) const {
-  return std::any_of(ready_.begin(), ready_.end(), [&](const Ready& e) { return e.cache_id < 0 && e.name == name; });
+  return std::find(ready_.begin(), ready_.end(), name) != ready_.end();
 }
 
-void Coordinator::AddCacheHit(int rank, int32_t cache_id, int64_t now_us) {
-  const Request& sig = cache_->Get(cache_id);
-  if (joined_count_ > 0 || table_.count(sig.name) != 0) {  // the full path (see Hits)
-    Request r = sig;
-    r.rank = rank;
-    AddRequest(r, now_us, /*from_cache=*/true);
-    return;
+void Coordinator::ReportCachedWait(int rank, int32_t id, const Request& sig, int64_t waited_us, int64_t cycle,
+                                   int64_t now_us) {
+  auto ran = cached_ran_.find(id);
+  if (ran != cached_ran_.end() && ran->second >= cycle) return;  // it ran since: stale
+  auto [it, inserted] = cached_waits_.try_emplace(id);
+  CachedWait& w = it->second;
+  if (inserted || w.name != sig.name) {
+    w.type = sig.type;
+    w.name = sig.name;
+    w.have.assign(size_, 0);
+    w.since_us.assign(size_, 0);
+    w.cycle.assign(size_, 0);
+    w.last_warn_us = now_us - waited_us;
   }
-  if (cache_id >= static_cast<int32_t>(hits_.size())) hits_.resize(cache_id + 1);
-  Hits& h = hits_[cache_id];
-  if (h.have.empty()) {
-    h.have.assign(size_, 0);
-    h.arrival_us.assign(size_, 0);
-  }
-  if (h.have[rank]) return;  // a rank cannot have the same name twice in flight
-  if (h.count == 0) h.first_us = h.last_warn_us = now_us;
-  h.have[rank] = 1;
-  h.arrival_us[rank] = now_us;
-  if (++h.count == size_) ready_.push_back(Ready{cache_id, {}});
+  w.have[rank] = 1;
+  w.since_us[rank] = now_us - waited_us;
+  w.cycle[rank] = cycle;
 }
 
-// Moves the cache hits counted for `cache_id` into table_, as the requests they
-// stand for, when a rank sends that tensor in full (its signature differs, or it
-// refused it) or a rank joins. Called before any response could change the entry.
-void Coordinator::ToTable(int32_t cache_id) {
-  Hits& h = hits_[cache_id];
-  const Request& sig = cache_->Get(cache_id);
-  Pending& p = table_[sig.name];
-  p.requests.resize(size_);
-  p.have.assign(size_, 0);
-  p.arrival_us.assign(size_, 0);
-  p.first_us = h.first_us;
-  p.last_warn_us = h.last_warn_us;
+void Coordinator::CachedRan(int32_t id, int64_t cycle) {
+  cached_ran_[id] = cycle;
+  auto it = cached_waits_.find(id);
+  if (it == cached_waits_.end()) return;
+  CachedWait& w = it->second;
+  bool any = false;
   for (int r = 0; r < size_; ++r) {
-    if (!h.have[r]) continue;
-    p.requests[r] = sig;
-    p.requests[r].rank = r;
-    p.have[r] = 1;
-    p.arrival_us[r] = h.arrival_us[r];
-    ++p.count;
-    h.have[r] = 0;
+    if (w.have[r] && w.cycle[r] < cycle) w.have[r] = 0;
+    any = any || w.have[r];
   }
-  h.count = 0;
-  for (Ready& e : ready_)
-    if (e.cache_id == cache_id) e = Ready{-1, sig.name};
+  if (!any) cached_waits_.erase(it);
 }
 
 bool Coordinator::Complete(const Pending& p) const {
@@ -186,7 +163,7 @@ bool Coordinator::Complete(const Pending& p) const {
 void Coordinator::MarkReadyIfComplete(const std::string& name) {
   const Pending& p = table_.at(name);
   if (!Complete(p) || !p.doomed.empty()) return;
-  if (!IsReady(name)) ready_.push_back(Ready{-1, name});
+  if (!IsReady(name)) ready_.push_back(name);
 }
 
 std::string Coordinator::Validate(const std::string& name, const Pending& p) const {
@@ -361,15 +338,6 @@ void Coordinator::RecordNegotiation(const std::string& name, RequestType type, c
   timeline_->Phase(name, phase.c_str(), first_us, now_us, args.str());
 }
 
-Response Coordinator::FromCacheEntry(int32_t cache_id) const {
-  const Request& q = cache_->Get(cache_id);
-  Response resp = ResponseTo(q);
-  resp.names = {q.name};
-  resp.sizes = {NumElements(q.shape)};
-  resp.cache_ids = {cache_id};
-  return resp;
-}
-
 // One round of the coordinator: the tensors that became ready on every rank, checked,
 // fused and ordered. Four steps: collect what is ready (holding back grouped
 // allreduces until their group is whole), negotiate each tensor (validate, build its
@@ -381,37 +349,23 @@ ResponseList Coordinator::TakeReady(bool hold_device) {
     if (joined_[r]) round.joined.push_back(r);
   std::vector<Item> batch = CollectReady(now, hold_device);
   for (Item& item : batch) {
-    bool from_cache = false;
-    Response resp = Negotiate(item, round, &from_cache);
-    Fuse(std::move(resp), from_cache, item, round);
+    Response resp = Negotiate(item, round);
+    Fuse(std::move(resp), item, round);
   }
   if (round.group_failed) FailGroupsOfFailedMembers();
   return Order(std::move(round));
 }
 
 // Ready tensors in the order they became ready. A grouped allreduce's members wait in
-// groups_ until the whole group is ready, then go out together. An entry agreed through
-// the cache alone has cache_id >= 0 and no Pending.
+// groups_ until the whole group is ready, then go out together.
 std::vector<Coordinator::Item> Coordinator::CollectReady(int64_t now, bool hold_device) {
   std::vector<Item> batch;
-  std::vector<Ready> held;
-  for (const Ready& e : ready_) {
-    if (hold_device && KindOfDevice(ReadyDevice(e)) == DeviceKind::kCuda) {
-      held.push_back(e);
+  std::vector<std::string> held;
+  for (const std::string& name : ready_) {
+    if (hold_device && KindOfDevice(ReadyDevice(name)) == DeviceKind::kCuda) {
+      held.push_back(name);
       continue;
     }
-    if (e.cache_id >= 0) {
-      Hits& h = hits_[e.cache_id];
-      if (timeline_ && timeline_->Active()) {  // the entry is looked up again later; only when tracing here
-        const Request& q = cache_->Get(e.cache_id);
-        RecordNegotiation(q.name, q.type, h.have, h.arrival_us, h.first_us, now);
-      }
-      std::fill(h.have.begin(), h.have.end(), 0);
-      h.count = 0;
-      batch.push_back(Item{{}, {}, e.cache_id});
-      continue;
-    }
-    const std::string& name = e.name;
     auto it = table_.find(name);
     if (it == table_.end()) continue;
     Pending p = std::move(it->second);
@@ -439,20 +393,14 @@ std::vector<Coordinator::Item> Coordinator::CollectReady(int64_t now, bool hold_
   return batch;
 }
 
-int32_t Coordinator::ReadyDevice(const Ready& e) const {
-  if (e.cache_id >= 0) return cache_->Get(e.cache_id).device;
-  auto it = table_.find(e.name);
+int32_t Coordinator::ReadyDevice(const std::string& name) const {
+  auto it = table_.find(name);
   return it == table_.end() ? kCpuDevice : it->second.requests[FirstRank(it->second.have)].device;
 }
 
-// The response for one ready tensor: from its cache entry when every rank sent a cache
-// hit, otherwise validated (an error response if the ranks disagree or one refused)
-// and given a cache id. `from_cache`: every rank's request came as a cache hit.
-Response Coordinator::Negotiate(const Item& item, Round& round, bool* from_cache) {
-  if (item.cache_id >= 0) {
-    *from_cache = true;
-    return FromCacheEntry(item.cache_id);  // no joined ranks on this path (see Hits)
-  }
+// The response for one ready tensor: validated (an error response if the ranks
+// disagree or one refused) and given a cache id.
+Response Coordinator::Negotiate(const Item& item, Round& round) {
   const std::string& name = item.name;
   const Pending& p = item.p;
   // A doomed member that every rank sent keeps its own error if it has one (a rank
@@ -471,7 +419,6 @@ Response Coordinator::Negotiate(const Item& item, Round& round, bool* from_cache
     resp.cache_ids[0] = cache_->Lookup(q);
     if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
   }
-  *from_cache = p.all_from_cache;
   return resp;
 }
 
@@ -479,7 +426,7 @@ Response Coordinator::Negotiate(const Item& item, Round& round, bool* from_cache
 // allgathers of any dtype into one (the backend packs and unpacks them), allreduces
 // with the same dtype, op, scaling and kind of device into one, up to the limits the
 // backend for that kind of device declared. Errors and other collectives go alone.
-void Coordinator::Fuse(Response resp, bool from_cache, const Item& item, Round& round) {
+void Coordinator::Fuse(Response resp, const Item& item, Round& round) {
   const FusionLimits& limits = fusion_[static_cast<int>(KindOfDevice(resp.device))];
   if (resp.error.empty() && resp.type == RequestType::kAllgather) {
     const int64_t bytes = GatheredBytes(item.p.requests[FirstRank(item.p.have)], resp.sizes);
@@ -502,15 +449,13 @@ void Coordinator::Fuse(Response resp, bool from_cache, const Item& item, Round& 
   }
   if (!resp.error.empty() || resp.type != RequestType::kAllreduce) {
     round.responses.push_back(std::move(resp));
-    round.all_cached.push_back(false);
     return;
   }
   resp.joined_ranks = round.joined;
   const int64_t bytes = resp.sizes[0] * DataTypeSize(resp.dtype);
   auto slot = std::find_if(round.open.begin(), round.open.end(),
                            [&](const OpenAllreduce& o) { return SameFusionKey(round.responses[o.index], resp); });
-  const bool cached = from_cache && round.joined.empty() && resp.cache_ids[0] >= 0;
-  if (slot != round.open.end() && slot->bytes + bytes <= limits.allreduce_bytes && slot->cached == cached) {
+  if (slot != round.open.end() && slot->bytes + bytes <= limits.allreduce_bytes) {
     Response& f = round.responses[slot->index];
     f.names.push_back(resp.names[0]);
     f.sizes.push_back(resp.sizes[0]);
@@ -519,9 +464,8 @@ void Coordinator::Fuse(Response resp, bool from_cache, const Item& item, Round& 
     return;
   }
   if (slot != round.open.end()) round.open.erase(slot);
-  round.open.push_back(OpenAllreduce{static_cast<int>(round.responses.size()), bytes, cached});
+  round.open.push_back(OpenAllreduce{static_cast<int>(round.responses.size()), bytes});
   round.responses.push_back(std::move(resp));
-  round.all_cached.push_back(cached);
 }
 
 // A failed member fails the rest of its group: members waiting for their group,
@@ -546,25 +490,15 @@ void Coordinator::FailGroupsOfFailedMembers() {
   }
 }
 
-// Execution order; responses agreed entirely through the cache travel as ids. A join
-// that every rank has reached goes last.
+// Execution order: as negotiated, and a join that every rank has reached last.
 ResponseList Coordinator::Order(Round round) {
   ResponseList out;
-  for (size_t i = 0; i < round.responses.size(); ++i) {
-    if (round.all_cached[i]) {
-      out.cached.push_back(round.responses[i].cache_ids);
-      out.order.push_back(-static_cast<int32_t>(out.cached.size()));
-    } else {
-      out.responses.push_back(std::move(round.responses[i]));
-      out.order.push_back(static_cast<int32_t>(out.responses.size()) - 1);
-    }
-  }
+  out.responses = std::move(round.responses);
   if (join_complete_) {
     Response j;
     j.type = RequestType::kJoin;
     j.last_joined = last_joined_;
     out.responses.push_back(j);
-    out.order.push_back(static_cast<int32_t>(out.responses.size()) - 1);
     joined_.assign(size_, 0);
     joined_count_ = 0;
     join_complete_ = false;
@@ -577,11 +511,11 @@ std::string Coordinator::CheckStalls(int64_t now_us) {
   std::string reason;
   for (auto& [name, p] : table_)
     ReportStall(p.requests[FirstRank(p.have)].type, name, p.have, p.first_us, &p.last_warn_us, now_us, &reason);
-  for (int32_t id = 0; id < static_cast<int32_t>(hits_.size()); ++id) {
-    Hits& h = hits_[id];
-    if (h.count == 0 || h.count == size_) continue;  // nothing pending, or ready
-    const Request& q = cache_->Get(id);
-    ReportStall(q.type, q.name, h.have, h.first_us, &h.last_warn_us, now_us, &reason);
+  for (auto& [id, w] : cached_waits_) {
+    int64_t first_us = now_us;
+    for (int r = 0; r < size_; ++r)
+      if (w.have[r]) first_us = std::min(first_us, w.since_us[r]);
+    ReportStall(w.type, w.name, w.have, first_us, &w.last_warn_us, now_us, &reason);
   }
   return reason;
 }

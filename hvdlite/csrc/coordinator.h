@@ -27,12 +27,15 @@ class Coordinator {
               Timeline* timeline);
 
   // A request this rank or another sent in full.
-  void AddRequest(const Request& r, int64_t now_us, bool from_cache = false);
-  // A request that matched entry `cache_id` of the response cache on `rank`. While
-  // every rank's request for an entry comes this way, the coordinator only counts
-  // them (see Hits): the ranks agree on the signature by construction, so there is
-  // nothing to validate, and the response is built from the cache entry.
-  void AddCacheHit(int rank, int32_t cache_id, int64_t now_us);
+  void AddRequest(const Request& r, int64_t now_us);
+
+  // Stall reports for tensors that wait in cycles (CacheCycle): cache entry `id` (whose
+  // signature is `sig`) has waited `waited_us` on `rank`, which had completed `cycle`
+  // cycles. Only the stall inspector reads them; a report made before the entry last
+  // ran or was evicted (CachedRan) is stale and dropped.
+  void ReportCachedWait(int rank, int32_t id, const Request& sig, int64_t waited_us, int64_t cycle, int64_t now_us);
+  // Every rank ran entry `id`, or evicted it, after cycle `cycle`.
+  void CachedRan(int32_t id, int64_t cycle);
 
   // Everything that became ready since the last call, in execution order. With
   // `hold_device`, GPU tensors stay ready for a later call: the engine's GPU work is
@@ -53,39 +56,26 @@ class Coordinator {
     int count = 0;
     int64_t first_us = 0;
     int64_t last_warn_us = 0;
-    bool all_from_cache = true;
     std::string doomed;  // a member of a group that failed: fail it as soon as it arrives
   };
 
-  // The ranks whose requests for one cache entry have arrived, while no rank has sent
-  // that tensor in full and no rank has joined. Kept per entry and reused, so that the
-  // steady state allocates nothing here. A tensor is pending either here or in
-  // table_, never in both (ToTable moves it over).
-  struct Hits {
+  // Reports of one cache entry waiting in cycles, per rank.
+  struct CachedWait {
+    RequestType type;
+    std::string name;
     std::vector<char> have;
-    std::vector<int64_t> arrival_us;
-    int count = 0;
-    int64_t first_us = 0;
+    std::vector<int64_t> since_us, cycle;
     int64_t last_warn_us = 0;
   };
-  // An entry of the ready list: a tensor in table_ (by name), or a cache entry that
-  // every rank hit (cache_id >= 0).
-  struct Ready {
-    int32_t cache_id = -1;
-    std::string name;
-  };
 
-  // A ready tensor as TakeReady handles it: negotiated in full (name, pending requests)
-  // or agreed through the cache (cache_id >= 0).
+  // A ready tensor as TakeReady handles it.
   struct Item {
     std::string name;
     Pending p;
-    int32_t cache_id = -1;
   };
   struct OpenAllreduce {
     int index;  // in Round::responses
     int64_t bytes;
-    bool cached;
   };
   struct OpenGather {
     int index;
@@ -95,25 +85,22 @@ class Coordinator {
   struct Round {
     std::vector<int32_t> joined;  // ranks that have joined
     std::vector<Response> responses;
-    std::vector<bool> all_cached;  // per response: agreed entirely through the cache
     std::vector<OpenAllreduce> open;
     std::vector<OpenGather> open_gathers;
     bool group_failed = false;
   };
   std::vector<Item> CollectReady(int64_t now, bool hold_device);
-  int32_t ReadyDevice(const Ready& e) const;
-  Response Negotiate(const Item& item, Round& round, bool* from_cache);
-  void Fuse(Response resp, bool from_cache, const Item& item, Round& round);
+  int32_t ReadyDevice(const std::string& name) const;
+  Response Negotiate(const Item& item, Round& round);
+  void Fuse(Response resp, const Item& item, Round& round);
   void FailGroupsOfFailedMembers();
   ResponseList Order(Round round);
 
-  void ToTable(int32_t cache_id);
   bool IsReady(const std::string& name) const;
   void MarkReadyIfComplete(const std::string& name);
   bool Complete(const Pending& p) const;
   std::string Validate(const std::string& name, const Pending& p) const;
   Response MakeResponse(const std::string& name, const Pending& p, const std::string& error) const;
-  Response FromCacheEntry(int32_t cache_id) const;
   void RecordNegotiation(const std::string& name, RequestType type, const std::vector<char>& have,
                          const std::vector<int64_t>& arrival_us, int64_t first_us, int64_t now_us);
   void ReportStall(RequestType type, const std::string& name, const std::vector<char>& have, int64_t first_us,
@@ -125,8 +112,9 @@ class Coordinator {
   ResponseCache* cache_;
   Timeline* timeline_;
   std::unordered_map<std::string, Pending> table_;
-  std::vector<Hits> hits_;  // by cache id
-  std::vector<Ready> ready_;  // in the order they became ready
+  std::map<int32_t, CachedWait> cached_waits_;  // by cache id
+  std::unordered_map<int32_t, int64_t> cached_ran_;  // cache id -> the last cycle it ran in
+  std::vector<std::string> ready_;  // in the order they became ready
   // Grouped allreduce: ready members wait here until the whole group is ready.
   std::map<int32_t, std::vector<std::pair<std::string, Pending>>> groups_;
   // Groups with a failed member, as (rank, that rank's group id) -> the failure. Their

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -61,7 +62,7 @@ void TuneHostAllocator() {
 // values, whatever the other ranks' environments say.
 void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   struct Shared {
-    int64_t host_chunk_bytes, fusion_direct_bytes, ring_min_segment_bytes, hierarchical_chunk_bytes;
+    int64_t host_chunk_bytes, fusion_direct_bytes, ring_min_segment_bytes, hierarchical_chunk_bytes, cache_capacity;
     int32_t gpu_mpi[kNumRequestTypes];  // 1: host-staged MPI, 0: NCCL
     TwoLevelSettings two_level;
   } s{};
@@ -70,6 +71,7 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   s.ring_min_segment_bytes = p->ring_min_segment_bytes;
   s.hierarchical_chunk_bytes = p->hierarchical_chunk_bytes;
   s.two_level = p->two_level;
+  s.cache_capacity = p->cache_capacity;  // every rank's cycles carry a bit per entry
   for (int t = 0; t < kNumRequestTypes; ++t) s.gpu_mpi[t] = p->gpu_backend[t] == "MPI";
   channel.Share(&s, sizeof s, 0);
   p->host_chunk_bytes = s.host_chunk_bytes;
@@ -77,16 +79,18 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   p->ring_min_segment_bytes = s.ring_min_segment_bytes;
   p->hierarchical_chunk_bytes = s.hierarchical_chunk_bytes;
   p->two_level = s.two_level;
+  p->cache_capacity = s.cache_capacity;
   for (int t = 0; t < kNumRequestTypes; ++t) p->gpu_backend[t] = s.gpu_mpi[t] ? "MPI" : "NCCL";
 }
 
 }  // namespace
 
 Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
-    : params_(params), handles_(handles), cache_(params.cache_capacity) {
+    : params_(params), handles_(handles), cache_(0) {
   channel_ = std::make_unique<ControlChannel>(comm);
   topology_ = std::make_unique<Topology>(comm);
   ShareRankZeroSettings(*channel_, &params_);
+  cache_ = ResponseCache(params_.cache_capacity);
   const int rank = topology_->rank(), size = topology_->size();
   SetLogContext(rank, params_.log_level);
   // Polling without sleeping only pays while every rank on this host has a core to
@@ -100,11 +104,11 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
   mpi_ = static_cast<MpiBackend*>(registry_->Add(std::make_unique<MpiBackend>(*topology_, params_)));
   registry_->Add(std::make_unique<NcclBackend>(channel_.get(), &gpus_, params_, rank, size));
   registry_->Add(std::make_unique<HostStagedBackend>(mpi_, &gpus_));
-  if (rank == 0) {
-    const FusionLimits fusion[kNumDeviceKinds] = {registry_->Fusion(DeviceKind::kHost),
-                                                  registry_->Fusion(DeviceKind::kCuda)};
-    coordinator_ = std::make_unique<Coordinator>(size, params_, fusion, &cache_, &timeline_);
-  }
+  const FusionLimits fusion[kNumDeviceKinds] = {registry_->Fusion(DeviceKind::kHost),
+                                                registry_->Fusion(DeviceKind::kCuda)};
+  if (rank == 0) coordinator_ = std::make_unique<Coordinator>(size, params_, fusion, &cache_, &timeline_);
+  cycle_ = std::make_unique<CacheCycle>(comm, params_.cache_capacity, fusion,
+                                        static_cast<int64_t>(params_.cycle_time_ms * 1000));
   if (rank == 0 && !params_.timeline_path.empty()) {
     std::string err;
     if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
@@ -125,6 +129,7 @@ Engine::~Engine() {
   if (finalized) {
     // A waiting thread outlived MPI itself: nothing left that can be freed safely.
     (void)registry_.release();
+    (void)cycle_.release();
     (void)topology_.release();
     (void)channel_.release();
     return;
@@ -212,6 +217,7 @@ Engine::Stats Engine::GetStats() const {
   Stats s;
   s.requests_in_full = requests_in_full_;
   s.requests_as_ids = requests_as_ids_;
+  s.cycles = cycle_->completed();
   s.control_bytes_sent = channel_->bytes_sent();
   s.control_bytes_received = channel_->bytes_received();
   s.waits_driven = waits_driven_;
@@ -269,16 +275,32 @@ void Engine::Fail(const std::string& reason) {
   registry_->AbortAll(reason);  // nothing of this rank's waits for a peer any more
 }
 
+void Engine::Route(Request r, int64_t now, RequestList* to_coordinator) {
+  const int32_t id = join_outstanding_ ? -1 : cache_.Lookup(r);
+  if (id >= 0) {
+    ++requests_as_ids_;
+    cycle_->AddReady(id, std::move(r), now);
+    return;
+  }
+  // The name is cached with another signature (or this rank refuses it): every rank's
+  // request for it must go to rank 0, so the entry is evicted everywhere.
+  const int32_t stale = cache_.IdOf(r.name);
+  if (stale >= 0) cycle_->Evict(stale);
+  if (r.type == RequestType::kJoin) {
+    join_outstanding_ = true;
+    cycle_->SetEvictAll(true);
+  }
+  ++requests_in_full_;
+  if (rank() == 0) coordinator_->AddRequest(r, now);
+  else to_coordinator->requests.push_back(std::move(r));
+}
+
 bool Engine::CoordinatorStep() {
   bool progress = false;
   const int64_t now = NowMicros();
   for (Request& r : queue_.TakeNew()) {
     progress = true;
-    if (shutting_down_) continue;
-    const int32_t id = cache_.Lookup(r);
-    ++(id >= 0 ? requests_as_ids_ : requests_in_full_);
-    if (id >= 0) coordinator_->AddCacheHit(rank(), id, now);
-    else coordinator_->AddRequest(r, now);
+    if (!shutting_down_) Route(std::move(r), now, nullptr);
   }
   std::vector<uint8_t> buf;
   int from = -1;
@@ -292,8 +314,11 @@ bool Engine::CoordinatorStep() {
     }
     if (shutting_down_) continue;
     const int64_t t = NowMicros();
-    for (int32_t id : list.cache_hits) coordinator_->AddCacheHit(from, id, t);
     for (Request& r : list.requests) coordinator_->AddRequest(r, t);
+    for (size_t i = 0; i < list.waiting_ids.size(); ++i)
+      if (cache_.Has(list.waiting_ids[i]))
+        coordinator_->ReportCachedWait(from, list.waiting_ids[i], cache_.Get(list.waiting_ids[i]), list.waiting_us[i],
+                                       list.waiting_cycle, t);
     if (list.shutdown && list.failure) BeginShutdown(list.shutdown_reason, true);
     else if (list.shutdown)
       BeginShutdown("rank " + std::to_string(from) + " shut down (it called shutdown() or its process is exiting)", false);
@@ -303,14 +328,21 @@ bool Engine::CoordinatorStep() {
   if (!shutting_down_) {
     // GPU tensors wait while this rank's GPU work runs, so that they go out fused.
     ResponseList ready = coordinator_->TakeReady(/*hold_device=*/in_flight_count_ > 0);
-    if (!ready.order.empty()) {
+    if (!ready.responses.empty()) {
       progress = true;
+      // With a cycle in flight, the list runs after that cycle's tensors, on every rank.
+      const bool after_cycle = cycle_->InFlight();
+      ready.after_cycle = after_cycle ? cycle_->started() : cycle_->completed();
+      ++lists_sent_;
       if (size() > 1) channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(ready)));
-      Execute(ready);
+      if (after_cycle) deferred_.push_back(std::move(ready));
+      else Execute(ready);
     }
+    progress = CycleStep(now) || progress;
     const int64_t t = NowMicros();
     if (t - last_stall_check_us_ >= kStallCheckEveryMicros) {
       last_stall_check_us_ = t;
+      SendStallReports(t);
       std::string reason = coordinator_->CheckStalls(t);
       if (!reason.empty()) {
         HVD_ERROR(reason);
@@ -323,45 +355,164 @@ bool Engine::CoordinatorStep() {
 
 bool Engine::WorkerStep() {
   bool progress = false;
+  const int64_t now = NowMicros();
   std::vector<Request> fresh = queue_.TakeNew();
   const bool ask_shutdown = stop_requested_ && !shutting_down_;
   if (!fresh.empty() || ask_shutdown) {
     progress = true;
     RequestList list;
-    for (Request& r : fresh) {
-      const int32_t id = cache_.Lookup(r);
-      if (id >= 0) list.cache_hits.push_back(id);
-      else list.requests.push_back(std::move(r));
-    }
-    requests_in_full_ += static_cast<int64_t>(list.requests.size());
-    requests_as_ids_ += static_cast<int64_t>(list.cache_hits.size());
+    for (Request& r : fresh) Route(std::move(r), now, &list);
     if (ask_shutdown) {
       list.shutdown = true;
       shutting_down_ = true;
     }
-    channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(list)));
+    if (!list.requests.empty() || list.shutdown)
+      channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(list)));
   }
   std::vector<uint8_t> buf;
   if (channel_->ReceiveResponse(&buf)) {
-    ResponseList list = DeserializeResponseList(buf.data(), buf.size());
-    if (list.shutdown) {
-      shutdown_reason_ = list.shutdown_reason;
-      if (list.failure) {
-        stopped_by_failure_ = true;
-        registry_->AbortAll(list.shutdown_reason);
-      }
-      RequestList ack;
-      ack.shutdown_ack = true;
-      channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
-      running_ = false;
-      return true;
-    }
-    Execute(list);
+    if (!TakeResponse(buf)) return true;
     // Return now: a caller driving the engine is likely waiting on what just ran, and
     // a further probe here would delay its return. The next step reads on.
-    return true;
+    if (received_.empty()) return true;
+    progress = true;
+  }
+  if (!running_) return progress;
+  progress = CycleStep(now) || progress;
+  if (now - last_stall_check_us_ >= kStallCheckEveryMicros) {
+    last_stall_check_us_ = now;
+    SendStallReports(now);
   }
   return progress;
+}
+
+bool Engine::TakeResponse(std::vector<uint8_t>& buf) {
+  ResponseList list = DeserializeResponseList(buf.data(), buf.size());
+  if (list.shutdown) {
+    shutdown_reason_ = list.shutdown_reason;
+    if (list.failure) {
+      stopped_by_failure_ = true;
+      registry_->AbortAll(list.shutdown_reason);
+    }
+    RequestList ack;
+    ack.shutdown_ack = true;
+    channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
+    running_ = false;
+    return false;
+  }
+  received_.push_back(std::move(list));
+  return RunReceivedLists();
+}
+
+bool Engine::RunReceivedLists(int64_t upto) {
+  std::vector<uint8_t> buf;
+  while (running_ && upto >= 0 && lists_run_ < upto) {
+    if (received_.empty()) {
+      // Rank 0 sent it before it started the cycle that just completed: it is on its way.
+      if (channel_->ReceiveResponse(&buf)) {
+        if (!TakeResponse(buf)) return false;
+      }
+      continue;
+    }
+    ResponseList list = std::move(received_.front());
+    received_.pop_front();
+    ++lists_run_;
+    Execute(list);
+  }
+  while (running_ && !received_.empty() && received_.front().after_cycle <= cycles_run_) {
+    ResponseList list = std::move(received_.front());
+    received_.pop_front();
+    ++lists_run_;
+    Execute(list);
+  }
+  return running_;
+}
+
+bool Engine::CycleStep(int64_t now) {
+  if (shutting_down_ || !running_) return false;
+  // A list rank 0 sent while its cycle was in flight waits for that cycle, which needs
+  // this rank's part too.
+  const bool peer_waits = !received_.empty() && received_.back().after_cycle > cycle_->started();
+  bool progress = cycle_->MaybeStart(rank() == 0 ? lists_sent_ : -1, peer_waits, cache_.Empty(), now);
+  CacheCycle::Outcome out;
+  if (cycle_->Poll(cache_, NowMicros(), &out)) {
+    RunCycle(out);
+    progress = true;
+  }
+  return progress;
+}
+
+// A completed cycle, on every rank in the same order: rank 0's lists sent before the
+// cycle started, the evictions, the tensors every rank had ready, then the lists rank 0
+// sent while the cycle was in flight.
+void Engine::RunCycle(CacheCycle::Outcome& out) {
+  if (rank() != 0 && !RunReceivedLists(out.lists_before)) return;
+  if (out.evict_all) {
+    cache_.Clear();
+  } else {
+    for (int32_t id : out.evicted) cache_.Erase(id);
+  }
+  if (rank() == 0) {
+    for (int32_t id : out.evicted) coordinator_->CachedRan(id, out.cycle);
+  }
+  // This rank's ready requests for evicted entries go to rank 0 in full; so do every
+  // other rank's, after this same cycle.
+  const int64_t now = NowMicros();
+  RequestList full;
+  for (Request& r : out.moved) {
+    ++requests_in_full_;
+    if (rank() == 0) coordinator_->AddRequest(r, now);
+    else full.requests.push_back(std::move(r));
+  }
+  if (!full.requests.empty()) channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(full)));
+  for (const std::vector<int32_t>& ids : out.collectives) {
+    if (rank() == 0) {
+      for (int32_t id : ids) {
+        coordinator_->CachedRan(id, out.cycle);
+        if (timeline_.Active()) {
+          auto since = out.since_us.find(id);
+          const Request& q = cache_.Get(id);
+          std::string phase = std::string("NEGOTIATE_") + RequestTypeName(q.type);
+          for (auto& c : phase) c = static_cast<char>(std::toupper(c));
+          timeline_.Phase(q.name, phase.c_str(), since == out.since_us.end() ? now : since->second, now,
+                          "{\"cycle\": " + std::to_string(out.cycle) + "}");
+        }
+      }
+    }
+    Perform(FromCache(ids));
+  }
+  cycles_run_ = out.cycle;
+  if (rank() == 0) {
+    while (!deferred_.empty()) {
+      ResponseList list = std::move(deferred_.front());
+      deferred_.pop_front();
+      Execute(list);
+    }
+  } else {
+    RunReceivedLists();
+  }
+}
+
+// Stall reports: this rank's cached tensors that have waited in cycles past the stall
+// check time go to rank 0, whose stall inspector names the ranks that have not
+// submitted them. (Only reports travel: a healthy cycle involves no rank 0.)
+void Engine::SendStallReports(int64_t now) {
+  if (params_.stall_check_seconds <= 0) return;
+  const int64_t check_us = static_cast<int64_t>(params_.stall_check_seconds * 1e6);
+  auto waiting = cycle_->WaitingSince(now - check_us);
+  if (waiting.empty()) return;
+  if (rank() == 0) {
+    for (const auto& [id, since] : waiting)
+      if (cache_.Has(id)) coordinator_->ReportCachedWait(0, id, cache_.Get(id), now - since, cycle_->completed(), now);
+    return;
+  }
+  RequestList report;
+  report.waiting_cycle = cycle_->completed();
+  for (const auto& [id, since] : waiting) {
+    report.waiting_ids.push_back(id);
+    report.waiting_us.push_back(now - since);
+  }
+  channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(report)));
 }
 
 // One round: announce new requests, take in what arrived, run what became ready, and
@@ -429,7 +580,9 @@ void Engine::Loop() {
         sleep_us = 0;
         continue;
       }
-      const bool outstanding = queue_.HasOutstanding() || in_flight_count_ > 0;
+      // A cycle in flight counts: the other ranks' cycles move on only as this rank
+      // passes its messages on.
+      const bool outstanding = queue_.HasOutstanding() || in_flight_count_ > 0 || cycle_->InFlight();
       if (!outstanding && !stopping) {
         queue_.WaitForWork(kIdleWaitMicros);  // nothing of ours in flight: sleep until work arrives
         last_progress = NowMicros();
@@ -476,6 +629,7 @@ void Engine::Loop() {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  cycle_->Cancel();
   channel_->Reap(true);
   for (TensorEntry& e : queue_.TakeAll())
     handles_->Complete(e.handle, false,
@@ -537,12 +691,8 @@ Response Engine::FromCache(const std::vector<int32_t>& ids) const {
 }
 
 void Engine::Execute(const ResponseList& list) {
-  HVD_DEBUG("executing " << list.order.size() << " collective(s): " << list.responses.size() << " negotiated, "
-                         << list.cached.size() << " agreed through the response cache");
-  for (int32_t idx : list.order) {
-    if (idx >= 0) Perform(list.responses[idx]);
-    else Perform(FromCache(list.cached[-idx - 1]));
-  }
+  HVD_DEBUG("executing " << list.responses.size() << " negotiated collective(s)");
+  for (const Response& r : list.responses) Perform(r);
 }
 
 void Engine::Perform(const Response& r) {
@@ -581,6 +731,8 @@ void Engine::Perform(const Response& r) {
       if (have[0]) handles_->Complete(entries[0].handle, true, "");
       return;
     case RequestType::kJoin: {
+      join_outstanding_ = false;  // every rank has joined
+      cycle_->SetEvictAll(false);
       if (!have[0]) return;
       auto out = std::make_unique<OutputBuffer>();
       out->aux = {r.last_joined};

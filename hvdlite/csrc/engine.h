@@ -1,5 +1,6 @@
 // The engine: one per process, owning the background thread, the control plane (rank 0
-// coordinates; every rank talks to it over the control channel), and the data plane
+// negotiates what is new, every rank talking to it over the control channel; cached
+// tensors are agreed on among all ranks in cycles, CacheCycle), and the data plane
 // (each response run by the backend the registry picks for it).
 //
 // Lifetime: constructed by init (collective over the communicator), Stop() by
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "backends/registry.h"
+#include "cache_cycle.h"
 #include "control_channel.h"
 #include "coordinator.h"
 #include "gpu/gpu_context.h"
@@ -69,8 +71,9 @@ class Engine {
   // Control-plane counters since init, for diagnostics and the benchmark's response
   // cache measurement.
   struct Stats {
-    int64_t requests_in_full = 0;     // this rank's requests sent with their full description
-    int64_t requests_as_ids = 0;      // ... sent as response-cache ids
+    int64_t requests_in_full = 0;     // this rank's requests negotiated through rank 0
+    int64_t requests_as_ids = 0;      // ... agreed on in cycles, as response-cache ids
+    int64_t cycles = 0;               // cycles completed
     int64_t control_bytes_sent = 0;   // bytes this rank sent on the control plane
     int64_t control_bytes_received = 0;
     int64_t waits_driven = 0;         // blocking waits in which the caller ran the engine itself
@@ -96,6 +99,18 @@ class Engine {
   void Drive(int64_t h);
   bool CoordinatorStep();
   bool WorkerStep();
+  // A new request of this rank: into the next cycle if its signature is cached, else
+  // to rank 0 (appended to `to_coordinator` on the other ranks).
+  void Route(Request r, int64_t now, RequestList* to_coordinator);
+  // Starts and moves on the cycles; runs what a completed one agreed on.
+  bool CycleStep(int64_t now);
+  void RunCycle(CacheCycle::Outcome& out);
+  // Workers: runs the response lists received whose turn has come; with `upto`, first
+  // waits for (and runs) rank 0's lists up to that count. False once shut down.
+  bool RunReceivedLists(int64_t upto = -1);
+  // A response list from rank 0 (or the shutdown); false when it was the shutdown.
+  bool TakeResponse(std::vector<uint8_t>& buf);
+  void SendStallReports(int64_t now);
   void BeginShutdown(const std::string& reason, bool failure);
   // A failure on this rank that the others must hear of (a GPU collective failed, or
   // never finished): shut the job down everywhere, device work aborted.
@@ -120,6 +135,13 @@ class Engine {
   ResponseCache cache_;
   Timeline timeline_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<CacheCycle> cycle_;
+  int64_t lists_sent_ = 0;           // rank 0: response lists sent so far
+  std::list<ResponseList> deferred_;  // rank 0: lists to run after the cycle in flight
+  std::list<ResponseList> received_;  // workers: lists received, not yet run
+  int64_t lists_run_ = 0;             // workers: lists run so far
+  int64_t cycles_run_ = 0;            // cycles whose tensors this rank has run
+  bool join_outstanding_ = false;     // this rank's join has not completed
 
   // Device work queued by a backend and not yet seen finished.
   struct InFlight {
@@ -146,6 +168,7 @@ class Engine {
   int acks_ = 0;
   std::string shutdown_reason_;
   int64_t last_stall_check_us_ = 0;
+  int64_t last_stall_report_us_ = 0;
   std::atomic<int64_t> requests_in_full_{0}, requests_as_ids_{0}, waits_driven_{0}, device_collectives_{0};
   int64_t spin_us_ = 0;  // see Parameters::spin_us; 0 when ranks outnumber cores
 };

@@ -138,7 +138,9 @@ std::vector<uint8_t> Serialize(const RequestList& list) {
   Writer w;
   w.Pod<uint8_t>(list.shutdown); w.Pod<uint8_t>(list.shutdown_ack);
   w.Pod<uint8_t>(list.failure); w.Str(list.shutdown_reason);
-  w.Vec(list.cache_hits);
+  w.Vec(list.waiting_ids);
+  w.Vec(list.waiting_us);
+  w.Pod<int64_t>(list.waiting_cycle);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.requests.size()));
   for (const auto& r : list.requests) Put(w, r);
   return w.Take();
@@ -151,7 +153,9 @@ RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
   list.shutdown_ack = rd.Pod<uint8_t>();
   list.failure = rd.Pod<uint8_t>();
   list.shutdown_reason = rd.Str();
-  list.cache_hits = rd.Vec<int32_t>();
+  list.waiting_ids = rd.Vec<int32_t>();
+  list.waiting_us = rd.Vec<int64_t>();
+  list.waiting_cycle = rd.Pod<int64_t>();
   auto n = rd.Pod<uint32_t>();
   list.requests.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.requests.push_back(GetRequest(rd));
@@ -163,9 +167,7 @@ std::vector<uint8_t> Serialize(const ResponseList& list) {
   w.Pod<uint8_t>(list.shutdown); w.Str(list.shutdown_reason); w.Pod<uint8_t>(list.failure);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) Put(w, r);
-  w.Pod<uint32_t>(static_cast<uint32_t>(list.cached.size()));
-  for (const auto& c : list.cached) w.Vec(c);
-  w.Vec(list.order);
+  w.Pod<int64_t>(list.after_cycle);
   return w.Take();
 }
 
@@ -178,9 +180,7 @@ ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
   auto n = rd.Pod<uint32_t>();
   list.responses.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(GetResponse(rd));
-  auto m = rd.Pod<uint32_t>();
-  for (uint32_t i = 0; i < m; ++i) list.cached.push_back(rd.Vec<int32_t>());
-  list.order = rd.Vec<int32_t>();
+  list.after_cycle = rd.Pod<int64_t>();
   return list;
 }
 

@@ -39,7 +39,12 @@ struct Request {
 // Everything a rank says in one message to the coordinator.
 struct RequestList {
   std::vector<Request> requests;
-  std::vector<int32_t> cache_hits;  // ids of cached requests now ready on this rank
+  // This rank's cached tensors that have waited in cycles for long (stall reports):
+  // cache ids, how long each has waited, and the number of cycles this rank had
+  // completed when it looked (a later run of the tensor makes the report stale).
+  std::vector<int32_t> waiting_ids;
+  std::vector<int64_t> waiting_us;
+  int64_t waiting_cycle = 0;
   bool shutdown = false;            // this rank asks the job to shut down
   bool shutdown_ack = false;        // this rank saw the shutdown and will send no more
   // With `shutdown`: a failure on this rank (a GPU collective failed), and why. The
@@ -71,12 +76,11 @@ struct Response {
 };
 
 struct ResponseList {
-  std::vector<Response> responses;
-  // Fused allreduces/broadcasts agreed through the cache, sent as cache ids only;
-  // each inner list is one collective.
-  std::vector<std::vector<int32_t>> cached;
-  // Order of execution: entry >= 0 is responses[i], entry < 0 is cached[-i-1].
-  std::vector<int32_t> order;
+  std::vector<Response> responses;  // in execution order
+  // Runs after this many cycles (CacheCycle) have run, and before the next one's
+  // tensors: the cycle rank 0 had in flight when it sent the list, or else the last
+  // one it completed.
+  int64_t after_cycle = 0;
   bool shutdown = false;
   std::string shutdown_reason;
   bool failure = false;  // the shutdown is a failure: abort device work in flight

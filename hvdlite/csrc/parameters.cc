@@ -123,6 +123,11 @@ Parameters Parameters::FromEnvironment() {
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;
   if (p.cache_capacity < 0) p.cache_capacity = 0;
+  if (p.cache_capacity > kMaxCacheCapacity) {
+    std::cerr << "hvdlite: HOROVOD_CACHE_CAPACITY=" << p.cache_capacity << " is above hvdlite's limit; using "
+              << kMaxCacheCapacity << " (every cycle carries two bits per entry)\n";
+    p.cache_capacity = kMaxCacheCapacity;
+  }
   if (p.spin_us < 0) p.spin_us = 0;
   if (p.host_chunk_bytes < 4096) p.host_chunk_bytes = 4096;
   if (p.hierarchical_chunk_bytes < 4096) p.hierarchical_chunk_bytes = 4096;

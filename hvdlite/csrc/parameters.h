@@ -23,10 +23,13 @@ struct TwoLevelSettings {
   int32_t algorithm = 0;
 };
 
+// Every cycle (CacheCycle) carries two bits per response-cache entry: 16 KiB at this size.
+constexpr int64_t kMaxCacheCapacity = 65536;
+
 struct Parameters {
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;  // Horovod's default
   double cycle_time_ms = 1.0;        // longest sleep between checks while work is outstanding
-  int64_t cache_capacity = 1024;     // 0 disables the response cache
+  int64_t cache_capacity = 1024;     // 0 disables the response cache (and the cycles)
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   double stall_check_seconds = 60.0;  // 0 disables the stall inspector

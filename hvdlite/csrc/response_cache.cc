@@ -1,5 +1,7 @@
 #include "response_cache.h"
 
+#include <algorithm>
+
 namespace hvdlite {
 
 bool ResponseCache::Cacheable(const Request& r) {
@@ -23,8 +25,28 @@ int32_t ResponseCache::AssignId(const std::string& name) {
   if (!Enabled()) return -1;
   auto it = by_name_.find(name);
   if (it != by_name_.end()) return it->second;
+  if (!free_ids_.empty()) {
+    const int32_t id = free_ids_.back();
+    free_ids_.pop_back();
+    return id;
+  }
   if (static_cast<int64_t>(next_id_) >= capacity_) return -1;
   return next_id_++;
+}
+
+void ResponseCache::Erase(int32_t id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  auto named = by_name_.find(it->second.name);
+  if (named != by_name_.end() && named->second == id) by_name_.erase(named);
+  entries_.erase(it);
+  free_ids_.push_back(id);
+}
+
+void ResponseCache::Clear() {
+  for (const auto& [id, sig] : entries_) free_ids_.push_back(id);
+  entries_.clear();
+  by_name_.clear();
 }
 
 void ResponseCache::Put(int32_t id, const Request& sig) {
@@ -33,6 +55,7 @@ void ResponseCache::Put(int32_t id, const Request& sig) {
   entries_[id] = sig;
   by_name_[sig.name] = id;
   if (id >= next_id_) next_id_ = id + 1;
+  free_ids_.erase(std::remove(free_ids_.begin(), free_ids_.end(), id), free_ids_.end());
 }
 
 }  // namespace hvdlite

@@ -1,9 +1,10 @@
 // The response cache: once a tensor name has been negotiated, every rank remembers its
 // signature under an id the coordinator assigned. When the same name comes back with
-// the same signature, a rank sends only the id, the coordinator skips validation, and
-// it answers with ids instead of full responses. Ids are never reused, so a rank's
-// cache and the coordinator's cannot disagree about what an id means; when the
-// capacity is reached, further new names simply take the full path.
+// the same signature, the rank does not ask rank 0 again: it sets the id's bit in the
+// next cycle (CacheCycle), and the tensor runs once every rank has set it. Entries are
+// added only when a response list runs and evicted only after a cycle, the same on
+// every rank, so the ranks' caches agree on what each id means; an evicted id may be
+// given out again. When the capacity is reached, further new names take the full path.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +35,15 @@ class ResponseCache {
     return it == by_name_.end() ? -1 : it->second;
   }
   bool Has(int32_t id) const { return entries_.count(id) != 0; }
+  bool Empty() const { return entries_.empty(); }
+  // Every rank, after a cycle that asked for it.
+  void Erase(int32_t id);
+  void Clear();
 
  private:
   int64_t capacity_;
   int32_t next_id_ = 0;
+  std::vector<int32_t> free_ids_;  // evicted, to be given out again (coordinator)
   std::unordered_map<std::string, int32_t> by_name_;
   std::unordered_map<int32_t, Request> entries_;
 };

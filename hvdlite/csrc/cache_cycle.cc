@@ -1,0 +1,147 @@
+#include "cache_cycle.h"
+
+#include <algorithm>
+
+namespace hvdlite {
+namespace {
+
+constexpr int kHeaderWords = 2;
+constexpr uint64_t kEvictAllFlag = 1;
+// Cycles that find nothing ready on every rank are started again at once this many
+// times in a row; after that with a pause that doubles from kFirstPauseUs up to the cap.
+// Ranks whose ready tensors differ for long are stalled, and they should not spin.
+constexpr int kFreeRetries = 64;
+constexpr int64_t kFirstPauseUs = 10;
+
+bool SameFusionKey(const Request& a, const Request& b) {
+  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
+         a.postscale == b.postscale && KindOfDevice(a.device) == KindOfDevice(b.device);
+}
+
+}  // namespace
+
+CacheCycle::CacheCycle(MPI_Comm comm, int64_t capacity, const FusionLimits (&fusion)[kNumDeviceKinds],
+                       int64_t backoff_cap_us)
+    : words_(static_cast<int>((std::max<int64_t>(capacity, 1) + 63) / 64)),
+      backoff_cap_us_(std::max<int64_t>(backoff_cap_us, kFirstPauseUs)),
+      bits_(comm, kHeaderWords + 2 * words_),
+      mine_(kHeaderWords + 2 * words_) {
+  for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
+}
+
+void CacheCycle::AddReady(int32_t id, Request request, int64_t now_us) {
+  ready_[id] = Ready{std::move(request), now_us};
+  changed_ = true;
+}
+
+bool CacheCycle::MaybeStart(int64_t lists_sent, bool must, bool cache_empty, int64_t now_us) {
+  if (bits_.Active()) return false;
+  const bool announce = !evict_.empty() || (evict_all_ && !cache_empty);
+  if (!must && !announce) {
+    if (ready_.empty()) return false;
+    if (!changed_ && fruitless_ > kFreeRetries) {
+      const int doublings = std::min(fruitless_ - kFreeRetries, 30);
+      const int64_t pause = std::min(backoff_cap_us_, kFirstPauseUs << doublings);
+      if (now_us - last_done_us_ < pause) return false;
+    }
+  }
+  std::fill(mine_.begin(), mine_.end(), 0);
+  mine_[0] = lists_sent >= 0 ? static_cast<uint64_t>(lists_sent) : ~uint64_t{0};
+  mine_[1] = ~(evict_all_ ? kEvictAllFlag : uint64_t{0});
+  uint64_t* ready_bits = &mine_[kHeaderWords];
+  uint64_t* evict_bits = &mine_[kHeaderWords + words_];
+  for (const auto& [id, r] : ready_) ready_bits[id / 64] |= uint64_t{1} << (id % 64);
+  std::fill(evict_bits, evict_bits + words_, ~uint64_t{0});
+  for (int32_t id : evict_) evict_bits[id / 64] &= ~(uint64_t{1} << (id % 64));
+  announced_.swap(evict_);
+  evict_.clear();
+  changed_ = false;
+  ++started_;
+  bits_.Start(mine_.data());
+  return true;
+}
+
+bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) {
+  if (!bits_.Active() || !bits_.Progress()) return false;
+  const std::vector<uint64_t>& v = bits_.Result();
+  *out = Outcome{};
+  out->cycle = ++completed_;
+  out->lists_before = static_cast<int64_t>(v[0]);
+  out->evict_all = (~v[1] & kEvictAllFlag) != 0;
+  const uint64_t* ready_bits = &v[kHeaderWords];
+  const uint64_t* evict_bits = &v[kHeaderWords + words_];
+  for (int w = 0; w < words_; ++w) {
+    uint64_t e = ~evict_bits[w];
+    while (e) {
+      const int b = __builtin_ctzll(e);
+      out->evicted.push_back(w * 64 + b);
+      e &= e - 1;
+    }
+  }
+  announced_.clear();
+  const bool waited = !ready_.empty();
+  std::vector<int32_t> ids;
+  for (auto it = ready_.begin(); it != ready_.end();) {
+    const int32_t id = it->first;
+    const bool evicted =
+        out->evict_all || std::binary_search(out->evicted.begin(), out->evicted.end(), id);
+    if (evicted) {
+      out->moved.push_back(std::move(it->second.request));
+      it = ready_.erase(it);
+    } else if (ready_bits[id / 64] >> (id % 64) & 1) {
+      ids.push_back(id);
+      out->since_us[id] = it->second.since_us;
+      it = ready_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  out->collectives = Fuse(ids, cache);
+  if (!ids.empty() || !out->moved.empty() || !waited) fruitless_ = 0;
+  else ++fruitless_;
+  last_done_us_ = now_us;
+  return true;
+}
+
+// The ready entries as collectives, the same on every rank: in id order, allreduces
+// that are reduced and scaled alike fused up to the device's limit, everything else
+// alone. (Ids are given out in the order tensors were first negotiated, which for
+// gradients is the order the backward pass produces them.)
+std::vector<std::vector<int32_t>> CacheCycle::Fuse(const std::vector<int32_t>& ids,
+                                                   const ResponseCache& cache) const {
+  std::vector<std::vector<int32_t>> out;
+  struct Open {
+    size_t index;
+    int64_t bytes;
+  };
+  std::vector<Open> open;
+  for (int32_t id : ids) {
+    const Request& q = cache.Get(id);
+    if (q.type != RequestType::kAllreduce) {
+      out.push_back({id});
+      continue;
+    }
+    const int64_t bytes = NumElements(q.shape) * DataTypeSize(q.dtype);
+    const int64_t limit = fusion_[static_cast<int>(KindOfDevice(q.device))].allreduce_bytes;
+    auto slot = std::find_if(open.begin(), open.end(),
+                             [&](const Open& o) { return SameFusionKey(cache.Get(out[o.index].front()), q); });
+    if (slot != open.end() && slot->bytes + bytes <= limit) {
+      out[slot->index].push_back(id);
+      slot->bytes += bytes;
+      continue;
+    }
+    if (slot != open.end()) open.erase(slot);
+    open.push_back(Open{out.size(), bytes});
+    out.push_back({id});
+  }
+  return out;
+}
+
+std::vector<std::pair<int32_t, int64_t>> CacheCycle::WaitingSince(int64_t before_us) const {
+  std::vector<std::pair<int32_t, int64_t>> out;
+  for (const auto& [id, r] : ready_)
+    if (r.since_us < before_us) out.emplace_back(id, r.since_us);
+  return out;
+}
+
+}  // namespace hvdlite
