@@ -551,6 +551,7 @@ PYBIND11_MODULE(_core, m) {
     d["requests_in_full"] = s.requests_in_full;
     d["requests_as_ids"] = s.requests_as_ids;
     d["cycles"] = s.cycles;
+    d["carried"] = s.carried;
     d["control_bytes_sent"] = s.control_bytes_sent;
     d["control_bytes_received"] = s.control_bytes_received;
     d["waits_driven"] = s.waits_driven;

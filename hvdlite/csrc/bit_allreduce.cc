@@ -1,5 +1,9 @@
 #include "bit_allreduce.h"
 
+#include <cstring>
+
+#include "backends/mpi/reduce_ops.h"
+
 namespace hvdlite {
 namespace {
 
@@ -9,7 +13,11 @@ constexpr int kTagExchange = 8;  // + the exchange's index
 
 }  // namespace
 
-BitAllreduce::BitAllreduce(MPI_Comm base, int words) : words_(words), acc_(words), incoming_(words) {
+BitAllreduce::BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes)
+    : words_(words),
+      max_words_(words + 1 + static_cast<int>((max_payload_bytes + 7) / 8)),
+      acc_(max_words_),
+      incoming_(max_words_) {
   MPI_Comm_dup(base, &comm_);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
@@ -37,8 +45,18 @@ BitAllreduce::~BitAllreduce() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void BitAllreduce::Start(const uint64_t* mine) {
-  acc_.assign(mine, mine + words_);
+void BitAllreduce::Start(const uint64_t* mine, uint64_t key, const void* payload, int64_t count, DataType dtype) {
+  std::memcpy(acc_.data(), mine, static_cast<size_t>(words_) * 8);
+  const int64_t bytes = key ? count * DataTypeSize(dtype) : 0;
+  if (words_ + 1 + (bytes + 7) / 8 > max_words_) key = 0;  // too large to carry
+  acc_[words_] = key;
+  acc_words_ = words_ + 1;
+  if (key) {
+    std::memcpy(acc_.data() + acc_words_, payload, static_cast<size_t>(bytes));
+    acc_words_ += static_cast<int>((bytes + 7) / 8);
+  }
+  count_ = count;
+  dtype_ = dtype;
   step_ = 0;
   step_started_ = false;
   active_ = true;
@@ -51,26 +69,45 @@ bool BitAllreduce::Progress() {
     const Step& s = plan_[step_];
     if (!step_started_) {
       if (s.send_to >= 0) {
-        sends_.push_back(PendingSend{MPI_REQUEST_NULL, acc_});
+        sends_.push_back(PendingSend{MPI_REQUEST_NULL, std::vector<uint64_t>(acc_.begin(), acc_.begin() + acc_words_)});
         PendingSend& p = sends_.back();
-        MPI_Isend(p.data.data(), words_, MPI_UINT64_T, s.send_to, s.send_tag, comm_, &p.request);
+        MPI_Isend(p.data.data(), acc_words_, MPI_UINT64_T, s.send_to, s.send_tag, comm_, &p.request);
       }
-      if (s.recv_from >= 0) MPI_Irecv(incoming_.data(), words_, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_);
+      if (s.recv_from >= 0)
+        MPI_Irecv(incoming_.data(), max_words_, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_);
       step_started_ = true;
     }
     if (s.recv_from >= 0) {
       int done = 0;
-      MPI_Test(&recv_, &done, MPI_STATUS_IGNORE);
+      MPI_Status status;
+      MPI_Test(&recv_, &done, &status);
       if (!done) return false;
-      if (s.replace) acc_.swap(incoming_);
-      else
-        for (int i = 0; i < words_; ++i) acc_[i] &= incoming_[i];
+      int in_words = 0;
+      MPI_Get_count(&status, MPI_UINT64_T, &in_words);
+      Combine(in_words, s.replace);
     }
     ++step_;
     step_started_ = false;
   }
   active_ = false;
   return true;
+}
+
+void BitAllreduce::Combine(int in_words, bool replace) {
+  if (replace) {
+    acc_.swap(incoming_);
+    acc_words_ = in_words;
+    return;
+  }
+  for (int i = 0; i < words_; ++i) acc_[i] &= incoming_[i];
+  const uint64_t key = acc_[words_];
+  if (key != 0 && incoming_[words_] == key && in_words == acc_words_) {
+    void* mine = acc_.data() + words_ + 1;
+    ReduceScaled(mine, mine, incoming_.data() + words_ + 1, count_, dtype_, ReduceOp::kSum, 1.0);
+  } else {
+    acc_[words_] = 0;
+    acc_words_ = words_ + 1;
+  }
 }
 
 void BitAllreduce::Cancel() {

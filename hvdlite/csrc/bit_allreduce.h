@@ -9,6 +9,12 @@
 // meanwhile. Unlike MPI_Iallreduce, a round that a peer never joins can be cancelled
 // at shutdown (its receive is cancelled; the eager sends need nothing). With two ranks
 // it is one exchange: half the latency of a round trip to a coordinator.
+//
+// A round may also carry one small tensor, summed along the way (a *payload*): each
+// rank says which with a key (0: none). Where two partial results carry different keys
+// the sum is dropped and the key becomes 0, which then spreads to every rank, so every
+// rank ends with the same key: the tensor's sum over all ranks, or 0 and nothing. Sums
+// are taken pairwise in the same tree on every rank, so the bits agree everywhere.
 #pragma once
 
 #include <mpi.h>
@@ -17,23 +23,32 @@
 #include <list>
 #include <vector>
 
+#include "common.h"
+
 namespace hvdlite {
 
 class BitAllreduce {
  public:
-  // Collective over `base`, which it duplicates.
-  BitAllreduce(MPI_Comm base, int words);
+  // Collective over `base`, which it duplicates. `max_payload_bytes`: the largest
+  // payload a round may carry.
+  BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes = 0);
   ~BitAllreduce();
   BitAllreduce(const BitAllreduce&) = delete;
   BitAllreduce& operator=(const BitAllreduce&) = delete;
 
   int words() const { return words_; }
   bool Active() const { return active_; }
-  // Starts combining `mine` (words() words) with every other rank's.
-  void Start(const uint64_t* mine);
+  // Starts combining `mine` (words() words) with every other rank's; with `key` != 0,
+  // also summing `count` elements of `dtype` (at most max_payload_bytes) at `payload`.
+  void Start(const uint64_t* mine, uint64_t key = 0, const void* payload = nullptr, int64_t count = 0,
+             DataType dtype = DataType::kFloat32);
   // Moves the round on without blocking; true once the result is in (then not Active).
   bool Progress();
-  const std::vector<uint64_t>& Result() const { return acc_; }
+  const uint64_t* Result() const { return acc_.data(); }  // words() words
+  // After a round: the payload's key (the same on every rank; 0 if the ranks' keys
+  // differed) and, if not 0, the sum.
+  uint64_t ResultKey() const { return acc_[words_]; }
+  const void* ResultPayload() const { return acc_.data() + words_ + 1; }
   // Abandons a round in progress (shutdown). Afterwards the object only reaps sends.
   void Cancel();
 
@@ -47,8 +62,15 @@ class BitAllreduce {
   };
   void ReapSends();
 
+  // Combines a received partial result (`in_words` words) into acc_.
+  void Combine(int in_words, bool replace);
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int words_;
+  int max_words_;  // words + key + the largest payload
+  int acc_words_ = 0;  // what acc_ holds now (and what a send carries)
+  int64_t count_ = 0;
+  DataType dtype_ = DataType::kFloat32;
   std::vector<Step> plan_;
   size_t step_ = 0;
   bool step_started_ = false;

@@ -1,6 +1,9 @@
 #include "cache_cycle.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "backends/mpi/reduce_ops.h"
 
 namespace hvdlite {
 namespace {
@@ -24,13 +27,20 @@ CacheCycle::CacheCycle(MPI_Comm comm, int64_t capacity, const FusionLimits (&fus
                        int64_t backoff_cap_us)
     : words_(static_cast<int>((std::max<int64_t>(capacity, 1) + 63) / 64)),
       backoff_cap_us_(std::max<int64_t>(backoff_cap_us, kFirstPauseUs)),
-      bits_(comm, kHeaderWords + 2 * words_),
+      bits_(comm, kHeaderWords + 2 * words_, kMaxCarriedBytes),
       mine_(kHeaderWords + 2 * words_) {
   for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
 }
 
-void CacheCycle::AddReady(int32_t id, Request request, int64_t now_us) {
-  ready_[id] = Ready{std::move(request), now_us};
+bool CacheCycle::CanCarry(const Request& r) {
+  const int64_t bytes = NumElements(r.shape) * DataTypeSize(r.dtype);
+  return r.type == RequestType::kAllreduce && KindOfDevice(r.device) == DeviceKind::kHost &&
+         (r.reduce_op == ReduceOp::kSum || r.reduce_op == ReduceOp::kAverage) && bytes > 0 &&
+         bytes <= kMaxCarriedBytes;
+}
+
+void CacheCycle::AddReady(int32_t id, Request request, int64_t now_us, const void* input) {
+  ready_[id] = Ready{std::move(request), now_us, input};
   changed_ = true;
 }
 
@@ -53,17 +63,34 @@ bool CacheCycle::MaybeStart(int64_t lists_sent, bool must, bool cache_empty, int
   for (const auto& [id, r] : ready_) ready_bits[id / 64] |= uint64_t{1} << (id % 64);
   std::fill(evict_bits, evict_bits + words_, ~uint64_t{0});
   for (int32_t id : evict_) evict_bits[id / 64] &= ~(uint64_t{1} << (id % 64));
+  // The first ready tensor a cycle can carry goes along; if every rank picks the same
+  // one, it is reduced by the time the cycle completes.
+  uint64_t key = 0;
+  int64_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  if (!evict_all_) {
+    for (const auto& [id, r] : ready_) {
+      if (!r.input || evict_.count(id)) continue;
+      count = NumElements(r.request.shape);
+      dtype = r.request.dtype;
+      carried_.resize(static_cast<size_t>(count * DataTypeSize(dtype)));
+      if (r.request.prescale != 1.0) ScaleCopy(carried_.data(), r.input, count, dtype, r.request.prescale);
+      else std::memcpy(carried_.data(), r.input, carried_.size());
+      key = static_cast<uint64_t>(id) + 1;
+      break;
+    }
+  }
   announced_.swap(evict_);
   evict_.clear();
   changed_ = false;
   ++started_;
-  bits_.Start(mine_.data());
+  bits_.Start(mine_.data(), key, carried_.data(), count, dtype);
   return true;
 }
 
 bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) {
   if (!bits_.Active() || !bits_.Progress()) return false;
-  const std::vector<uint64_t>& v = bits_.Result();
+  const uint64_t* v = bits_.Result();
   *out = Outcome{};
   out->cycle = ++completed_;
   out->lists_before = static_cast<int64_t>(v[0]);
@@ -94,6 +121,16 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
       it = ready_.erase(it);
     } else {
       ++it;
+    }
+  }
+  // Every rank sent the same tensor along (and nobody evicts it): it is reduced.
+  const uint64_t key = bits_.ResultKey();
+  if (key != 0) {
+    auto it = std::find(ids.begin(), ids.end(), static_cast<int32_t>(key - 1));
+    if (it != ids.end()) {
+      out->reduced_id = *it;
+      out->reduced = bits_.ResultPayload();
+      ids.erase(it);
     }
   }
   out->collectives = Fuse(ids, cache);

@@ -43,15 +43,28 @@ class CacheCycle {
     std::vector<int32_t> evicted;  // entries every rank evicts now (with evict_all: all)
     std::vector<Request> moved;    // this rank's ready requests for evicted entries
     std::unordered_map<int32_t, int64_t> since_us;  // when each tensor run became ready here
+    // A tensor reduced inside the cycle itself (see CanCarry): its id (-1: none) and
+    // its sum over all ranks before postscale, valid until the next cycle starts.
+    int32_t reduced_id = -1;
+    const void* reduced = nullptr;
   };
+
+  // The largest tensor a cycle carries. A tensor that every rank sends along in the
+  // same cycle is reduced there and needs no collective of its own: a lone small
+  // allreduce costs one exchange between ranks instead of two.
+  static constexpr int64_t kMaxCarriedBytes = 16 * 1024;
+  // Whether a cycle can carry this request's tensor: a Sum or Average allreduce of at
+  // most kMaxCarriedBytes in host memory.
+  static bool CanCarry(const Request& r);
 
   // Collective over `comm` (duplicated). `capacity`: the response cache's; `fusion`:
   // what may be fused per kind of device; `backoff_cap_us`: the longest pause between
   // cycles that keep finding nothing ready on every rank.
   CacheCycle(MPI_Comm comm, int64_t capacity, const FusionLimits (&fusion)[kNumDeviceKinds], int64_t backoff_cap_us);
 
-  // A request of this rank that matched cache entry `id`.
-  void AddReady(int32_t id, Request request, int64_t now_us);
+  // A request of this rank that matched cache entry `id`. `input`: its data, if a cycle
+  // may carry it (CanCarry), else null.
+  void AddReady(int32_t id, Request request, int64_t now_us, const void* input = nullptr);
   // This rank has a request under the name of entry `id` that no longer matches it.
   void Evict(int32_t id) { evict_.insert(id); }
   // While on (this rank's join is outstanding), every cycle it starts asks every rank to
@@ -77,6 +90,7 @@ class CacheCycle {
   struct Ready {
     Request request;
     int64_t since_us;
+    const void* input;
   };
   std::vector<std::vector<int32_t>> Fuse(const std::vector<int32_t>& ids, const ResponseCache& cache) const;
 
@@ -85,6 +99,7 @@ class CacheCycle {
   int64_t backoff_cap_us_;
   BitAllreduce bits_;
   std::vector<uint64_t> mine_;
+  std::vector<uint8_t> carried_;  // the tensor this rank sends along, prescaled
   std::map<int32_t, Ready> ready_;  // by cache id
   std::set<int32_t> evict_;         // to announce
   std::set<int32_t> announced_;     // announced in the cycle in flight

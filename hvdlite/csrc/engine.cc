@@ -218,6 +218,7 @@ Engine::Stats Engine::GetStats() const {
   s.requests_in_full = requests_in_full_;
   s.requests_as_ids = requests_as_ids_;
   s.cycles = cycle_->completed();
+  s.carried = carried_;
   s.control_bytes_sent = channel_->bytes_sent();
   s.control_bytes_received = channel_->bytes_received();
   s.waits_driven = waits_driven_;
@@ -279,7 +280,8 @@ void Engine::Route(Request r, int64_t now, RequestList* to_coordinator) {
   const int32_t id = join_outstanding_ ? -1 : cache_.Lookup(r);
   if (id >= 0) {
     ++requests_as_ids_;
-    cycle_->AddReady(id, std::move(r), now);
+    const void* input = CacheCycle::CanCarry(r) ? queue_.InputOf(r.name) : nullptr;
+    cycle_->AddReady(id, std::move(r), now, input);
     return;
   }
   // The name is cached with another signature (or this rank refuses it): every rank's
@@ -465,20 +467,24 @@ void Engine::RunCycle(CacheCycle::Outcome& out) {
     else full.requests.push_back(std::move(r));
   }
   if (!full.requests.empty()) channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(full)));
+  // Rank 0 accounts for (and traces the negotiation of) what the cycle agreed on.
+  auto agreed = [&](int32_t id) {
+    if (rank() != 0) return;
+    coordinator_->CachedRan(id, out.cycle);
+    if (!timeline_.Active()) return;
+    auto since = out.since_us.find(id);
+    const Request& q = cache_.Get(id);
+    std::string phase = std::string("NEGOTIATE_") + RequestTypeName(q.type);
+    for (auto& c : phase) c = static_cast<char>(std::toupper(c));
+    timeline_.Phase(q.name, phase.c_str(), since == out.since_us.end() ? now : since->second, now,
+                    "{\"cycle\": " + std::to_string(out.cycle) + "}");
+  };
+  if (out.reduced_id >= 0) {
+    agreed(out.reduced_id);
+    CompleteCarried(out.reduced_id, out.reduced, now);
+  }
   for (const std::vector<int32_t>& ids : out.collectives) {
-    if (rank() == 0) {
-      for (int32_t id : ids) {
-        coordinator_->CachedRan(id, out.cycle);
-        if (timeline_.Active()) {
-          auto since = out.since_us.find(id);
-          const Request& q = cache_.Get(id);
-          std::string phase = std::string("NEGOTIATE_") + RequestTypeName(q.type);
-          for (auto& c : phase) c = static_cast<char>(std::toupper(c));
-          timeline_.Phase(q.name, phase.c_str(), since == out.since_us.end() ? now : since->second, now,
-                          "{\"cycle\": " + std::to_string(out.cycle) + "}");
-        }
-      }
-    }
+    for (int32_t id : ids) agreed(id);
     Perform(FromCache(ids));
   }
   cycles_run_ = out.cycle;
@@ -491,6 +497,24 @@ void Engine::RunCycle(CacheCycle::Outcome& out) {
   } else {
     RunReceivedLists();
   }
+}
+
+// A tensor the cycle carried and reduced (CacheCycle::CanCarry): its sum over all ranks
+// is in `sum`; what is left is Average's and postscale's factor.
+void Engine::CompleteCarried(int32_t id, const void* sum, int64_t now) {
+  const Request& q = cache_.Get(id);
+  TensorEntry e;
+  if (!queue_.Pop(q.name, &e)) return;
+  const int64_t count = NumElements(q.shape);
+  const double post = q.postscale * (q.reduce_op == ReduceOp::kAverage ? 1.0 / size() : 1.0);
+  if (post != 1.0) ScaleCopy(e.output, sum, count, q.dtype, post);
+  else std::memcpy(e.output, sum, static_cast<size_t>(count * DataTypeSize(q.dtype)));
+  if (timeline_.Active()) {
+    timeline_.Phase(q.name, "QUEUE", e.enqueue_us, now);
+    timeline_.Phase(q.name, "CYCLE_ALLREDUCE", now, NowMicros());
+  }
+  ++carried_;
+  handles_->Complete(e.handle, true, "");
 }
 
 // Stall reports: this rank's cached tensors that have waited in cycles past the stall

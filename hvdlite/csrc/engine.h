@@ -74,6 +74,7 @@ class Engine {
     int64_t requests_in_full = 0;     // this rank's requests negotiated through rank 0
     int64_t requests_as_ids = 0;      // ... agreed on in cycles, as response-cache ids
     int64_t cycles = 0;               // cycles completed
+    int64_t carried = 0;              // tensors reduced inside a cycle (CacheCycle::CanCarry)
     int64_t control_bytes_sent = 0;   // bytes this rank sent on the control plane
     int64_t control_bytes_received = 0;
     int64_t waits_driven = 0;         // blocking waits in which the caller ran the engine itself
@@ -102,6 +103,7 @@ class Engine {
   // A new request of this rank: into the next cycle if its signature is cached, else
   // to rank 0 (appended to `to_coordinator` on the other ranks).
   void Route(Request r, int64_t now, RequestList* to_coordinator);
+  void CompleteCarried(int32_t id, const void* sum, int64_t now);
   // Starts and moves on the cycles; runs what a completed one agreed on.
   bool CycleStep(int64_t now);
   void RunCycle(CacheCycle::Outcome& out);
@@ -140,6 +142,7 @@ class Engine {
   std::list<ResponseList> deferred_;  // rank 0: lists to run after the cycle in flight
   std::list<ResponseList> received_;  // workers: lists received, not yet run
   int64_t lists_run_ = 0;             // workers: lists run so far
+  int64_t carried_ = 0;               // Stats::carried
   int64_t cycles_run_ = 0;            // cycles whose tensors this rank has run
   bool join_outstanding_ = false;     // this rank's join has not completed
 

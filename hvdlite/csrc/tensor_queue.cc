@@ -28,6 +28,12 @@ std::vector<Request> TensorQueue::TakeNew() {
   return out;
 }
 
+const void* TensorQueue::InputOf(const std::string& name) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = table_.find(name);
+  return it == table_.end() ? nullptr : it->second.input;
+}
+
 bool TensorQueue::Pop(const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = table_.find(name);

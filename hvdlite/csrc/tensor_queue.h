@@ -36,6 +36,8 @@ class TensorQueue {
   std::vector<Request> TakeNew();
   // Removes and returns the entry for `name` (false if this rank has none).
   bool Pop(const std::string& name, TensorEntry* out);
+  // The input of this rank's entry for `name`, or null.
+  const void* InputOf(const std::string& name);
   std::vector<TensorEntry> TakeAll();
   bool HasOutstanding();
 
