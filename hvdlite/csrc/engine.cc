@@ -102,7 +102,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
   InitReduceOps();
   registry_ = std::make_unique<BackendRegistry>(params_);
   mpi_ = static_cast<MpiBackend*>(registry_->Add(std::make_unique<MpiBackend>(*topology_, params_)));
-  registry_->Add(std::make_unique<NcclBackend>(channel_.get(), &gpus_, params_, rank, size));
+  registry_->Add(std::make_unique<NcclBackend>(channel_.get(), &gpus_, *topology_, params_));
   registry_->Add(std::make_unique<HostStagedBackend>(mpi_, &gpus_));
   const FusionLimits fusion[kNumDeviceKinds] = {registry_->Fusion(DeviceKind::kHost),
                                                 registry_->Fusion(DeviceKind::kCuda)};

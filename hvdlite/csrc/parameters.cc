@@ -89,6 +89,15 @@ void ReadSchedule(int32_t* out) {
   else Ignored("HIERARCHICAL_ALGORITHM", v, "torus or leader");
 }
 
+// HVDLITE_HIERARCHICAL_CROSS: mpi (0) or nccl (1).
+void ReadCross(int32_t* out) {
+  const char* v = GetEnv("HIERARCHICAL_CROSS");
+  if (!v || !*v) return;
+  if (strcasecmp(v, "mpi") == 0) *out = 0;
+  else if (strcasecmp(v, "nccl") == 0) *out = 1;
+  else Ignored("HIERARCHICAL_CROSS", v, "mpi or nccl");
+}
+
 }  // namespace
 
 Parameters Parameters::FromEnvironment() {
@@ -109,6 +118,7 @@ Parameters Parameters::FromEnvironment() {
   ReadInt("HIERARCHICAL_CHUNK_BYTES", &p.hierarchical_chunk_bytes);
   if (const char* v = GetEnv("HIERARCHICAL_ALLGATHER"); v && *v) p.two_level.allgather = Truthy(v) ? 1 : 0;
   ReadSchedule(&p.two_level.algorithm);
+  ReadCross(&p.two_level.gpu_cross_nccl);
   ReadLogLevel(&p.log_level);
   if (const char* v = GetEnv("MALLOC_TUNING")) p.malloc_tuning = Truthy(v);
   if (const char* v = GetEnv("HUGE_PAGES")) p.huge_pages = Truthy(v);

@@ -14,13 +14,20 @@ struct TwoLevelSettings {
   // Host-memory allreduces / allgathers across hosts: 1 always two-level
   // (HierarchicalAllreduce / HierarchicalAllgather) where every host runs the same number
   // of ranks, 0 never, -1 (unset) chosen per message by MpiBackend.
-  // HOROVOD_HIERARCHICAL_ALLREDUCE, HOROVOD_HIERARCHICAL_ALLGATHER.
+  // HOROVOD_HIERARCHICAL_ALLREDUCE, HOROVOD_HIERARCHICAL_ALLGATHER. GPU allreduces on NCCL
+  // are two-level only with allreduce == 1 (NcclBackend::TwoLevel).
   int32_t allreduce = -1;
   int32_t allgather = -1;
   // The two-level allreduce's schedule: 0 torus (reduce-scatter inside the host, allreduce
   // across, allgather inside), 1 leader (reduce to local rank 0, allreduce among the
   // leaders, broadcast inside). HVDLITE_HIERARCHICAL_ALGORITHM=torus|leader.
   int32_t algorithm = 0;
+  // GPU allreduces forced two-level (allreduce == 1) on the NCCL backend: how the shards
+  // cross the hosts. 0: copied to host memory and allreduced with MPI on the cross
+  // communicator (Horovod's NCCL+MPI mode, the default); 1: ncclAllReduce on a cross NCCL
+  // communicator. HVDLITE_HIERARCHICAL_CROSS=mpi|nccl. With allreduce unset (-1), GPU
+  // allreduces stay flat: NCCL's own algorithms already follow the hosts.
+  int32_t gpu_cross_nccl = 0;
 };
 
 // Every cycle (CacheCycle) carries two bits per response-cache entry: 16 KiB at this size.

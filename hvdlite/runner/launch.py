@@ -509,7 +509,9 @@ def make_parser() -> argparse.ArgumentParser:
     hr.add_argument("--hierarchical-allreduce", action="store_true",
                     help="allreduce host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLREDUCE=1; by default "
-                         "allreduces of 64 KiB and more across hosts are two-level)")
+                         "allreduces of 64 KiB and more across hosts are two-level), and GPU "
+                         "allreduces too: NCCL inside each host, MPI or NCCL across "
+                         "(HVDLITE_HIERARCHICAL_CROSS; GPU allreduces are flat by default)")
     hr.add_argument("--hierarchical-allgather", action="store_true",
                     help="allgather host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLGATHER=1; by default "

@@ -133,13 +133,15 @@ def test_bad_environment_values_are_reported_and_log_level_applies() -> None:
     is not read as 64 bytes); HVDLITE_LOG_LEVEL=debug shows the engine's decisions."""
     proc = run_ranks(2, "core_checks.py", "check_fusion",
                      env={"HVDLITE_FUSION_THRESHOLD": "64MB", "HOROVOD_CYCLE_TIME": "fast",
-                          "HVDLITE_HIERARCHICAL_ALGORITHM": "ring", "HVDLITE_LOG_LEVEL": "debug"})
+                          "HVDLITE_HIERARCHICAL_ALGORITHM": "ring", "HVDLITE_HIERARCHICAL_CROSS": "ib",
+                          "HVDLITE_LOG_LEVEL": "debug"})
     assert_all_ranks_passed(proc, 2)
     err = proc.stderr
     assert err.count("ignoring HVDLITE_FUSION_THRESHOLD='64MB': expected an integer") == 2, err[-3000:]
     assert err.count("ignoring HOROVOD_CYCLE_TIME='fast': expected a number") == 2, err[-3000:]
     assert err.count("ignoring HVDLITE_HIERARCHICAL_ALGORITHM='ring': expected torus or leader") == 2, \
         err[-3000:]
+    assert err.count("ignoring HVDLITE_HIERARCHICAL_CROSS='ib': expected mpi or nccl") == 2, err[-3000:]
     for r in range(2):
         assert f"[hvdlite INFO rank {r}] engine started: rank {r} of 2" in err, err[-3000:]
         assert "fusion threshold 134217728 B" in err

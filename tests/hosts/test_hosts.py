@@ -17,11 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.gpu.test_gpu import fake_cuda, gpu_env  # noqa: F401  (fake_cuda is a fixture)
 from tests.hosts.emulated import EmulatedHosts, unavailable
 from tests.launch import REPO, job_env, run_job
 
 HERE = Path(__file__).resolve().parent
 CHECKS = HERE / "hosts_checks.py"
+GPU_CHECKS = HERE / "gpu_hosts_checks.py"
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
@@ -175,6 +177,91 @@ def test_uneven_hosts_refuse_hierarchical_allreduce(hosts: EmulatedHosts) -> Non
     for what in ("ALLREDUCE", "ALLGATHER"):
         message = f"HOROVOD_HIERARCHICAL_{what}=1 is ignored: the hosts run different numbers of ranks"
         assert out.count(message) == 1, out
+
+
+def nccl_inits(log: Path) -> dict[str, list[int]]:
+    """The communicator sizes each process's ncclCommInitRank calls asked for, by pid."""
+    out: dict[str, list[int]] = {}
+    for line in log.read_text().splitlines():
+        if line.startswith("ncclCommInitRank "):
+            fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+            out.setdefault(fields["pid"], []).append(int(fields["nranks"]))
+    return out
+
+
+def nccl_calls(log: Path) -> set[str]:
+    return {line.split(" ", 1)[0] for line in log.read_text().splitlines()}
+
+
+@pytest.mark.parametrize("cross", ["mpi", "nccl"])
+def test_gpu_hierarchical_allreduce(hosts: EmulatedHosts, fake_cuda: Path, tmp_path: Path, cross: str) -> None:
+    """GPU tensors (fake CUDA and NCCL) with HOROVOD_HIERARCHICAL_ALLREDUCE=1 on 2 hosts x 2
+    ranks: ncclReduceScatter inside each host, the shard allreduced across the hosts by
+    MPI through host memory or by NCCL (HVDLITE_HIERARCHICAL_CROSS), ncclAllGather inside
+    the host. Every op, float32/float16/int32, scale factors, fused tensors, sizes 2 does
+    not divide, a few MiB and a joined rank match NumPy (gpu_hosts_checks.py); the timeline
+    names the levels; the fake's log shows the 2-rank communicators they ran on. Integer
+    Average, which two levels cannot give exactly, stays flat."""
+    timeline = tmp_path / "timeline.json"
+    env = {**gpu_env(fake_cuda, tmp_path), "HOROVOD_TIMELINE": str(timeline),
+           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HVDLITE_HIERARCHICAL_CROSS": cross}
+    out = run_on_hosts(hosts, [2, 2], ["-H", hosts.host_spec([2, 2, 0])], script=GPU_CHECKS, env=env)
+    assert out.count("GPU HOST CHECKS OK") == 4, out
+    seen = phases(timeline)
+    across = "MPI_ALLREDUCE" if cross == "mpi" else "NCCL_ALLREDUCE"
+    for name in ("sum.float32.7", "avg.float16.1000", "max.int32.65537", "min.float32.1000.inplace",
+                 "prod.float16.7", "scaled.avg.float16", "fused.3", "grouped.1", "big.even", "big.odd", "joined"):
+        got = seen[name]
+        for phase in ("NCCL_HIERARCHICAL_ALLREDUCE", "NCCL_REDUCESCATTER", across, "NCCL_ALLGATHER"):
+            assert phase in got, (name, phase, got)
+    for name in ("fused.3", "big.odd"):
+        assert "MEMCPY_IN_FUSION_BUFFER" in seen[name], (name, seen[name])
+    flat = seen["avg.int32.1000"]
+    assert "NCCL_ALLREDUCE" in flat and "NCCL_HIERARCHICAL_ALLREDUCE" not in flat, flat
+    log = tmp_path / "nccl.log"
+    inits = nccl_inits(log)
+    assert len(inits) == 4, inits
+    # The world's communicator, this host's, and with NCCL across, the cross one.
+    want = [4, 2] if cross == "mpi" else [4, 2, 2]
+    assert all(sorted(v, reverse=True) == want for v in inits.values()), inits
+    calls = nccl_calls(log)
+    assert {"ncclReduceScatter", "ncclAllGather", "ncclRedOpCreatePreMulSum"} <= calls, calls
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE=1 does not apply" not in out, out
+
+
+@pytest.mark.parametrize("cross, call", [("mpi", "ncclReduceScatter"), ("nccl", "ncclAllReduce")])
+def test_gpu_hierarchical_allreduce_async_error_fails_every_rank(hosts: EmulatedHosts, fake_cuda: Path,
+                                                                 tmp_path: Path, cross: str, call: str) -> None:
+    """An asynchronous NCCL error on the local communicator (its reduce-scatter) or on the
+    cross one (its allreduce) fails every rank with the reason, and init() again works.
+    The fake fails that call on communicator rank 1: world ranks 1 and 3 for the local
+    communicators, 2 and 3 for the cross ones."""
+    env = {**gpu_env(fake_cuda, tmp_path), "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+           "HVDLITE_HIERARCHICAL_CROSS": cross, "HVDLITE_FAKE_NCCL_ASYNC_FAIL": f"{call}:1:3",
+           "FAILING_RANK": "1,3" if call == "ncclReduceScatter" else "2,3"}
+    out = run_on_hosts(hosts, [2, 2], ["-H", hosts.host_spec([2, 2, 0])], "nccl_error",
+                       script=REPO / "tests" / "gpu" / "gpu_failure_job.py", env=env, timeout=180)
+    assert out.count("nccl_error OK") == 4, out
+
+
+def test_gpu_hierarchical_allreduce_on_uneven_hosts_stays_flat(hosts: EmulatedHosts, fake_cuda: Path,
+                                                               tmp_path: Path) -> None:
+    """3 ranks on one host and 1 on the other, two levels forced: GPU allreduces run flat
+    (one ncclAllReduce on the world's communicator), say why once, and are right."""
+    timeline = tmp_path / "timeline.json"
+    env = {**gpu_env(fake_cuda, tmp_path), "HOROVOD_TIMELINE": str(timeline),
+           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HVDLITE_HIERARCHICAL_CROSS": "nccl"}
+    out = run_on_hosts(hosts, [3, 1], ["-H", hosts.host_spec([3, 1, 0])], script=GPU_CHECKS, env=env)
+    assert out.count("GPU HOST CHECKS OK") == 4, out
+    message = ("HOROVOD_HIERARCHICAL_ALLREDUCE=1 does not apply to GPU allreduces: the hosts run different "
+               "numbers of ranks")
+    assert out.count(message) == 1, out
+    seen = phases(timeline)
+    for name in ("sum.float32.7", "fused.3", "big.odd", "joined"):
+        assert "NCCL_ALLREDUCE" in seen[name] and "NCCL_HIERARCHICAL_ALLREDUCE" not in seen[name], seen[name]
+    inits = nccl_inits(tmp_path / "nccl.log")
+    assert sorted(inits.values()) == [[4]] * 4, inits
+    assert "ncclReduceScatter" not in nccl_calls(tmp_path / "nccl.log")
 
 
 def test_uneven_hosts_from_a_hostfile(hosts: EmulatedHosts, tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
 #include "backends/nccl/nccl_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "backends/layout.h"
+#include "backends/mpi/mpi_collectives.h"
 #include "control_channel.h"
 #include "half.h"
 #include "logging.h"
@@ -30,25 +33,38 @@ bool IsFloat(DataType dt) {
   return dt == DataType::kFloat16 || dt == DataType::kBFloat16 || dt == DataType::kFloat32 || dt == DataType::kFloat64;
 }
 
-// Device work of one response: done when its event fires, failed if the communicator
-// reports an asynchronous error first. Records the collective's phase in the timeline
-// when it sees the work finish.
+// Device work of one response: done when its event fires, failed if one of the
+// communicators it ran on reports an asynchronous error first. Records the collective's
+// phase in the timeline when it sees the work finish, and the phases of its steps
+// (two-level allreduce): a step whose end the host did not see when it was queued ends
+// when this completion first sees its event fired, so its end is as exact as the polling.
 class NcclCompletion : public Completion {
  public:
-  NcclCompletion(std::shared_ptr<ReadyEvent> ready, const nccl::Library* lib, nccl::Comm comm,
-                 std::vector<std::string> names, const char* phase, int64_t start_us, const Tracer& trace)
-      : ready_(std::move(ready)), lib_(lib), comm_(comm), names_(std::move(names)), phase_(phase),
-        start_us_(start_us), trace_(trace) {}
+  struct Step {
+    const char* phase;
+    int64_t start_us = -1;  // -1: when the step before it ended
+    int64_t end_us = -1;    // -1: when `done` is first seen fired (or the whole work ends)
+    std::shared_ptr<ReadyEvent> done;
+  };
+  NcclCompletion(std::shared_ptr<ReadyEvent> ready, const nccl::Library* lib, std::vector<nccl::Comm> comms,
+                 std::vector<std::string> names, const char* phase, int64_t start_us, const Tracer& trace,
+                 std::vector<Step> steps = {})
+      : ready_(std::move(ready)), lib_(lib), comms_(std::move(comms)), names_(std::move(names)), phase_(phase),
+        start_us_(start_us), trace_(trace), steps_(std::move(steps)) {}
 
   bool Done() override {
     if (done_) return true;
-    nccl::Result async = nccl::kSuccess;
-    if (lib_->api().CommGetAsyncError(comm_, &async) != nccl::kSuccess || (async != nccl::kSuccess && async != nccl::kInProgress)) {
-      error_ = "NCCL reported an asynchronous error: " + lib_->ErrorString(async, comm_);
-      done_ = true;
-      return true;
+    for (nccl::Comm comm : comms_) {
+      nccl::Result async = nccl::kSuccess;
+      if (lib_->api().CommGetAsyncError(comm, &async) != nccl::kSuccess ||
+          (async != nccl::kSuccess && async != nccl::kInProgress)) {
+        error_ = "NCCL reported an asynchronous error: " + lib_->ErrorString(async, comm);
+        done_ = true;
+        return true;
+      }
     }
     try {
+      if (trace_.Active()) StampSteps();
       done_ = ready_->Query();
     } catch (const std::exception& ex) {
       error_ = ex.what();
@@ -56,7 +72,16 @@ class NcclCompletion : public Completion {
     }
     if (done_ && error_.empty() && trace_.Active()) {
       const int64_t now = NowMicros();
-      for (const std::string& n : names_) trace_.Phase(n, phase_, start_us_, now);
+      for (const std::string& n : names_) {
+        trace_.Phase(n, phase_, start_us_, now);
+        int64_t at = start_us_;
+        for (const Step& st : steps_) {
+          const int64_t begin = st.start_us >= 0 ? st.start_us : at;
+          const int64_t end = st.end_us >= 0 ? st.end_us : now;
+          trace_.Phase(n, st.phase, begin, end);
+          at = end;
+        }
+      }
     }
     return done_;
   }
@@ -64,13 +89,24 @@ class NcclCompletion : public Completion {
   std::shared_ptr<ReadyEvent> Ready() override { return ready_; }
 
  private:
+  // Steps end in order: stop at the first one still running.
+  void StampSteps() {
+    for (Step& st : steps_) {
+      if (st.end_us >= 0) continue;
+      if (!st.done || !st.done->Query()) return;
+      st.end_us = NowMicros();
+      st.done.reset();
+    }
+  }
+
   std::shared_ptr<ReadyEvent> ready_;
   const nccl::Library* lib_;
-  nccl::Comm comm_;
+  std::vector<nccl::Comm> comms_;
   std::vector<std::string> names_;
   const char* phase_;
   int64_t start_us_;
   Tracer trace_;
+  std::vector<Step> steps_;
   bool done_ = false;
   std::string error_;
 };
@@ -89,20 +125,59 @@ std::unique_ptr<OutputBuffer> DeviceOutput(GpuContext::Device& d, int64_t bytes,
 
 }  // namespace
 
-NcclBackend::NcclBackend(ControlChannel* channel, GpuContext* gpus, const Parameters& params, int rank, int size)
-    : channel_(channel), gpus_(gpus), params_(params), rank_(rank), size_(size) {}
+NcclBackend::NcclBackend(ControlChannel* channel, GpuContext* gpus, const Topology& topology,
+                         const Parameters& params)
+    : channel_(channel), gpus_(gpus), topology_(topology), params_(params), rank_(topology.rank()),
+      size_(topology.size()) {
+  // Two levels only where each level has something to do and every host has the same
+  // share: the reduce-scatter inside a host cuts the buffer into local_size shards, and
+  // the ranks holding the same shard on every host must all exist.
+  if (params_.two_level.allreduce != 1) return;
+  if (topology.cross_size() <= 1) two_level_why_not_ = "the job runs on one host";
+  else if (!topology.homogeneous())
+    two_level_why_not_ = "the hosts run different numbers of ranks, and the two-level allreduce needs the same "
+                         "number on every host";
+  else if (topology.local_size() <= 1) two_level_why_not_ = "every host runs one rank, so there is no level inside a host";
+  two_level_ = two_level_why_not_.empty();
+  if (two_level_ && params_.two_level.gpu_cross_nccl == 0)
+    cross_mpi_ = std::make_unique<MpiCollectives>(topology.cross(), params_.ring_min_segment_bytes);
+}
 
 NcclBackend::~NcclBackend() {
   std::lock_guard<std::mutex> lk(mu_);
-  for (auto& [device, c] : comms_) {
+  // The cross and local communicators first, then the world's: each Destroy waits for
+  // its communicator's queued work.
+  for (auto it = comms_.rbegin(); it != comms_.rend(); ++it) {
+    const int device = it->first.first;
+    Communicator& c = it->second;
     if (!c.comm) continue;
     try {
       cuda::DeviceGuard guard(cuda::Runtime::Get(), device);
-      // Destroy waits for the communicator's queued work; an aborted one is gone already.
+      // An aborted one is gone already.
       if (!c.aborted) lib_->api().CommDestroy(c.comm);
     } catch (const std::exception& ex) {
-      HVD_WARN("destroying the NCCL communicator of GPU " << device << ": " << ex.what());
+      HVD_WARN("destroying the " << ScopeName(it->first.second) << " of GPU " << device << ": "
+                                 << ex.what());
     }
+  }
+  if (host_shard_) {
+    try {
+      cuda::Runtime& rt = cuda::Runtime::Get();
+      cuda::DeviceGuard guard(rt, host_shard_device_);
+      // The last copy back from it may still be queued.
+      rt.api().StreamSynchronize(gpus_->Get(host_shard_device_).stream->get());
+      rt.api().FreeHost(host_shard_);
+    } catch (const std::exception& ex) {
+      HVD_WARN("freeing the host buffer of the two-level allreduce: " << ex.what());
+    }
+  }
+}
+
+const char* NcclBackend::ScopeName(int scope) {
+  switch (scope) {
+    case kLocal: return "local NCCL communicator (this host's ranks)";
+    case kCross: return "cross NCCL communicator (one rank per host)";
+    default: return "NCCL communicator";
   }
 }
 
@@ -147,7 +222,7 @@ void NcclBackend::Check(nccl::Result r, const char* what, nccl::Comm comm) const
 nccl::Comm NcclBackend::CommFor(int device) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = comms_.find(device);
+    auto it = comms_.find({device, kWorld});
     if (it != comms_.end()) {
       if (it->second.aborted)
         throw std::runtime_error("the NCCL communicator of GPU " + std::to_string(device) +
@@ -186,15 +261,91 @@ nccl::Comm NcclBackend::CommFor(int device) {
   HVD_INFO("NCCL communicator for GPU " << device << " ready (" << size_ << " ranks, NCCL "
                                         << lib_->VersionString() << ")");
   std::lock_guard<std::mutex> lk(mu_);
-  comms_[device].comm = comm;
+  comms_[{device, kWorld}].comm = comm;
   return comm;
+}
+
+// Called right after CommFor, by every rank for the same response in the same order, so
+// the broadcasts inside each host and across them match. Each unique id comes from rank 0
+// of its communicator (local rank 0, cross rank 0) over MPI; whether every rank got one
+// is then gathered over the world, so a failed ncclGetUniqueId on any host is an error
+// on every rank, before anyone waits in ncclCommInitRank.
+NcclBackend::LevelComms NcclBackend::LevelCommsFor(int device) {
+  const bool nccl_cross = params_.two_level.gpu_cross_nccl != 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto local = comms_.find({device, kLocal});
+    if (local != comms_.end()) {
+      auto cross = comms_.find({device, kCross});
+      const bool aborted = local->second.aborted || (cross != comms_.end() && cross->second.aborted);
+      if (aborted)
+        throw std::runtime_error("the two-level NCCL communicators of GPU " + std::to_string(device) +
+                                 " were aborted after an earlier failure");
+      if (!nccl_cross || cross != comms_.end())
+        return LevelComms{local->second.comm, cross != comms_.end() ? cross->second.comm : nullptr};
+    }
+  }
+  struct Shared {
+    int32_t ok;
+    char why[480];
+    nccl::UniqueId id;
+  };
+  std::string failure;
+  // Every rank takes part in both broadcasts, failed or not, so that none waits alone.
+  auto share = [&](MPI_Comm comm, int my_rank, const char* which) {
+    Shared shared{};
+    if (my_rank == 0) {
+      const nccl::Result r = lib_->api().GetUniqueId(&shared.id);
+      shared.ok = r == nccl::kSuccess;
+      if (!shared.ok) std::snprintf(shared.why, sizeof shared.why, "%s", lib_->ErrorString(r).c_str());
+    }
+    const int rc = MPI_Bcast(&shared, static_cast<int>(sizeof shared), MPI_BYTE, 0, comm);
+    if (!failure.empty()) return shared.id;
+    if (rc != MPI_SUCCESS) failure = std::string("MPI_Bcast of the ") + which + " NCCL unique id failed";
+    else if (!shared.ok)
+      failure = std::string("ncclGetUniqueId for the ") + which + " communicator failed: " + shared.why;
+    return shared.id;
+  };
+  const nccl::UniqueId local_id = share(topology_.local(), topology_.local_rank(), "local");
+  nccl::UniqueId cross_id{};
+  if (nccl_cross) cross_id = share(topology_.cross(), topology_.cross_rank(), "cross");
+  const std::vector<std::string> notes = channel_->GatherNotes(failure);
+  std::string failed;
+  for (int r = 0; r < size_; ++r)
+    if (!notes[r].empty()) failed += "\nrank " + std::to_string(r) + ": " + notes[r];
+  if (!failed.empty())
+    throw FailedOnEveryRank("the two-level allreduce's NCCL communicators cannot be made:" + failed);
+
+  cuda::DeviceGuard guard(cuda::Runtime::Get(), device);
+  LevelComms lv;
+  auto init = [&](int scope, int nranks, const nccl::UniqueId& id, int rank) {
+    nccl::Comm comm = nullptr;
+    Check(lib_->api().CommInitRank(&comm, nranks, id, rank), "ncclCommInitRank", nullptr);
+    std::lock_guard<std::mutex> lk(mu_);
+    comms_[{device, scope}].comm = comm;
+    return comm;
+  };
+  lv.local = init(kLocal, topology_.local_size(), local_id, topology_.local_rank());
+  if (nccl_cross) lv.cross = init(kCross, topology_.cross_size(), cross_id, topology_.cross_rank());
+  HVD_INFO("two-level NCCL communicators for GPU " << device << " ready (" << topology_.local_size()
+           << " ranks inside the host; across hosts " << (nccl_cross ? "NCCL" : "MPI") << ", "
+           << topology_.cross_size() << " ranks)");
+  return lv;
+}
+
+std::vector<nccl::Comm> NcclBackend::CommsOf(int device) {
+  std::vector<nccl::Comm> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [key, c] : comms_)
+    if (key.first == device && c.comm) out.push_back(c.comm);
+  return out;
 }
 
 void NcclBackend::Abort(const std::string& why) {
   std::lock_guard<std::mutex> lk(mu_);
-  for (auto& [device, c] : comms_) {
+  for (auto& [key, c] : comms_) {
     if (!c.comm || c.aborted) continue;
-    HVD_WARN("aborting the NCCL communicator of GPU " << device << ": " << why);
+    HVD_WARN("aborting the " << ScopeName(key.second) << " of GPU " << key.first << ": " << why);
     lib_->api().CommAbort(c.comm);
     c.aborted = true;
   }
@@ -243,12 +394,15 @@ std::unique_ptr<Completion> NcclBackend::Run(CollectiveJob& job) {
   const Response& r = job.response;
   GpuContext::Device& d = gpus_->Get(job.device);
   nccl::Comm comm = CommFor(job.device);
+  const bool two_level = r.type == RequestType::kAllreduce && TwoLevel(r);
+  const LevelComms lv = two_level ? LevelCommsFor(job.device) : LevelComms{};
   cuda::DeviceGuard guard(d.rt, d.index);
   // The producers' work comes first: each tensor's event was recorded on the stream
   // that made it when it was enqueued.
   for (size_t i = 0; i < job.entries.size(); ++i)
     if (job.have[i] && job.entries[i].produced) job.entries[i].produced->OrderBefore(reinterpret_cast<uintptr_t>(d.stream->get()));
   const int64_t start = NowMicros();
+  if (two_level) return TwoLevelAllreduce(job, d, lv, start);
   const char* phase = "NCCL_ALLREDUCE";
   switch (r.type) {
     case RequestType::kAllreduce: Allreduce(job, d, comm); break;
@@ -261,8 +415,183 @@ std::unique_ptr<Completion> NcclBackend::Run(CollectiveJob& job) {
   std::vector<std::string> names;
   for (size_t i = 0; i < job.entries.size(); ++i)
     if (job.have[i]) names.push_back(r.names[i]);
-  return std::make_unique<NcclCompletion>(d.events->Record(d.stream->get()), lib_, comm, std::move(names), phase,
-                                          start, job.trace);
+  return std::make_unique<NcclCompletion>(d.events->Record(d.stream->get()), lib_, CommsOf(job.device),
+                                          std::move(names), phase, start, job.trace);
+}
+
+// Two levels where the user forced them (HOROVOD_HIERARCHICAL_ALLREDUCE=1) and the
+// topology allows, and where they give what the flat allreduce gives. The GPU default
+// stays flat: NCCL builds its rings and trees from the topology it detects (NVLink, PCIe,
+// network), so a single ncclAllReduce already keeps most traffic inside each host, and
+// unlike on host memory there is no measurement here (no GPU) to show two levels win.
+bool NcclBackend::TwoLevel(const Response& r) {
+  if (params_.two_level.allreduce != 1) return false;
+  if (!two_level_) {
+    if (rank_ == 0 && !warned_flat_) {
+      warned_flat_ = true;
+      HVD_WARN("HOROVOD_HIERARCHICAL_ALLREDUCE=1 does not apply to GPU allreduces: " << two_level_why_not_
+               << "; they stay flat (one ncclAllReduce)");
+    }
+    return false;
+  }
+  // Integer Average: the flat ncclAvg divides the whole sum once, truncating; no scale
+  // factor put into the first level can do the same. (Scale factors on integers never
+  // reach this backend: Supports sends them through host memory.)
+  if (r.reduce_op == ReduceOp::kAverage && !IsFloat(r.dtype)) return false;
+  int64_t total = 0;
+  for (int64_t c : r.sizes) total += c;
+  return total > 0;
+}
+
+uint8_t* NcclBackend::HostShard(GpuContext::Device& d, int64_t bytes) {
+  if (bytes <= host_shard_bytes_ && host_shard_device_ == d.index) return static_cast<uint8_t*>(host_shard_);
+  if (host_shard_) {
+    // The last copy back from the old buffer may still be queued.
+    d.rt.Check(d.rt.api().StreamSynchronize(gpus_->Get(host_shard_device_).stream->get()), "cudaStreamSynchronize");
+    d.rt.api().FreeHost(host_shard_);
+    host_shard_ = nullptr;
+    host_shard_bytes_ = 0;
+  }
+  const int64_t want = std::max<int64_t>(bytes, 1 << 20);
+  d.rt.Check(d.rt.api().MallocHost(&host_shard_, static_cast<size_t>(want)), "cudaMallocHost");
+  host_shard_bytes_ = want;
+  host_shard_device_ = d.index;
+  return static_cast<uint8_t*>(host_shard_);
+}
+
+// The (fused) buffer, padded with zeros to local_size equal shards:
+//   1. ncclReduceScatter inside the host: local rank l holds its host's reduction of
+//      shard l, scaled by the whole factor (prescale x postscale, 1/size for Average) as
+//      a PreMulSum, so the levels after it only sum;
+//   2. that shard allreduced among the ranks with local rank l on every host: NCCL on the
+//      cross communicator, or (Horovod's way) copied to host memory on hvdlite's stream,
+//      waited for, reduced by MPI on the topology's cross communicator (the MPI backend's
+//      reduction, so every type and op works), and copied back;
+//   3. ncclAllGather inside the host puts every shard everywhere.
+// Min, Max and Product apply the same op at each level. A joined rank's tensors are zeros.
+// A tensor alone whose size local_size divides is reduced where it lies.
+std::unique_ptr<Completion> NcclBackend::TwoLevelAllreduce(CollectiveJob& job, GpuContext::Device& d,
+                                                           const LevelComms& lv, int64_t start_us) {
+  const Response& r = job.response;
+  const size_t n = r.names.size();
+  const int64_t es = DataTypeSize(r.dtype);
+  const nccl::DataType type = NcclType(r.dtype);
+  const int local_size = topology_.local_size();
+  cuda::Stream s = d.stream->get();
+  const bool trace = job.trace.Active();
+  int64_t total = 0;
+  for (int64_t c : r.sizes) total += c;
+  const int64_t shard = (total + local_size - 1) / local_size;
+  const int64_t padded = shard * local_size;
+  const bool direct = n == 1 && job.have[0] && padded == total;
+
+  const void* in = nullptr;
+  uint8_t* buf = nullptr;
+  const int64_t t_in = NowMicros();
+  if (direct) {
+    in = job.entries[0].input;
+    buf = static_cast<uint8_t*>(job.entries[0].output);
+  } else {
+    buf = d.fusion.Get(padded * es, s);
+    int64_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t bytes = r.sizes[i] * es;
+      if (job.have[i]) Copy(d, buf + off, job.entries[i].input, bytes);
+      else if (bytes > 0)
+        d.rt.Check(d.rt.api().MemsetAsync(buf + off, 0, static_cast<size_t>(bytes), s), "cudaMemsetAsync");
+      off += bytes;
+    }
+    if (padded > total)
+      d.rt.Check(d.rt.api().MemsetAsync(buf + off, 0, static_cast<size_t>((padded - total) * es), s),
+                 "cudaMemsetAsync");
+    in = buf;
+  }
+  uint8_t* mine = buf + topology_.local_rank() * shard * es;
+  const int64_t t_call = NowMicros();
+
+  // The levels' ops: everything Sum and Average need is scaled in the first.
+  nccl::RedOp first = nccl::kSum, rest = nccl::kSum;
+  ReduceOp host_op = ReduceOp::kSum;
+  bool created = false;
+  switch (r.reduce_op) {
+    case ReduceOp::kMin: first = rest = nccl::kMin; host_op = ReduceOp::kMin; break;
+    case ReduceOp::kMax: first = rest = nccl::kMax; host_op = ReduceOp::kMax; break;
+    case ReduceOp::kProduct: first = rest = nccl::kProd; host_op = ReduceOp::kProduct; break;
+    default: {
+      Response summed = r;
+      summed.reduce_op = ReduceOp::kSum;
+      double factor = r.prescale * r.postscale;
+      if (r.reduce_op == ReduceOp::kAverage) factor /= size_;
+      summed.prescale = factor;
+      summed.postscale = 1.0;
+      first = ReductionFor(summed, lv.local, &created);
+    }
+  }
+  std::vector<NcclCompletion::Step> steps;
+  try {
+    Check(lib_->api().ReduceScatter(in, mine, static_cast<size_t>(shard), type, first, lv.local, s),
+          "ncclReduceScatter", lv.local);
+  } catch (...) {
+    if (created) lib_->api().RedOpDestroy(first, lv.local);
+    throw;
+  }
+  if (created) lib_->api().RedOpDestroy(first, lv.local);
+
+  if (lv.cross) {
+    if (trace) steps.push_back({"NCCL_REDUCESCATTER", t_call, -1, d.events->Record(s)});
+    Check(lib_->api().AllReduce(mine, mine, static_cast<size_t>(shard), type, rest, lv.cross, s), "ncclAllReduce",
+          lv.cross);
+    if (trace) steps.push_back({"NCCL_ALLREDUCE", -1, -1, d.events->Record(s)});
+  } else {
+    uint8_t* host = HostShard(d, shard * es);
+    d.rt.Check(d.rt.api().MemcpyAsync(host, mine, static_cast<size_t>(shard * es), cuda::kDeviceToHost, s),
+               "cudaMemcpyAsync");
+    // Waited for with an eye on the local communicator: a peer that failed inside the
+    // host is an error here, not a wait forever.
+    std::shared_ptr<ReadyEvent> copied = d.events->Record(s);
+    while (!copied->Query()) {
+      nccl::Result async = nccl::kSuccess;
+      if (lib_->api().CommGetAsyncError(lv.local, &async) != nccl::kSuccess ||
+          (async != nccl::kSuccess && async != nccl::kInProgress))
+        throw std::runtime_error("NCCL reported an asynchronous error in the two-level allreduce's reduce-scatter: " +
+                                 lib_->ErrorString(async, lv.local));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    const int64_t t_mpi = NowMicros();
+    cross_mpi_->Allreduce(host, host, shard, r.dtype, host_op, 1.0);
+    const int64_t t_back = NowMicros();
+    d.rt.Check(d.rt.api().MemcpyAsync(mine, host, static_cast<size_t>(shard * es), cuda::kHostToDevice, s),
+               "cudaMemcpyAsync");
+    if (trace) {
+      steps.push_back({"NCCL_REDUCESCATTER", t_call, t_mpi, nullptr});
+      steps.push_back({"MPI_ALLREDUCE", t_mpi, t_back, nullptr});
+    }
+  }
+  Check(lib_->api().AllGather(mine, buf, static_cast<size_t>(shard), type, lv.local, s), "ncclAllGather", lv.local);
+  if (trace) steps.push_back({"NCCL_ALLGATHER", -1, -1, nullptr});
+
+  if (!direct) {
+    const int64_t t_out = NowMicros();
+    int64_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t bytes = r.sizes[i] * es;
+      if (job.have[i]) Copy(d, job.entries[i].output, buf + off, bytes);
+      off += bytes;
+    }
+    if (trace) {
+      const int64_t t_end = NowMicros();
+      for (size_t i = 0; i < n; ++i) {
+        if (!job.have[i]) continue;
+        job.trace.Phase(r.names[i], "MEMCPY_IN_FUSION_BUFFER", t_in, t_call);
+        job.trace.Phase(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", t_out, t_end);
+      }
+    }
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < n; ++i)
+    if (job.have[i]) names.push_back(r.names[i]);
+  return std::make_unique<NcclCompletion>(d.events->Record(s), lib_, CommsOf(job.device), std::move(names),
+                                          "NCCL_HIERARCHICAL_ALLREDUCE", start_us, job.trace, std::move(steps));
 }
 
 // One NCCL call per response: a tensor alone is reduced where it lies; several are

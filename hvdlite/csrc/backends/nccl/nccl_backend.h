@@ -18,25 +18,38 @@
 //   hvdlite down on every rank, since the peers would wait for this rank's part); an
 //   asynchronous NCCL error is found by the Completion; Abort() aborts the communicators
 //   so that nothing queued waits for a peer forever.
+// - Two-level allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1 on hosts that each run the same
+//   number of ranks, more than one, and more than one host): ncclReduceScatter among the
+//   ranks of this host, an allreduce of this rank's shard among the ranks with the same
+//   local rank (through host memory and MPI, Horovod's way, or ncclAllReduce:
+//   HVDLITE_HIERARCHICAL_CROSS=mpi|nccl), ncclAllGather inside the host. Its local and
+//   cross communicators are made on first use, after the world's. Unset, GPU allreduces
+//   stay flat: NCCL's own rings and trees already know which ranks share a host.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/backend.h"
 #include "backends/nccl/nccl_library.h"
 #include "gpu/gpu_context.h"
 #include "parameters.h"
+#include "topology.h"
 
 namespace hvdlite {
 
 class ControlChannel;
+class MpiCollectives;
 
 class NcclBackend : public Backend {
  public:
-  NcclBackend(ControlChannel* channel, GpuContext* gpus, const Parameters& params, int rank, int size);
+  // `topology`: who shares a host (the two-level allreduce's communicators are split
+  // along it, and its MPI step runs on its cross communicator).
+  NcclBackend(ControlChannel* channel, GpuContext* gpus, const Topology& topology, const Parameters& params);
   ~NcclBackend() override;
   const char* Name() const override { return "NCCL"; }
   DeviceKind Device() const override { return DeviceKind::kCuda; }
@@ -50,9 +63,30 @@ class NcclBackend : public Backend {
     nccl::Comm comm = nullptr;
     bool aborted = false;
   };
+  // Which communicator of a device: all ranks, the ranks of this host, the ranks with
+  // this rank's local rank.
+  enum Scope : int { kWorld = 0, kLocal = 1, kCross = 2 };
+  static const char* ScopeName(int scope);  // "NCCL communicator", "local NCCL communicator ..."
   // The device's communicator, made collectively on first use.
   nccl::Comm CommFor(int device);
+  // The two-level allreduce's communicators of the device (cross: null when MPI crosses
+  // the hosts), made collectively on first use.
+  struct LevelComms {
+    nccl::Comm local = nullptr;
+    nccl::Comm cross = nullptr;
+  };
+  LevelComms LevelCommsFor(int device);
+  // Every live communicator of a device: what its Completion checks for asynchronous errors.
+  std::vector<nccl::Comm> CommsOf(int device);
   void Check(nccl::Result r, const char* what, nccl::Comm comm) const;
+
+  // Whether this allreduce runs in two levels: decided alike on every rank, from rank 0's
+  // settings, the topology and the response.
+  bool TwoLevel(const Response& r);
+  std::unique_ptr<Completion> TwoLevelAllreduce(CollectiveJob& job, GpuContext::Device& d, const LevelComms& lv,
+                                                int64_t start_us);
+  // Pinned host memory for the shard that MPI reduces, grown on demand.
+  uint8_t* HostShard(GpuContext::Device& d, int64_t bytes);
 
   void Allreduce(CollectiveJob& job, GpuContext::Device& d, nccl::Comm comm);
   void Allgather(CollectiveJob& job, GpuContext::Device& d, nccl::Comm comm);
@@ -67,12 +101,21 @@ class NcclBackend : public Backend {
 
   ControlChannel* channel_;
   GpuContext* gpus_;
+  const Topology& topology_;
   Parameters params_;
   int rank_;
   int size_;
   nccl::Library* lib_ = nullptr;
   std::mutex mu_;  // comms_: Abort may come from another thread
-  std::map<int, Communicator> comms_;
+  std::map<std::pair<int, int>, Communicator> comms_;  // by (device, Scope)
+  // Two-level: possible on this topology (and forced); else why not, for the warning.
+  bool two_level_ = false;
+  std::string two_level_why_not_;
+  bool warned_flat_ = false;
+  std::unique_ptr<MpiCollectives> cross_mpi_;  // the MPI step across hosts
+  void* host_shard_ = nullptr;
+  int64_t host_shard_bytes_ = 0;
+  int host_shard_device_ = -1;
 };
 
 }  // namespace hvdlite
