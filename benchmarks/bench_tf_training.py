@@ -2,7 +2,8 @@
 
     python benchmarks/bench_tf_training.py [--quick] [--models mlp,resnet] [--apis loop,fit]
                                            [--modes M,...] [--rounds R] [--json-out F.json]
-                                           [--backward-idle-ms X]
+                                           [--backward-idle-ms X] [--ranks R]
+                                           [--hosts N [--rate 1gbit]]
 
 Run it with plain ``python`` (not under mpirun): it starts every configuration itself,
 each in fresh processes with one TensorFlow intra-op and one inter-op thread:
@@ -36,6 +37,15 @@ each in fresh processes with one TensorFlow intra-op and one inter-op thread:
   default leaves off with a single inter-op thread;
 * ``mwms``: TensorFlow's own ``tf.distribute.MultiWorkerMirroredStrategy`` on 2 worker
   processes joined over loopback (``TF_CONFIG`` with localhost ports), ring collectives.
+
+``--hosts N`` (root only) spreads the ranks of the configurations that communicate
+(``hvdlite``, ``lockstep``, ``hvdlite_overlap``, ``mwms``) over N hosts emulated on this
+machine (``tests/hosts/emulated.py``: network namespaces on a bridge, each host's link
+limited to ``--rate`` both ways), ``--ranks`` / N on each, filled in host order: hvdlite's
+through ``hvdlite-run -H h1:k,h2:k``, MWMS's workers each started inside its host's
+namespace with ``TF_CONFIG`` naming the hosts' addresses. ``single``, ``single_tuned``
+and ``independent`` have no communication and stay on this host; every "host" still
+shares this machine's cores.
 
 Two APIs for each: ``loop``, a custom ``tf.function`` training step, and ``fit``, Keras
 ``model.fit`` (one synthetic batch repeated). Models (defined in
@@ -80,13 +90,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import launcher  # sibling module (this folder is on sys.path)
+from _common import (add_hosts_options, host_address, host_of_rank, hosts_layout,  # sibling module
+                     launcher, on_host, start_hosts)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.py"
 BATCH = {"mlp": 64, "resnet": 32}
 TARGET = {"mlp": 0.75, "resnet": 0.95}
 PARAMS = {"mlp": 9_557_110, "resnet": 2_777_674}
+# With --hosts: the emulated hosts (tests.hosts.emulated.EmulatedHosts) and the ranks on each.
+HOSTS: Any = None
+LAYOUT: list[int] = []
+# Modes whose ranks talk to each other: the ones --hosts spreads over the hosts.
+ACROSS_HOSTS = ("hvdlite", "lockstep", "hvdlite_overlap", "mwms")
+_mwms_port = 23400
 MODES = ("single", "hvdlite", "single_tuned", "independent", "lockstep", "hvdlite_overlap",
          "mwms")  # the two compared most, back to back
 # What hvdlite's engine sets with mallopt() at init (TuneHostAllocator in engine.cc).
@@ -468,16 +485,29 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i in range(args.ranks)]
     elif mode in ("hvdlite", "lockstep", "hvdlite_overlap"):
-        procs = [subprocess.Popen(launcher(args.ranks) + cmd_tail, env=env, stdout=subprocess.PIPE,
+        hosts = []
+        if HOSTS is not None:
+            hosts = ["-H", HOSTS.host_spec(LAYOUT)]
+            env.update(HOSTS.env())
+        procs = [subprocess.Popen(launcher(args.ranks) + hosts + cmd_tail, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)]
     else:
-        ports = free_ports(args.ranks)
-        cluster = {"worker": [f"localhost:{p}" for p in ports]}
+        if HOSTS is None:
+            cluster = {"worker": [f"localhost:{p}" for p in free_ports(args.ranks)]}
+            prefixes = [[] for _ in range(args.ranks)]
+        else:
+            # Each worker inside its host's namespace, at that host's address; fresh ports
+            # for every run (a new namespace has none in use, and none left in TIME_WAIT).
+            global _mwms_port
+            _mwms_port += args.ranks
+            where = [host_of_rank(i, LAYOUT) for i in range(args.ranks)]
+            cluster = {"worker": [f"{host_address(HOSTS, h)}:{_mwms_port + i}" for i, h in enumerate(where)]}
+            prefixes = [on_host(HOSTS, h) for h in where]
         procs = []
         for i in range(args.ranks):
             e = dict(env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
-            procs.append(subprocess.Popen(cmd_tail, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
+            procs.append(subprocess.Popen(prefixes[i] + cmd_tail, env=e, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
     outs = []
     try:
         for p in procs:
@@ -531,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="MLP only: each layer's gradient also sleeps this long with the CPU idle, "
                         "as while an accelerator computes (where overlapping communication pays)")
     p.add_argument("--json-out", default="")
+    add_hosts_options(p)
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--verify", default="", help=argparse.SUPPRESS)
     p.add_argument("--start-dir", default="", help=argparse.SUPPRESS)
@@ -546,7 +577,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if not args.hosts:
+        return run_benchmark(args)
+    global HOSTS, LAYOUT
+    try:
+        LAYOUT = hosts_layout(args.ranks, args.hosts)
+    except ValueError as e:
+        p.error(str(e))
+    with start_hosts(args.hosts, args.rate) as HOSTS:
+        modes = [m for m in args.modes.split(",") if m]
+        print(f"{', '.join(m for m in modes if m in ACROSS_HOSTS) or 'no mode'} on emulated hosts "
+              f"{HOSTS.host_spec(LAYOUT)}, links {args.rate} both ways ({HOSTS.subnet}); "
+              f"{', '.join(m for m in modes if m not in ACROSS_HOSTS) or 'no mode'} on this host", flush=True)
+        try:
+            return run_benchmark(args)
+        finally:
+            HOSTS = None
 
+
+def run_benchmark(args: argparse.Namespace) -> int:
     modes = [m for m in args.modes.split(",") if m]
     verify_dir = tempfile.mkdtemp(prefix="hvdlite_bench_tf_")
     collected: dict[tuple[str, str, str], list[float]] = {}
@@ -561,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
                    "step_ms": 1000 * statistics.median(r["times"]) / args.steps,
                    "rank0_minflt_per_step": round(r["minflt_per_step"], 1), "round": rnd,
                    "threads_per_rank": 1}
+            if HOSTS is not None and mode in ACROSS_HOSTS:
+                rec["hosts"], rec["rate"] = HOSTS.host_spec(LAYOUT), HOSTS.rate
             if "huge_page_extents" in r:
                 rec["rank0_huge_page_extents"] = r["huge_page_extents"]
             if "allreduce_ms" in r:
@@ -604,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             st, ind, lock = med.get("single_tuned"), med.get("independent"), med.get("lockstep")
             lpa, ov = med.get("lockstep_plus_allreduce"), med.get("hvdlite_overlap")
             row = {"model": model, "api": api, "single": s, "single_tuned": st, "hvdlite": h, "mwms": w,
+                   **({"hosts": HOSTS.host_spec(LAYOUT), "rate": args.rate} if HOSTS is not None else {}),
                    "hvdlite_over_mwms": h / w if h and w else None,
                    "efficiency_hvdlite": h / (args.ranks * s) if h and s else None,
                    "efficiency_hvdlite_vs_tuned_single": h / (args.ranks * st) if h and st else None,
@@ -644,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
           f"hvdlite / that; 'lock+AR': lockstep with its step lengthened by one allreduce of the "
           f"gradients timed alone, over lockstep; 'of lock+AR': hvdlite / that; 'overlap/lock': "
           f"hvdlite with HVDLITE_TF_OVERLAP=1 over lockstep)")
+    if HOSTS is not None:
+        print(f"({', '.join(m for m in modes if m in ACROSS_HOSTS)} on {args.hosts} emulated hosts, "
+              f"{HOSTS.host_spec(LAYOUT)}, links {args.rate}; every host shares this machine's cores)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"summary": table}, indent=1))
     return 0

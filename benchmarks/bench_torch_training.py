@@ -1,6 +1,7 @@
 """PyTorch training throughput: single process vs DistributedDataParallel vs hvdlite.
 
     python benchmarks/bench_torch_training.py [--quick] [--models mlp,resnet] [--rounds R]
+                                              [--ranks R] [--hosts N [--rate 1gbit]]
 
 Run it with plain ``python`` (not under mpirun): it starts its peers itself, one after
 the other, each with ``torch.set_num_threads(1)`` in every process:
@@ -31,6 +32,14 @@ no communication at all (windows aligned by a barrier). Its efficiency is the ce
 this machine's shared caches and memory bandwidth allow any data-parallel library;
 ``hvd/ceiling`` is hvdlite's throughput over it, i.e. what communication costs.
 
+``--hosts N`` (root only) spreads the ranks of ``ddp`` and ``hvdlite`` over N hosts
+emulated on this machine (``tests/hosts/emulated.py``: network namespaces on a bridge,
+each host's link limited to ``--rate`` both ways), ``--ranks`` / N on each, filled in
+host order: hvdlite through ``hvdlite-run -H h1:k,h2:k``, DDP by starting each rank
+inside its host's namespace (gloo over the hosts' links, rendezvous at h1's address).
+``single`` and ``independent`` have no communication and stay on this host; every
+"host" still shares this machine's cores.
+
 Output: one JSON line per measurement, then a table with hvdlite/DDP and the
 efficiencies. ``--quick`` makes every window short: it checks that everything runs,
 the numbers are only indicative.
@@ -49,11 +58,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import launcher  # sibling module (this folder is on sys.path)
+from _common import (add_hosts_options, host_address, host_of_rank, hosts_layout,  # sibling module
+                     launcher, on_host, start_hosts)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
 BATCH = {"mlp": 64, "resnet": 32}
+# With --hosts: the emulated hosts (tests.hosts.emulated.EmulatedHosts) and the ranks on
+# each. Kept out of ``args``, which is pickled for the spawned processes.
+HOSTS: Any = None
+LAYOUT: list[int] = []
 
 
 def load_models() -> Any:
@@ -152,6 +166,14 @@ def run_independent(model_name: str, args: argparse.Namespace) -> dict[str, Any]
 
 def _ddp_worker(rank: int, world: int, port: int, model_name: str, args: argparse.Namespace,
                 queue: Any) -> None:
+    times = ddp_train(rank, world, f"tcp://127.0.0.1:{port}", model_name, args)
+    if rank == 0:
+        queue.put(times)
+
+
+def ddp_train(rank: int, world: int, init_method: str, model_name: str,
+              args: argparse.Namespace) -> list[float]:
+    """One DDP rank's timed windows (every rank returns the slowest rank's)."""
     import warnings
 
     import torch
@@ -161,8 +183,7 @@ def _ddp_worker(rank: int, world: int, port: int, model_name: str, args: argpars
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # broadcast_buffers naming
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     model, opt, (data, target) = make_training(model_name, seed=rank)
     ddp = DDP(model, broadcast_buffers=False)
 
@@ -177,10 +198,17 @@ def _ddp_worker(rank: int, world: int, port: int, model_name: str, args: argpars
         return float(x.item())
 
     times = timed_windows(step, args.warmup, args.steps, args.windows, sync)
-    if rank == 0:
-        queue.put(times)
     dist.barrier()
     dist.destroy_process_group()
+    return times
+
+
+def ddp_host_worker(args: argparse.Namespace) -> None:
+    """One DDP rank started on an emulated host by :func:`run_ddp_on_hosts`; rank 0
+    prints the windows' times."""
+    times = ddp_train(args.ddp_rank, args.ranks, f"tcp://{args.ddp_master}", args.worker_model, args)
+    if args.ddp_rank == 0:
+        print("DDP_TIMES " + json.dumps(times), flush=True)
 
 
 def free_port() -> int:
@@ -189,7 +217,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_ddp_port = 29500
+
+
+def run_ddp_on_hosts(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """DDP with each rank started inside its emulated host's network namespace: gloo
+    binds to the host's ``eth0`` (its rate-limited link) and meets at h1's address."""
+    global _ddp_port
+    _ddp_port += 1  # a fresh port in h1's namespace for every run: no TIME_WAIT leftovers
+    master = f"{host_address(HOSTS, 0)}:{_ddp_port}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
+    procs = []
+    for rank in range(args.ranks):
+        cmd = on_host(HOSTS, host_of_rank(rank, LAYOUT)) + [
+            sys.executable, str(Path(__file__).resolve()), "--worker-model", model_name,
+            "--ddp-rank", str(rank), "--ddp-master", master, "--ranks", str(args.ranks),
+            "--warmup", str(args.warmup), "--steps", str(args.steps), "--windows", str(args.windows)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    deadline = time.monotonic() + args.timeout
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outs.append((proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        sys.exit(f"DDP on emulated hosts timed out after {args.timeout} s")
+    line = next((ln for ln in outs[0][1].splitlines() if ln.startswith("DDP_TIMES ")), None)
+    if any(rc != 0 for rc, _, _ in outs) or line is None:
+        sys.exit("DDP on emulated hosts failed:\n" + "\n".join(
+            f"rank {r}: exit {rc}\n{o[-2000:]}\n{e[-3000:]}" for r, (rc, o, e) in enumerate(outs)))
+    return result(model_name, "ddp", args.ranks, json.loads(line.split(" ", 1)[1]), args)
+
+
 def run_ddp(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    if HOSTS is not None:
+        return run_ddp_on_hosts(model_name, args)
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -230,11 +294,15 @@ def hvdlite_worker(args: argparse.Namespace) -> None:
 
 
 def run_hvdlite(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = launcher(args.ranks) + [sys.executable, str(Path(__file__).resolve()),
+    hosts = ["-H", HOSTS.host_spec(LAYOUT)] if HOSTS is not None else []
+    cmd = launcher(args.ranks) + hosts + [sys.executable, str(Path(__file__).resolve()),
                                   "--worker-model", model_name, "--warmup", str(args.warmup),
                                   "--steps", str(args.steps), "--windows", str(args.windows)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    if HOSTS is not None:
+        env.update(HOSTS.env())
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("HVDLITE_TIMES ")), None)
     if proc.returncode != 0 or line is None:
@@ -248,9 +316,13 @@ def run_hvdlite(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 def result(model: str, mode: str, ranks: int, times: list[float], args: argparse.Namespace) -> dict[str, Any]:
     samples = BATCH[model] * ranks * args.steps
     rates = [samples / t for t in times]
-    return {"model": model, "mode": mode, "ranks": ranks, "batch_per_rank": BATCH[model],
-            "samples_per_s": statistics.median(rates), "window_rates": rates,
-            "step_ms": 1000 * statistics.median(times) / args.steps, "threads_per_rank": 1}
+    out = {"model": model, "mode": mode, "ranks": ranks, "batch_per_rank": BATCH[model],
+           "samples_per_s": statistics.median(rates), "window_rates": rates,
+           "step_ms": 1000 * statistics.median(times) / args.steps, "threads_per_rank": 1}
+    if HOSTS is not None and mode in ("ddp", "hvdlite"):
+        out["hosts"] = HOSTS.host_spec(LAYOUT)
+        out["rate"] = HOSTS.rate
+    return out
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -274,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=None)
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json-out", default="", help="also write all results to this JSON file")
+    add_hosts_options(p)
     p.add_argument("--worker-model", default="", help=argparse.SUPPRESS)
+    p.add_argument("--ddp-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--ddp-master", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
     args.rounds = args.rounds or (1 if quick else 3)
@@ -282,9 +357,28 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (3 if quick else 20)
     args.windows = args.windows or (3 if quick else 5)
     if args.worker_model:
-        hvdlite_worker(args)
+        if args.ddp_rank >= 0:
+            ddp_host_worker(args)
+        else:
+            hvdlite_worker(args)
         return 0
+    if not args.hosts:
+        return run_benchmark(args)
+    global HOSTS, LAYOUT
+    try:
+        LAYOUT = hosts_layout(args.ranks, args.hosts)
+    except ValueError as e:
+        p.error(str(e))
+    with start_hosts(args.hosts, args.rate) as HOSTS:
+        print(f"ddp and hvdlite on emulated hosts {HOSTS.host_spec(LAYOUT)}, links {args.rate} "
+              f"both ways ({HOSTS.subnet}); single and independent on this host", flush=True)
+        try:
+            return run_benchmark(args)
+        finally:
+            HOSTS = None
 
+
+def run_benchmark(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     runners = {"single": run_single, "independent": run_independent, "ddp": run_ddp,
                "hvdlite": run_hvdlite}
@@ -299,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {key: summarize(v) for key, v in collected.items()}
 
     print()
-    head = (f"{'model':8} {'single/s':>10} {'DDP 2r/s':>10} {'hvdlite 2r/s':>13} "
+    r = args.ranks
+    head = (f"{'model':8} {'single/s':>10} {f'DDP {r}r/s':>10} {f'hvdlite {r}r/s':>13} "
             f"{'hvdlite/DDP':>12} {'eff DDP':>8} {'eff hvdlite':>12} {'paired: hvd/DDP':>16} "
             f"{'eff hvd':>8} {'ceiling':>8} {'hvd/ceiling':>12}")
     print(head)
@@ -310,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         d = summary[(model, "ddp")]["samples_per_s"]
         h = summary[(model, "hvdlite")]["samples_per_s"]
         row = {"model": model, "single": s, "ddp": d, "hvdlite": h, "hvdlite_over_ddp": h / d,
+               **({"hosts": HOSTS.host_spec(LAYOUT), "rate": args.rate} if HOSTS is not None else {}),
                "efficiency_ddp": d / (args.ranks * s), "efficiency_hvdlite": h / (args.ranks * s)}
         # Paired: the ratios within each round (run back to back), then their median;
         # steadier than the ratio of medians when the machine's speed drifts.
@@ -333,8 +429,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['efficiency_ceiling']:8.3f} {row['paired_hvdlite_over_ceiling']:12.3f}")
         print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} "
-          f"windows of {args.steps} steps; 1 thread per process; efficiency = 2-rank / "
-          f"(2 x single))")
+          f"windows of {args.steps} steps; 1 thread per process; efficiency = {r}-rank / "
+          f"({r} x single))")
+    if HOSTS is not None:
+        print(f"(ddp and hvdlite on {args.hosts} emulated hosts, {HOSTS.host_spec(LAYOUT)}, links "
+              f"{args.rate}; every host shares this machine's cores)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"runs": [r for v in collected.values() for r in v],
                                                    "summary": table}, indent=1))
