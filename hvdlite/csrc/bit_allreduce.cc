@@ -10,12 +10,20 @@ namespace {
 constexpr int kTagFoldIn = 1;    // a rank beyond the power of two hands its vector down
 constexpr int kTagResult = 2;    // ... and is sent the result at the end
 constexpr int kTagExchange = 8;  // + the exchange's index
+// A message goes in pieces of at most this many words, the first under the step's tag
+// and the others under tag + kTagMorePieces. Open MPI sends a message of up to 4 KiB
+// (headers included) through shared memory eagerly and a larger one by a rendezvous
+// with a copy across processes (process_vm_readv); a cycle with a 4 KiB tensor would
+// be just over. Two eager pieces cost less.
+constexpr int kPieceWords = 496;
+constexpr int kTagMorePieces = 1 << 12;
+int Pieces(int words) { return (words + kPieceWords - 1) / kPieceWords; }
 
 }  // namespace
 
 BitAllreduce::BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes)
     : words_(words),
-      max_words_(words + 1 + static_cast<int>((max_payload_bytes + 7) / 8)),
+      max_words_(words + 2 + static_cast<int>((max_payload_bytes + 7) / 8)),
       acc_(max_words_),
       incoming_(max_words_) {
   MPI_Comm_dup(base, &comm_);
@@ -40,7 +48,9 @@ BitAllreduce::~BitAllreduce() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   Cancel();
-  for (PendingSend& s : sends_) MPI_Request_free(&s.request);  // small: they leave on their own
+  for (PendingSend& s : sends_)
+    for (MPI_Request& r : s.requests)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // small: they leave on their own
   sends_.clear();
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
@@ -48,13 +58,14 @@ BitAllreduce::~BitAllreduce() {
 void BitAllreduce::Start(const uint64_t* mine, uint64_t key, const void* payload, int64_t count, DataType dtype) {
   std::memcpy(acc_.data(), mine, static_cast<size_t>(words_) * 8);
   const int64_t bytes = key ? count * DataTypeSize(dtype) : 0;
-  if (words_ + 1 + (bytes + 7) / 8 > max_words_) key = 0;  // too large to carry
+  if (words_ + 2 + (bytes + 7) / 8 > max_words_) key = 0;  // too large to carry
   acc_[words_] = key;
-  acc_words_ = words_ + 1;
+  acc_words_ = words_ + 2;
   if (key) {
     std::memcpy(acc_.data() + acc_words_, payload, static_cast<size_t>(bytes));
     acc_words_ += static_cast<int>((bytes + 7) / 8);
   }
+  acc_[words_ + 1] = static_cast<uint64_t>(acc_words_);
   count_ = count;
   dtype_ = dtype;
   step_ = 0;
@@ -68,29 +79,53 @@ bool BitAllreduce::Progress() {
   while (step_ < plan_.size()) {
     const Step& s = plan_[step_];
     if (!step_started_) {
-      if (s.send_to >= 0) {
-        sends_.push_back(PendingSend{MPI_REQUEST_NULL, std::vector<uint64_t>(acc_.begin(), acc_.begin() + acc_words_)});
-        PendingSend& p = sends_.back();
-        MPI_Isend(p.data.data(), acc_words_, MPI_UINT64_T, s.send_to, s.send_tag, comm_, &p.request);
-      }
+      if (s.send_to >= 0) Send(s.send_to, s.send_tag);
       if (s.recv_from >= 0)
-        MPI_Irecv(incoming_.data(), max_words_, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_);
+        MPI_Irecv(incoming_.data(), kPieceWords, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_);
+      more_.clear();
       step_started_ = true;
     }
     if (s.recv_from >= 0) {
       int done = 0;
-      MPI_Status status;
-      MPI_Test(&recv_, &done, &status);
+      if (more_.empty()) {
+        MPI_Status status;
+        MPI_Test(&recv_, &done, &status);
+        if (!done) return false;
+        int first = 0;
+        MPI_Get_count(&status, MPI_UINT64_T, &first);
+        in_words_ = first > words_ + 1 ? static_cast<int>(incoming_[words_ + 1]) : first;
+        if (in_words_ < first || in_words_ > max_words_) in_words_ = first;  // not ours: ignore the rest
+        for (int at = kPieceWords; at < in_words_; at += kPieceWords) {
+          more_.push_back(MPI_REQUEST_NULL);
+          MPI_Irecv(incoming_.data() + at, std::min(kPieceWords, in_words_ - at), MPI_UINT64_T, s.recv_from,
+                    s.recv_tag + kTagMorePieces, comm_, &more_.back());
+        }
+        if (more_.empty()) more_.push_back(MPI_REQUEST_NULL);  // nothing more: done at once
+      }
+      MPI_Testall(static_cast<int>(more_.size()), more_.data(), &done, MPI_STATUSES_IGNORE);
       if (!done) return false;
-      int in_words = 0;
-      MPI_Get_count(&status, MPI_UINT64_T, &in_words);
-      Combine(in_words, s.replace);
+      Combine(in_words_, s.replace);
     }
     ++step_;
     step_started_ = false;
   }
   active_ = false;
   return true;
+}
+
+void BitAllreduce::Send(int to, int tag) {
+  std::vector<uint64_t> data;
+  if (!spare_.empty()) {
+    data.swap(spare_.back());
+    spare_.pop_back();
+  }
+  data.assign(acc_.begin(), acc_.begin() + acc_words_);
+  sends_.push_back(PendingSend{{}, std::move(data)});
+  PendingSend& p = sends_.back();
+  p.requests.resize(static_cast<size_t>(Pieces(acc_words_)));
+  for (int i = 0, at = 0; at < acc_words_; ++i, at += kPieceWords)
+    MPI_Isend(p.data.data() + at, std::min(kPieceWords, acc_words_ - at), MPI_UINT64_T, to,
+              i == 0 ? tag : tag + kTagMorePieces, comm_, &p.requests[static_cast<size_t>(i)]);
 }
 
 void BitAllreduce::Combine(int in_words, bool replace) {
@@ -102,11 +137,12 @@ void BitAllreduce::Combine(int in_words, bool replace) {
   for (int i = 0; i < words_; ++i) acc_[i] &= incoming_[i];
   const uint64_t key = acc_[words_];
   if (key != 0 && incoming_[words_] == key && in_words == acc_words_) {
-    void* mine = acc_.data() + words_ + 1;
-    ReduceScaled(mine, mine, incoming_.data() + words_ + 1, count_, dtype_, ReduceOp::kSum, 1.0);
+    void* mine = acc_.data() + words_ + 2;
+    ReduceScaled(mine, mine, incoming_.data() + words_ + 2, count_, dtype_, ReduceOp::kSum, 1.0);
   } else {
     acc_[words_] = 0;
-    acc_words_ = words_ + 1;
+    acc_words_ = words_ + 2;
+    acc_[words_ + 1] = static_cast<uint64_t>(acc_words_);
   }
 }
 
@@ -115,14 +151,25 @@ void BitAllreduce::Cancel() {
     MPI_Cancel(&recv_);
     MPI_Wait(&recv_, MPI_STATUS_IGNORE);
   }
+  for (MPI_Request& r : more_) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);
+  }
+  more_.clear();
   active_ = false;
 }
 
 void BitAllreduce::ReapSends() {
   for (auto it = sends_.begin(); it != sends_.end();) {
     int done = 0;
-    MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
-    it = done ? sends_.erase(it) : std::next(it);
+    MPI_Testall(static_cast<int>(it->requests.size()), it->requests.data(), &done, MPI_STATUSES_IGNORE);
+    if (!done) {
+      ++it;
+      continue;
+    }
+    if (spare_.size() < 4) spare_.push_back(std::move(it->data));
+    it = sends_.erase(it);
   }
 }
 

@@ -48,7 +48,7 @@ class BitAllreduce {
   // After a round: the payload's key (the same on every rank; 0 if the ranks' keys
   // differed) and, if not 0, the sum.
   uint64_t ResultKey() const { return acc_[words_]; }
-  const void* ResultPayload() const { return acc_.data() + words_ + 1; }
+  const void* ResultPayload() const { return acc_.data() + words_ + 2; }
   // Abandons a round in progress (shutdown). Afterwards the object only reaps sends.
   void Cancel();
 
@@ -64,10 +64,13 @@ class BitAllreduce {
 
   // Combines a received partial result (`in_words` words) into acc_.
   void Combine(int in_words, bool replace);
+  // Sends acc_ (in pieces) to rank `to`.
+  void Send(int to, int tag);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int words_;
-  int max_words_;  // words + key + the largest payload
+  // A message: the words, the payload's key, the message's length in words, the payload.
+  int max_words_;  // words + 2 + the largest payload
   int acc_words_ = 0;  // what acc_ holds now (and what a send carries)
   int64_t count_ = 0;
   DataType dtype_ = DataType::kFloat32;
@@ -76,12 +79,15 @@ class BitAllreduce {
   bool step_started_ = false;
   bool active_ = false;
   std::vector<uint64_t> acc_, incoming_;
-  MPI_Request recv_ = MPI_REQUEST_NULL;
+  MPI_Request recv_ = MPI_REQUEST_NULL;  // a message's first piece
+  std::vector<MPI_Request> more_;        // its other pieces, once the first told how many
+  int in_words_ = 0;
   struct PendingSend {
-    MPI_Request request;
+    std::vector<MPI_Request> requests;
     std::vector<uint64_t> data;
   };
   std::list<PendingSend> sends_;
+  std::vector<std::vector<uint64_t>> spare_;  // buffers of completed sends, for reuse
 };
 
 }  // namespace hvdlite
