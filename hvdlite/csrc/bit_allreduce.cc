@@ -1,5 +1,6 @@
 #include "bit_allreduce.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/mpi/reduce_ops.h"
@@ -10,22 +11,17 @@ namespace {
 constexpr int kTagFoldIn = 1;    // a rank beyond the power of two hands its vector down
 constexpr int kTagResult = 2;    // ... and is sent the result at the end
 constexpr int kTagExchange = 8;  // + the exchange's index
-// A message goes in pieces of at most this many words, the first under the step's tag
-// and the others under tag + kTagMorePieces. Open MPI sends a message of up to 4 KiB
-// (headers included) through shared memory eagerly and a larger one by a rendezvous
-// with a copy across processes (process_vm_readv); a cycle with a 4 KiB tensor would
-// be just over. Two eager pieces cost less.
-constexpr int kPieceWords = 496;
-constexpr int kTagMorePieces = 1 << 12;
-int Pieces(int words) { return (words + kPieceWords - 1) / kPieceWords; }
+constexpr int kTagMorePieces = 1 << 12;  // a message's pieces after the first
 
 }  // namespace
 
-BitAllreduce::BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes)
+BitAllreduce::BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes, int piece_words)
     : words_(words),
+      piece_words_(std::max(piece_words, words + 2)),
       max_words_(words + 2 + static_cast<int>((max_payload_bytes + 7) / 8)),
       acc_(max_words_),
       incoming_(max_words_) {
+  piece_words_ = std::min(piece_words_, max_words_);
   MPI_Comm_dup(base, &comm_);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
@@ -81,7 +77,7 @@ bool BitAllreduce::Progress() {
     if (!step_started_) {
       if (s.send_to >= 0) Send(s.send_to, s.send_tag);
       if (s.recv_from >= 0)
-        MPI_Irecv(incoming_.data(), kPieceWords, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_);
+        MPI_Irecv(incoming_.data(), piece_words_, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_);
       more_.clear();
       step_started_ = true;
     }
@@ -95,9 +91,9 @@ bool BitAllreduce::Progress() {
         MPI_Get_count(&status, MPI_UINT64_T, &first);
         in_words_ = first > words_ + 1 ? static_cast<int>(incoming_[words_ + 1]) : first;
         if (in_words_ < first || in_words_ > max_words_) in_words_ = first;  // not ours: ignore the rest
-        for (int at = kPieceWords; at < in_words_; at += kPieceWords) {
+        for (int at = piece_words_; at < in_words_; at += piece_words_) {
           more_.push_back(MPI_REQUEST_NULL);
-          MPI_Irecv(incoming_.data() + at, std::min(kPieceWords, in_words_ - at), MPI_UINT64_T, s.recv_from,
+          MPI_Irecv(incoming_.data() + at, std::min(piece_words_, in_words_ - at), MPI_UINT64_T, s.recv_from,
                     s.recv_tag + kTagMorePieces, comm_, &more_.back());
         }
         if (more_.empty()) more_.push_back(MPI_REQUEST_NULL);  // nothing more: done at once
@@ -122,9 +118,9 @@ void BitAllreduce::Send(int to, int tag) {
   data.assign(acc_.begin(), acc_.begin() + acc_words_);
   sends_.push_back(PendingSend{{}, std::move(data)});
   PendingSend& p = sends_.back();
-  p.requests.resize(static_cast<size_t>(Pieces(acc_words_)));
-  for (int i = 0, at = 0; at < acc_words_; ++i, at += kPieceWords)
-    MPI_Isend(p.data.data() + at, std::min(kPieceWords, acc_words_ - at), MPI_UINT64_T, to,
+  p.requests.resize(static_cast<size_t>((acc_words_ + piece_words_ - 1) / piece_words_));
+  for (int i = 0, at = 0; at < acc_words_; ++i, at += piece_words_)
+    MPI_Isend(p.data.data() + at, std::min(piece_words_, acc_words_ - at), MPI_UINT64_T, to,
               i == 0 ? tag : tag + kTagMorePieces, comm_, &p.requests[static_cast<size_t>(i)]);
 }
 

@@ -30,8 +30,9 @@ namespace hvdlite {
 class BitAllreduce {
  public:
   // Collective over `base`, which it duplicates. `max_payload_bytes`: the largest
-  // payload a round may carry.
-  BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes = 0);
+  // payload a round may carry. Messages go in pieces of at most `piece_words` (and at
+  // least the bit vector and its two header words).
+  BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes = 0, int piece_words = 1 << 20);
   ~BitAllreduce();
   BitAllreduce(const BitAllreduce&) = delete;
   BitAllreduce& operator=(const BitAllreduce&) = delete;
@@ -69,6 +70,7 @@ class BitAllreduce {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int words_;
+  int piece_words_;
   // A message: the words, the payload's key, the message's length in words, the payload.
   int max_words_;  // words + 2 + the largest payload
   int acc_words_ = 0;  // what acc_ holds now (and what a send carries)

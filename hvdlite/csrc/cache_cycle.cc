@@ -15,6 +15,11 @@ constexpr uint64_t kEvictAllFlag = 1;
 // Ranks whose ready tensors differ for long are stalled, and they should not spin.
 constexpr int kFreeRetries = 64;
 constexpr int64_t kFirstPauseUs = 10;
+// On one host, Open MPI sends a message of up to 4 KiB (headers included) through shared
+// memory eagerly, and a larger one by a rendezvous and a copy across processes
+// (process_vm_readv): a cycle carrying a 4 KiB tensor would be just over, and two eager
+// pieces cost less. Across hosts (TCP's eager limit is 64 KiB) one message costs less.
+constexpr int kSharedMemoryPieceWords = 496;
 
 bool SameFusionKey(const Request& a, const Request& b) {
   return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
@@ -24,10 +29,10 @@ bool SameFusionKey(const Request& a, const Request& b) {
 }  // namespace
 
 CacheCycle::CacheCycle(MPI_Comm comm, int64_t capacity, const FusionLimits (&fusion)[kNumDeviceKinds],
-                       int64_t backoff_cap_us)
+                       int64_t backoff_cap_us, bool one_host)
     : words_(static_cast<int>((std::max<int64_t>(capacity, 1) + 63) / 64)),
       backoff_cap_us_(std::max<int64_t>(backoff_cap_us, kFirstPauseUs)),
-      bits_(comm, kHeaderWords + 2 * words_, kMaxCarriedBytes),
+      bits_(comm, kHeaderWords + 2 * words_, kMaxCarriedBytes, one_host ? kSharedMemoryPieceWords : 1 << 20),
       mine_(kHeaderWords + 2 * words_) {
   for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
 }

@@ -60,7 +60,10 @@ class CacheCycle {
   // Collective over `comm` (duplicated). `capacity`: the response cache's; `fusion`:
   // what may be fused per kind of device; `backoff_cap_us`: the longest pause between
   // cycles that keep finding nothing ready on every rank.
-  CacheCycle(MPI_Comm comm, int64_t capacity, const FusionLimits (&fusion)[kNumDeviceKinds], int64_t backoff_cap_us);
+  // `one_host`: every rank runs on this host (the cycle's messages then go in pieces
+  // that Open MPI's shared-memory transport sends eagerly: see cache_cycle.cc).
+  CacheCycle(MPI_Comm comm, int64_t capacity, const FusionLimits (&fusion)[kNumDeviceKinds], int64_t backoff_cap_us,
+             bool one_host);
 
   // A request of this rank that matched cache entry `id`. `input`: its data, if a cycle
   // may carry it (CanCarry), else null.

@@ -108,7 +108,8 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
                                                 registry_->Fusion(DeviceKind::kCuda)};
   if (rank == 0) coordinator_ = std::make_unique<Coordinator>(size, params_, fusion, &cache_, &timeline_);
   cycle_ = std::make_unique<CacheCycle>(comm, params_.cache_capacity, fusion,
-                                        static_cast<int64_t>(params_.cycle_time_ms * 1000));
+                                        static_cast<int64_t>(params_.cycle_time_ms * 1000),
+                                        topology_->cross_size() == 1);
   if (rank == 0 && !params_.timeline_path.empty()) {
     std::string err;
     if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
