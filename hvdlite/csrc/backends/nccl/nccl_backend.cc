@@ -548,14 +548,18 @@ std::unique_ptr<Completion> NcclBackend::TwoLevelAllreduce(CollectiveJob& job, G
                "cudaMemcpyAsync");
     // Waited for with an eye on the local communicator: a peer that failed inside the
     // host is an error here, not a wait forever.
+    // The error is checked once more after the copy is seen done: a reduce-scatter that
+    // failed (or was stopped by an abort) still lets the stream run on to the copy, and
+    // the shard it left must not go to the other hosts.
     std::shared_ptr<ReadyEvent> copied = d.events->Record(s);
-    while (!copied->Query()) {
+    for (bool done = false; !done;) {
+      done = copied->Query();
       nccl::Result async = nccl::kSuccess;
       if (lib_->api().CommGetAsyncError(lv.local, &async) != nccl::kSuccess ||
           (async != nccl::kSuccess && async != nccl::kInProgress))
         throw std::runtime_error("NCCL reported an asynchronous error in the two-level allreduce's reduce-scatter: " +
                                  lib_->ErrorString(async, lv.local));
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     const int64_t t_mpi = NowMicros();
     cross_mpi_->Allreduce(host, host, shard, r.dtype, host_op, 1.0);
