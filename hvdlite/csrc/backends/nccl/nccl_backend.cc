@@ -351,6 +351,22 @@ void NcclBackend::Abort(const std::string& why) {
   }
 }
 
+// The response's tensors one after another at `buf` (a joined rank's as zeros), on the
+// device's stream; returns the bytes written.
+int64_t NcclBackend::PackFused(CollectiveJob& job, GpuContext::Device& d, uint8_t* buf) {
+  const Response& r = job.response;
+  const int64_t es = DataTypeSize(r.dtype);
+  int64_t off = 0;
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    const int64_t bytes = r.sizes[i] * es;
+    if (job.have[i]) Copy(d, buf + off, job.entries[i].input, bytes);
+    else if (bytes > 0)
+      d.rt.Check(d.rt.api().MemsetAsync(buf + off, 0, static_cast<size_t>(bytes), d.stream->get()), "cudaMemsetAsync");
+    off += bytes;
+  }
+  return off;
+}
+
 void NcclBackend::Copy(GpuContext::Device& d, void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0 || dst == src) return;
   d.rt.Check(d.rt.api().MemcpyAsync(dst, src, static_cast<size_t>(bytes), cuda::kDeviceToDevice, d.stream->get()),
@@ -493,14 +509,7 @@ std::unique_ptr<Completion> NcclBackend::TwoLevelAllreduce(CollectiveJob& job, G
     buf = static_cast<uint8_t*>(job.entries[0].output);
   } else {
     buf = d.fusion.Get(padded * es, s);
-    int64_t off = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t bytes = r.sizes[i] * es;
-      if (job.have[i]) Copy(d, buf + off, job.entries[i].input, bytes);
-      else if (bytes > 0)
-        d.rt.Check(d.rt.api().MemsetAsync(buf + off, 0, static_cast<size_t>(bytes), s), "cudaMemsetAsync");
-      off += bytes;
-    }
+    const int64_t off = PackFused(job, d, buf);
     if (padded > total)
       d.rt.Check(d.rt.api().MemsetAsync(buf + off, 0, static_cast<size_t>((padded - total) * es), s),
                  "cudaMemsetAsync");
@@ -627,18 +636,11 @@ void NcclBackend::Allreduce(CollectiveJob& job, GpuContext::Device& d, nccl::Com
       for (int64_t c : r.sizes) total += c;
       uint8_t* buf = d.fusion.Get(total * es, s);
       const int64_t t_in = NowMicros();
-      int64_t off = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t bytes = r.sizes[i] * es;
-        if (job.have[i]) Copy(d, buf + off, job.entries[i].input, bytes);
-        else if (bytes > 0)
-          d.rt.Check(d.rt.api().MemsetAsync(buf + off, 0, static_cast<size_t>(bytes), s), "cudaMemsetAsync");
-        off += bytes;
-      }
+      PackFused(job, d, buf);
       const int64_t t_call = NowMicros();
       call(buf, buf, total);
       const int64_t t_out = NowMicros();
-      off = 0;
+      int64_t off = 0;
       for (size_t i = 0; i < n; ++i) {
         const int64_t bytes = r.sizes[i] * es;
         if (job.have[i]) Copy(d, job.entries[i].output, buf + off, bytes);

@@ -98,6 +98,8 @@ class NcclBackend : public Backend {
   nccl::RedOp ReductionFor(const Response& r, nccl::Comm comm, bool* created);
   // Copies (device to device) on the device's stream.
   void Copy(GpuContext::Device& d, void* dst, const void* src, int64_t bytes);
+  // A fused response's tensors packed into `buf`; returns the bytes written.
+  int64_t PackFused(CollectiveJob& job, GpuContext::Device& d, uint8_t* buf);
 
   ControlChannel* channel_;
   GpuContext* gpus_;
