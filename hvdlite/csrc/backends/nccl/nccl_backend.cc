@@ -367,6 +367,18 @@ int64_t NcclBackend::PackFused(CollectiveJob& job, GpuContext::Device& d, uint8_
   return off;
 }
 
+// The reverse: each tensor this rank has gets its part of `buf`.
+void NcclBackend::UnpackFused(CollectiveJob& job, GpuContext::Device& d, const uint8_t* buf) {
+  const Response& r = job.response;
+  const int64_t es = DataTypeSize(r.dtype);
+  int64_t off = 0;
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    const int64_t bytes = r.sizes[i] * es;
+    if (job.have[i]) Copy(d, job.entries[i].output, buf + off, bytes);
+    off += bytes;
+  }
+}
+
 void NcclBackend::Copy(GpuContext::Device& d, void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0 || dst == src) return;
   d.rt.Check(d.rt.api().MemcpyAsync(dst, src, static_cast<size_t>(bytes), cuda::kDeviceToDevice, d.stream->get()),
@@ -585,12 +597,7 @@ std::unique_ptr<Completion> NcclBackend::TwoLevelAllreduce(CollectiveJob& job, G
 
   if (!direct) {
     const int64_t t_out = NowMicros();
-    int64_t off = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t bytes = r.sizes[i] * es;
-      if (job.have[i]) Copy(d, job.entries[i].output, buf + off, bytes);
-      off += bytes;
-    }
+    UnpackFused(job, d, buf);
     if (trace) {
       const int64_t t_end = NowMicros();
       for (size_t i = 0; i < n; ++i) {
@@ -640,12 +647,7 @@ void NcclBackend::Allreduce(CollectiveJob& job, GpuContext::Device& d, nccl::Com
       const int64_t t_call = NowMicros();
       call(buf, buf, total);
       const int64_t t_out = NowMicros();
-      int64_t off = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t bytes = r.sizes[i] * es;
-        if (job.have[i]) Copy(d, job.entries[i].output, buf + off, bytes);
-        off += bytes;
-      }
+      UnpackFused(job, d, buf);
       if (job.trace.Active()) {
         const int64_t t_end = NowMicros();
         for (size_t i = 0; i < n; ++i) {

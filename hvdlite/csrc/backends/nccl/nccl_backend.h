@@ -100,6 +100,7 @@ class NcclBackend : public Backend {
   void Copy(GpuContext::Device& d, void* dst, const void* src, int64_t bytes);
   // A fused response's tensors packed into `buf`; returns the bytes written.
   int64_t PackFused(CollectiveJob& job, GpuContext::Device& d, uint8_t* buf);
+  void UnpackFused(CollectiveJob& job, GpuContext::Device& d, const uint8_t* buf);
 
   ControlChannel* channel_;
   GpuContext* gpus_;
