@@ -477,7 +477,9 @@ def test_check_build_imports_no_framework() -> None:
         # horovodrun options hvdlite-run does not implement say why.
         (["-np", "2", "--gloo", "true"], "no Gloo controller"),
         (["-np", "2", "--autotune", "true"], "no autotuner"),
-        (["-np", "2", "--min-np", "1", "true"], "no elastic launcher"),
+        # Elastic options are supported now; inconsistent ones are usage errors
+        # (more cases in test_runner_elastic.py).
+        (["-np", "2", "--min-np", "3", "true"], "--min-np 3 is above -np 2"),
         (["-np", "2", "--binding-args", "'", "true"], "--binding-args"),
         (["-np", "2", "--network-interface", "eth0,", "true"], "empty interface"),
         (["-np", "2", "-p", "0", "true"], "positive integer"),

@@ -8,10 +8,21 @@ Usage::
     hvdlite-run --check-build
     sbatch -N 2 --ntasks-per-node 4 --wrap "hvdlite-run -np 8 python train.py"
     hvdlite-run -np 8 -H node1:4,node2:4 -p 2222 --network-interface eth0 python train.py
+    hvdlite-run -np 8 --min-np 4 --max-np 12 --host-discovery-script ./hosts.sh python train.py
 
 horovodrun's options work with their horovodrun meaning; the ones for features
-hvdlite does not have (Gloo, elastic training, autotuning, ...) are usage errors
-that say so (:data:`UNSUPPORTED_HOROVODRUN_OPTIONS`).
+hvdlite does not have (Gloo, autotuning, ...) are usage errors that say so
+(:data:`UNSUPPORTED_HOROVODRUN_OPTIONS`).
+
+Elastic mode (horovodrun's ``--min-np``, ``--max-np`` or
+``--host-discovery-script``) starts ``-np`` workers under Open MPI's ULFM fault
+tolerance (``--with-ft ulfm``, TCP transport so that a dead peer is reported
+promptly), gives mpirun every discovered host with its slots so that later
+workers have somewhere to start, and hands the elastic settings to every worker
+as ``HVDLITE_ELASTIC_*`` variables (:mod:`hvdlite.runner.discovery`).  With a
+discovery script, the launcher first waits up to ``--elastic-timeout`` seconds
+for ``-np`` slots to appear.  Rebuilding the job when workers fail or join is
+the workers' business, not the launcher's.
 
 The launcher turns its flags into one ``mpirun`` command line and a set of
 environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
@@ -36,9 +47,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
-from hvdlite.runner import slurm
+from hvdlite.runner import discovery, slurm
 from hvdlite.runner.check_build import check_build_report, hvdlite_version
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 
@@ -46,6 +58,7 @@ __all__ = [
     "LaunchConfig",
     "LaunchError",
     "build_mpirun_command",
+    "elastic_settings",
     "find_mpirun",
     "mpirun_version",
     "parse_args",
@@ -53,6 +66,7 @@ __all__ = [
     "parse_hostfile",
     "run",
     "main",
+    "wait_for_slots",
 ]
 
 #: Prefixes of environment variables that are always forwarded to every rank.
@@ -85,8 +99,6 @@ _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_HIERARCHICAL_ALLGATHER": "HOROVOD_HIERARCHICAL_ALLGATHER",
 }
 
-_ELASTIC = ("hvdlite has no elastic launcher (workers cannot join or leave a running job); "
-            "scripts written with hvd.elastic run on the fixed -np ranks")
 _AUTOTUNE = ("hvdlite has no autotuner; set --fusion-threshold-mb and --cycle-time-ms "
              "yourself")
 #: horovodrun options that hvdlite-run does not implement: option -> (number of
@@ -98,13 +110,6 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--jsrun": (0, "hvdlite-run starts jobs with mpirun only; start them with jsrun yourself"),
     "--config-file": (1, "hvdlite-run reads no config file; give the options on the "
                          "command line"),
-    "--host-discovery-script": (1, _ELASTIC),
-    "--min-np": (1, _ELASTIC), "--min-num-proc": (1, _ELASTIC),
-    "--max-np": (1, _ELASTIC), "--max-num-proc": (1, _ELASTIC),
-    "--slots-per-host": (1, _ELASTIC),
-    "--elastic-timeout": (1, _ELASTIC),
-    "--reset-limit": (1, _ELASTIC),
-    "--blacklist-cooldown-range": (2, _ELASTIC),
     "--autotune": (0, _AUTOTUNE),
     "--autotune-log-file": (1, _AUTOTUNE),
     "--autotune-warmup-samples": (1, _AUTOTUNE),
@@ -152,6 +157,21 @@ class LaunchConfig:
     binding_args: list[str] = dataclasses.field(default_factory=list)
     output_filename: str | None = None
     prefix_timestamp: bool = False
+    # horovodrun's elastic options; elastic mode is on when any of the first three is set.
+    min_np: int | None = None
+    max_np: int | None = None
+    host_discovery_script: str | None = None
+    slots_per_host: int | None = None
+    elastic_timeout: float | None = None
+    reset_limit: int | None = None
+    cooldown_range: tuple[float, float] | None = None
+
+    @property
+    def elastic(self) -> bool:
+        """True when horovodrun's elastic mode is asked for (``--min-np``,
+        ``--max-np`` or ``--host-discovery-script``)."""
+        return (self.min_np is not None or self.max_np is not None
+                or self.host_discovery_script is not None)
 
 
 # --------------------------------------------------------------------------- hosts
@@ -240,6 +260,165 @@ def _has_option(args: Sequence[str], *names: str) -> bool:
     return False
 
 
+# --------------------------------------------------------------------------- elastic
+
+
+def elastic_settings(
+    config: LaunchConfig,
+    environ: Mapping[str, str] | None = None,
+    host_list: Sequence[tuple[str, int | None]] | None = None,
+) -> discovery.ElasticSettings:
+    """Resolve ``config``'s elastic options the way horovodrun does.  Pure.
+
+    ``--min-np`` defaults to ``-np``, ``--max-np`` to ``-np`` (horovodrun's
+    documented defaults), and ``min_np <= -np <= max_np`` must hold;
+    ``--elastic-timeout`` defaults to ``$HOROVOD_ELASTIC_TIMEOUT``, else 600 s.
+    Without a discovery script the hosts are fixed: ``host_list`` when given,
+    else ``-H``/``--hostfile`` (a host without slots counts ``--slots-per-host``
+    slots, else 1, as ``mpirun --host`` counts it), else the Slurm allocation's
+    nodes, else ``localhost`` with ``max_np`` slots.  With a script,
+    ``hosts`` is ``None``: the hosts are what the script prints.
+
+    Raises :class:`LaunchError` for inconsistent numbers.
+    """
+    env = os.environ if environ is None else environ
+    if not config.elastic:
+        raise LaunchError("elastic_settings() needs --min-np, --max-np or "
+                          "--host-discovery-script")
+    np_ = config.num_proc
+    min_np = np_ if config.min_np is None else config.min_np
+    max_np = np_ if config.max_np is None else config.max_np
+    if min_np < 1:
+        raise LaunchError(f"--min-np must be a positive integer, got {min_np}")
+    if min_np > np_:
+        raise LaunchError(f"--min-np {min_np} is above -np {np_}: -np is the number of "
+                          "workers to start with, at least --min-np")
+    if max_np < np_:
+        raise LaunchError(f"--max-np {max_np} is below -np {np_}: -np is the number of "
+                          "workers to start with, at most --max-np")
+    if config.cooldown_range is not None:
+        low, high = config.cooldown_range
+        if not 0 <= low <= high:
+            raise LaunchError(f"--blacklist-cooldown-range {low:g} {high:g}: need "
+                              "0 <= MIN <= MAX seconds")
+    if config.reset_limit is not None and config.reset_limit < 0:
+        raise LaunchError(f"--reset-limit must be >= 0, got {config.reset_limit}")
+    if config.slots_per_host is not None and config.slots_per_host < 1:
+        raise LaunchError(f"--slots-per-host must be a positive integer, "
+                          f"got {config.slots_per_host}")
+    if config.host_discovery_script is not None and (config.hosts or config.hostfile):
+        raise LaunchError("give either --host-discovery-script or -H/--hostfile, not both")
+
+    timeout = config.elastic_timeout
+    if timeout is None:
+        text = env.get("HOROVOD_ELASTIC_TIMEOUT", "").strip()
+        if text:
+            try:
+                timeout = float(text)
+            except ValueError:
+                raise LaunchError(f"HOROVOD_ELASTIC_TIMEOUT={text!r} is not a number of "
+                                  "seconds") from None
+        else:
+            timeout = discovery.DEFAULT_ELASTIC_TIMEOUT_S
+    if not 0 <= timeout < float("inf"):
+        raise LaunchError(f"--elastic-timeout must be a finite number >= 0, got {timeout}")
+
+    hosts: list[tuple[str, int]] | None = None
+    if config.host_discovery_script is None:
+        if host_list is None:
+            if config.hosts:
+                host_list = parse_hosts(config.hosts)
+            elif config.hostfile:
+                host_list = parse_hostfile(config.hostfile)
+            else:
+                try:
+                    host_list = slurm.allocation_hosts(env)
+                except ValueError as exc:
+                    raise LaunchError(f"Slurm allocation: {exc}; or give -H/--hostfile") from None
+        if host_list:
+            default = config.slots_per_host or 1
+            hosts = [(h, default if s is None else s) for h, s in host_list]
+        else:
+            hosts = [("localhost", max_np)]
+    return discovery.ElasticSettings(
+        min_np=min_np,
+        max_np=max_np,
+        discovery_script=(None if config.host_discovery_script is None
+                          else os.path.abspath(config.host_discovery_script)),
+        default_slots=config.slots_per_host,
+        timeout_s=float(timeout),
+        reset_limit=config.reset_limit,
+        cooldown_range=(None if config.cooldown_range is None
+                        else (float(config.cooldown_range[0]), float(config.cooldown_range[1]))),
+        hosts=hosts,
+    )
+
+
+def wait_for_slots(
+    settings: discovery.ElasticSettings,
+    needed: int,
+    *,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] | None = None,
+) -> list[tuple[str, int]]:
+    """Run the discovery script until its hosts offer ``needed`` slots; return them.
+
+    horovodrun's rule: the job starts once ``-np`` slots are available, waiting
+    up to ``--elastic-timeout`` (``settings.timeout_s``) for them.  The script is
+    run once, then every ``poll_s`` seconds.  A failure of the first run is final
+    (a broken script should not cost the whole timeout); later failures are
+    retried.  Raises :class:`LaunchError` when the first run fails or the timeout
+    passes, with the slots last seen and the last failure.  ``log`` receives one
+    line when the wait starts.
+    """
+    script = settings.discovery_script
+    if script is None:
+        raise LaunchError("wait_for_slots() needs a host discovery script")
+    deadline = clock() + settings.timeout_s
+
+    def run_once() -> list[tuple[str, int]]:
+        budget = min(30.0, max(1.0, deadline - clock()))
+        return discovery.run_discovery_script(script, settings.default_slots, timeout=budget)
+
+    try:
+        hosts = run_once()
+    except discovery.DiscoveryError as exc:
+        raise LaunchError(str(exc)) from None
+    last_error: str | None = None
+    announced = False
+    while sum(s for _, s in hosts) < needed:
+        offered = sum(s for _, s in hosts)
+        now = clock()
+        if now >= deadline:
+            seen = discovery.format_hosts(hosts) or "no hosts"
+            why = f"; the last run failed: {last_error}" if last_error else ""
+            raise LaunchError(
+                f"-np {needed} needs {needed} slots, but the host discovery script offered "
+                f"only {offered} ({seen}) within --elastic-timeout {settings.timeout_s:g} s"
+                f"{why}; lower -np or raise --elastic-timeout")
+        if log is not None and not announced:
+            log(f"waiting up to {settings.timeout_s:g} s (--elastic-timeout) for {needed} "
+                f"slots; the host discovery script offers {offered}")
+            announced = True
+        sleep(max(0.0, min(poll_s, deadline - now)))
+        try:
+            hosts = run_once()
+            last_error = None
+        except discovery.DiscoveryError as exc:
+            last_error = str(exc)
+    return hosts
+
+
+def _mca_chosen(args: Sequence[str], name: str) -> bool:
+    """True if ``args`` set the MCA parameter ``name`` (``--mca NAME VALUE``)."""
+    for flag, key in zip(args, args[1:]):
+        if flag in ("--mca", "-mca", "--gmca", "-gmca") and key == name:
+            return True
+    return False
+
+
 def build_mpirun_command(
     config: LaunchConfig,
     mpirun: str = "mpirun",
@@ -261,6 +440,15 @@ def build_mpirun_command(
     allocation's nodes with ``SLURM_TASKS_PER_NODE`` slots each
     (:func:`hvdlite.runner.slurm.allocation_hosts`).
 
+    Elastic mode (``config.elastic``): the settings are resolved by
+    :func:`elastic_settings` and reach every worker as ``HVDLITE_ELASTIC_*``
+    variables; mpirun runs with ``--with-ft ulfm`` over ``--mca pml ob1 --mca btl
+    tcp,self`` (a pml or btl chosen in ``--mpi-args`` is kept) and ``--host`` lists
+    every host with its slots, which must add up to ``-np`` at least.  With a
+    discovery script, ``host_list`` must be the hosts it printed (:func:`launch`
+    runs it, this function does not).  Stale ``HVDLITE_ELASTIC*`` and
+    ``HOROVOD_ELASTIC`` variables in ``environ`` are dropped in either mode.
+
     Raises :class:`LaunchError` for an inconsistent request (for instance more
     processes than the slots of a remote host list).
     """
@@ -279,7 +467,33 @@ def build_mpirun_command(
 
     # Hosts.
     from_slurm = False
-    if host_list is None:
+    elastic: discovery.ElasticSettings | None = None
+    if config.elastic:
+        if config.host_discovery_script is not None:
+            if host_list is None:
+                raise LaunchError("elastic mode with a host discovery script: pass the hosts "
+                                  "it printed as host_list (launch() runs the script)")
+            elastic = elastic_settings(config, env)
+            default = config.slots_per_host or 1
+            elastic_hosts = [(h, default if s is None else s) for h, s in host_list]
+            given = "hosts the discovery script printed"
+        else:
+            elastic = elastic_settings(config, env, host_list)
+            elastic_hosts = list(elastic.hosts or [])
+            given = "hosts given" if (config.hosts or config.hostfile) else "elastic hosts"
+        if ompi_major is not None and ompi_major < 5:
+            raise LaunchError(f"elastic mode needs Open MPI 5 or later (its ULFM fault "
+                              f"tolerance, mpirun --with-ft ulfm); this mpirun is Open MPI "
+                              f"{ompi_major}")
+        total = sum(s for _, s in elastic_hosts)
+        if config.num_proc > total:
+            raise LaunchError(
+                f"-np {config.num_proc} exceeds the {total} slots of the {given} "
+                f"({discovery.format_hosts(elastic_hosts) or 'none'}); an elastic job starts "
+                "only once -np slots are available: add hosts or slots, or lower -np")
+        host_list = elastic_hosts
+        argv += ["--host", discovery.format_hosts(elastic_hosts)]
+    elif host_list is None:
         if config.hosts:
             host_list = parse_hosts(config.hosts)
         elif config.hostfile:
@@ -291,7 +505,9 @@ def build_mpirun_command(
                 raise LaunchError(f"Slurm allocation: {exc}; or give -H/--hostfile") from None
             if slurm_hosts:
                 host_list, from_slurm = list(slurm_hosts), True
-    if config.hosts or from_slurm:
+    if elastic is not None:
+        pass  # --host is already there
+    elif config.hosts or from_slurm:
         argv += ["--host", ",".join(
             h if s is None else f"{h}:{s}" for h, s in (host_list or [])
         )]
@@ -305,7 +521,7 @@ def build_mpirun_command(
     user_oversubscribes = _has_option(user_args, "--oversubscribe", "-oversubscribe") or any(
         "OVERSUBSCRIBE" in a.upper() for a in user_args
     )
-    if not local_only and not user_oversubscribes and host_list:
+    if elastic is None and not local_only and not user_oversubscribes and host_list:
         slots = [s for _, s in host_list]
         if all(s is not None for s in slots):
             total = sum(s for s in slots if s is not None)
@@ -347,6 +563,17 @@ def build_mpirun_command(
         env["NCCL_SOCKET_IFNAME"] = nics
     if config.tcp:
         argv += ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp"]
+    if elastic is not None:
+        # ULFM: a worker's death becomes an error the survivors can handle instead of
+        # the end of the job.  Shared memory does not report a dead peer promptly, so
+        # the transport is TCP unless the user chose one.
+        if not _has_option(user_args, "--with-ft", "-with-ft"):
+            argv += ["--with-ft", "ulfm"]
+        if not config.tcp:
+            if not _mca_chosen(user_args, "pml"):
+                argv += ["--mca", "pml", "ob1"]
+            if not _mca_chosen(user_args, "btl"):
+                argv += ["--mca", "btl", "tcp,self"]
     path = None if config.output_filename is None else os.path.abspath(config.output_filename)
     if ompi_major is not None and ompi_major >= 5:  # one --output with its qualifiers
         qualifiers = ([f"dir={path}"] if path else []) + (["timestamp"] if config.prefix_timestamp else [])
@@ -362,6 +589,14 @@ def build_mpirun_command(
             argv.append("--allow-run-as-root")
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+
+    # Elastic settings -> environment; never let an outer job's leak in.
+    for name in discovery.ENV_NAMES:
+        env.pop(name, None)
+    if elastic is not None:
+        env.update(elastic.to_environ())
+        if "HOROVOD_ELASTIC_TIMEOUT" in env:
+            env["HOROVOD_ELASTIC_TIMEOUT"] = env[discovery.ENV_TIMEOUT]
 
     # Tunables -> environment.
     tunables: dict[str, str] = {}
@@ -476,6 +711,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-np", "--num-proc", dest="num_proc", type=_positive_int,
                         metavar="N", help="number of processes (ranks) to start")
     hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("--host-discovery-script", metavar="SCRIPT",
+                       help="elastic mode: a program printing the available hosts, one "
+                            "'host:slots' (or 'host', with --slots-per-host) per line; run "
+                            "at launch to find the first hosts, and by the workers to find "
+                            "more (horovodrun's meaning)")
     hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
                        help="hosts and slots, e.g. node1:4,node2:4 (default: this machine)")
     hosts.add_argument("-hostfile", "--hostfile", dest="hostfile", metavar="FILE",
@@ -545,6 +785,28 @@ def make_parser() -> argparse.ArgumentParser:
                          "could time out")
     hr.add_argument("--disable-cache", action="store_true",
                     help="accepted and unused: hvdlite-run keeps no cache of start-up checks")
+    el = parser.add_argument_group(
+        "elastic options (horovodrun's)",
+        "elastic mode is on when --min-np, --max-np or --host-discovery-script is given: "
+        "the job starts with -np workers under Open MPI's ULFM fault tolerance and keeps "
+        "running with between --min-np and --max-np of them")
+    el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=_positive_int,
+                    metavar="N", help="fewest workers the job continues with (default: -np); "
+                                      "without -np, also the number to start with")
+    el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_positive_int,
+                    metavar="N", help="most workers the job grows to (default: -np)")
+    el.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=_positive_int,
+                    metavar="N", help="slots of a host the discovery script prints without "
+                                      "':slots' (and of a -H/hostfile host without slots)")
+    el.add_argument("--elastic-timeout", type=_non_negative_float, metavar="S",
+                    help="seconds to wait for enough slots, at launch and after a "
+                         "rescaling (default: $HOROVOD_ELASTIC_TIMEOUT, else 600)")
+    el.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
+                    help="most times the job may rescale before it fails (default: no limit)")
+    el.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2,
+                    type=_non_negative_float, metavar=("MIN", "MAX"),
+                    help="a failed host is left out for a random time between MIN and MAX "
+                         "seconds, then tried again (default: left out for good)")
     for option, (nargs, why) in UNSUPPORTED_HOROVODRUN_OPTIONS.items():
         hr.add_argument(option, nargs=nargs, action=_Unsupported, reason=why,
                         help=argparse.SUPPRESS)
@@ -581,8 +843,23 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
     ns.command = command
     if ns.check_build:
         return ns, None
+    elastic = (ns.min_np is not None or ns.max_np is not None
+               or ns.host_discovery_script is not None)
+    if ns.num_proc is None and elastic and ns.min_np is not None:
+        ns.num_proc = ns.min_np  # start as soon as the minimum is there
     if ns.num_proc is None:
-        parser.error("-np N is required (the number of processes to start)")
+        parser.error("-np N is required (the number of processes to start"
+                     + ("; in elastic mode -np or --min-np)" if elastic else ")"))
+    if elastic:
+        _check_elastic_args(parser, ns)
+    else:
+        for flag, value in (("--slots-per-host", ns.slots_per_host),
+                            ("--elastic-timeout", ns.elastic_timeout),
+                            ("--reset-limit", ns.reset_limit),
+                            ("--blacklist-cooldown-range", ns.cooldown_range)):
+            if value is not None:
+                parser.error(f"{flag} only applies to elastic mode: add --min-np, --max-np "
+                             "or --host-discovery-script")
     if not command:
         parser.error("no command given: e.g. hvdlite-run -np 2 python train.py")
     try:
@@ -631,12 +908,44 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         binding_args=binding_args,
         output_filename=ns.output_filename,
         prefix_timestamp=ns.prefix_timestamp,
+        min_np=ns.min_np,
+        max_np=ns.max_np,
+        host_discovery_script=(None if ns.host_discovery_script is None
+                               else os.path.abspath(ns.host_discovery_script)),
+        slots_per_host=ns.slots_per_host,
+        elastic_timeout=ns.elastic_timeout,
+        reset_limit=ns.reset_limit,
+        cooldown_range=None if ns.cooldown_range is None else tuple(ns.cooldown_range),
     )
     return ns, config
 
 
+def _check_elastic_args(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Usage errors among the elastic options (argparse's exit status 2)."""
+    np_, min_np, max_np = ns.num_proc, ns.min_np, ns.max_np
+    if min_np is not None and min_np > np_:
+        parser.error(f"--min-np {min_np} is above -np {np_} (-np is the number of workers "
+                     "to start with, at least --min-np)")
+    if max_np is not None and max_np < np_:
+        parser.error(f"--max-np {max_np} is below -np {np_} (-np is the number of workers "
+                     "to start with, at most --max-np)")
+    if ns.cooldown_range is not None and ns.cooldown_range[0] > ns.cooldown_range[1]:
+        low, high = ns.cooldown_range
+        parser.error(f"--blacklist-cooldown-range {low:g} {high:g}: MIN is above MAX")
+    script = ns.host_discovery_script
+    if script is not None:
+        if not os.path.exists(script):
+            parser.error(f"--host-discovery-script: {script} does not exist")
+        if not os.path.isfile(script):
+            parser.error(f"--host-discovery-script: {script} is not a file")
+
+
 def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     """Launch ``config`` through mpirun and return the job's exit status.
+
+    In elastic mode with a host discovery script, the script is run first, until
+    its hosts offer ``-np`` slots or ``--elastic-timeout`` passes
+    (:func:`wait_for_slots`, a :class:`LaunchError` then).
 
     SIGINT, SIGTERM and SIGHUP received by this process are forwarded to
     ``mpirun``, which tears the job down; a second Ctrl-C kills ``mpirun``.
@@ -645,7 +954,14 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     env_in = os.environ if environ is None else environ
     mpirun = find_mpirun(env_in)
     _, major = mpirun_version(mpirun)
-    argv, env = build_mpirun_command(config, mpirun, env_in, ompi_major=major)
+    host_list: list[tuple[str, int | None]] | None = None
+    if config.elastic and config.host_discovery_script is not None:
+        settings = elastic_settings(config, env_in)
+        host_list = list(wait_for_slots(
+            settings, config.num_proc,
+            log=lambda line: print(f"hvdlite-run: {line}", file=sys.stderr, flush=True)))
+    argv, env = build_mpirun_command(config, mpirun, env_in, ompi_major=major,
+                                     host_list=host_list)
     if config.verbose:
         set_vars = {k: v for k, v in env.items() if env_in.get(k) != v}
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
