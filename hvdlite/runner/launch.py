@@ -393,11 +393,11 @@ def wait_for_slots(
         now = clock()
         if now >= deadline:
             seen = discovery.format_hosts(hosts) or "no hosts"
-            why = f"; the last run failed: {last_error}" if last_error else ""
+            why = f"\nThe last run failed: {last_error}" if last_error else ""
             raise LaunchError(
                 f"-np {needed} needs {needed} slots, but the host discovery script offered "
-                f"only {offered} ({seen}) within --elastic-timeout {settings.timeout_s:g} s"
-                f"{why}; lower -np or raise --elastic-timeout")
+                f"only {offered} ({seen}) within --elastic-timeout {settings.timeout_s:g} s; "
+                f"lower -np or raise --elastic-timeout{why}")
         if log is not None and not announced:
             log(f"waiting up to {settings.timeout_s:g} s (--elastic-timeout) for {needed} "
                 f"slots; the host discovery script offers {offered}")
