@@ -22,6 +22,7 @@
 #include "gpu/cuda_runtime.h"
 #include "gpu/library_loader.h"
 #include "handle_table.h"
+#include "membership.h"
 #include "parameters.h"
 
 namespace py = pybind11;
@@ -34,6 +35,17 @@ HandleTable g_handles;             // outlives engines, so old handles still rep
 // thread shuts down. Read and replaced only with the GIL held.
 std::shared_ptr<Engine> g_engine;
 bool g_mpi_owned = false;          // we called MPI_Init, so we call MPI_Finalize
+// The communicator hvdlite's world is made from: a duplicate of what init() was given,
+// and after a peer failed, the survivors' (membership.h). Owned here; every engine
+// duplicates it for itself.
+MPI_Comm g_base = MPI_COMM_NULL;
+
+void FreeBase() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (g_base != MPI_COMM_NULL && !finalized) MPI_Comm_free(&g_base);
+  g_base = MPI_COMM_NULL;
+}
 int g_thread_level = 0;
 
 // A process forked after init() (a DataLoader worker started with "fork", say) holds a
@@ -143,11 +155,41 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   std::shared_ptr<Engine> engine;
   {
     py::gil_scoped_release nogil;  // MPI_Comm_dup waits for the other ranks
-    engine = std::make_shared<Engine>(base, params, &g_handles);
+    FreeBase();
+    MPI_Comm_dup(base, &g_base);
+    MPI_Comm_set_errhandler(g_base, MPI_ERRORS_RETURN);
+    if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
+    engine = std::make_shared<Engine>(g_base, params, &g_handles);
   }
   g_engine = std::move(engine);
   g_engine_pid = getpid();
-  if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
+}
+
+// Elastic training after a peer died: the live processes of hvdlite's world agree on
+// a new one (collective over them), and a new engine starts on it, in this process.
+// Ranks are renumbered 0..n-1 in their old order; whatever the old engine held (its
+// negotiation, response cache, fusion buffers, communicators) goes with it. Called
+// after the engine stopped on a peer's failure; on a running engine, it is stopped
+// first, its communicators revoked, so that the other ranks take the same path.
+void Rebuild() {
+  RaiseIfForkedCopy();
+  if (g_base == MPI_COMM_NULL) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  std::shared_ptr<Engine> old = std::move(g_engine);
+  Parameters params = Parameters::FromEnvironment();
+  std::shared_ptr<Engine> engine;
+  {
+    py::gil_scoped_release nogil;
+    if (old) {
+      if (old->Running()) old->Abandon("hvd.elastic reset the world");
+      old.reset();
+    }
+    MPI_Comm survivors = ShrinkWorld(g_base);
+    FreeBase();
+    g_base = survivors;
+    engine = std::make_shared<Engine>(g_base, params, &g_handles);
+  }
+  g_engine = std::move(engine);
+  g_engine_pid = getpid();
 }
 
 void Shutdown() {
@@ -166,6 +208,7 @@ void Shutdown() {
 
 void Finalize() {
   Shutdown();
+  if (!g_forked) FreeBase();
   if (g_forked) return;  // MPI belongs to the parent process
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -531,6 +574,9 @@ PYBIND11_MODULE(_core, m) {
   pthread_atfork(nullptr, nullptr, &MarkForked);
 
   m.def("init", &Init, py::arg("comm_handle") = 0, py::arg("ranks") = std::vector<int>{});
+  m.def("rebuild", &Rebuild);
+  m.def("peer_failed", [] { return g_engine && g_engine->PeerFailed(); });
+  m.def("fault_tolerance_built", &FaultToleranceBuilt);
   m.def("is_initialized", [] { return g_engine && !g_forked && g_engine->Running(); });
   m.def("has_world", [] { return static_cast<bool>(g_engine); });
   m.def("shutdown_reason", [] { return g_engine ? g_engine->ShutdownReason() : std::string(); });

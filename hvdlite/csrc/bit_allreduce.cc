@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/mpi/reduce_ops.h"
+#include "membership.h"
 
 namespace hvdlite {
 namespace {
@@ -12,6 +13,19 @@ constexpr int kTagFoldIn = 1;    // a rank beyond the power of two hands its vec
 constexpr int kTagResult = 2;    // ... and is sent the result at the end
 constexpr int kTagExchange = 8;  // + the exchange's index
 constexpr int kTagMorePieces = 1 << 12;  // a message's pieces after the first
+
+// Whether every request is done; a request that failed throws (PeerFailure where a
+// peer died). Each is tested alone, so that its own error code is seen.
+bool TestAll(std::vector<MPI_Request>& requests) {
+  bool all = true;
+  for (MPI_Request& r : requests) {
+    if (r == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    CheckMpi(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test (cycle)");
+    all = all && done;
+  }
+  return all;
+}
 
 }  // namespace
 
@@ -22,7 +36,8 @@ BitAllreduce::BitAllreduce(MPI_Comm base, int words, int64_t max_payload_bytes, 
       acc_(max_words_),
       incoming_(max_words_) {
   piece_words_ = std::min(piece_words_, max_words_);
-  MPI_Comm_dup(base, &comm_);
+  CheckMpi(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup (cycles)");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
   MPI_Comm_size(comm_, &size);
@@ -77,7 +92,8 @@ bool BitAllreduce::Progress() {
     if (!step_started_) {
       if (s.send_to >= 0) Send(s.send_to, s.send_tag);
       if (s.recv_from >= 0)
-        MPI_Irecv(incoming_.data(), piece_words_, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_);
+        CheckMpi(MPI_Irecv(incoming_.data(), piece_words_, MPI_UINT64_T, s.recv_from, s.recv_tag, comm_, &recv_),
+                 "MPI_Irecv (cycle)");
       more_.clear();
       step_started_ = true;
     }
@@ -85,7 +101,7 @@ bool BitAllreduce::Progress() {
       int done = 0;
       if (more_.empty()) {
         MPI_Status status;
-        MPI_Test(&recv_, &done, &status);
+        CheckMpi(MPI_Test(&recv_, &done, &status), "MPI_Test (cycle)");
         if (!done) return false;
         int first = 0;
         MPI_Get_count(&status, MPI_UINT64_T, &first);
@@ -93,13 +109,13 @@ bool BitAllreduce::Progress() {
         if (in_words_ < first || in_words_ > max_words_) in_words_ = first;  // not ours: ignore the rest
         for (int at = piece_words_; at < in_words_; at += piece_words_) {
           more_.push_back(MPI_REQUEST_NULL);
-          MPI_Irecv(incoming_.data() + at, std::min(piece_words_, in_words_ - at), MPI_UINT64_T, s.recv_from,
-                    s.recv_tag + kTagMorePieces, comm_, &more_.back());
+          CheckMpi(MPI_Irecv(incoming_.data() + at, std::min(piece_words_, in_words_ - at), MPI_UINT64_T, s.recv_from,
+                             s.recv_tag + kTagMorePieces, comm_, &more_.back()),
+                   "MPI_Irecv (cycle)");
         }
         if (more_.empty()) more_.push_back(MPI_REQUEST_NULL);  // nothing more: done at once
       }
-      MPI_Testall(static_cast<int>(more_.size()), more_.data(), &done, MPI_STATUSES_IGNORE);
-      if (!done) return false;
+      if (!TestAll(more_)) return false;
       Combine(in_words_, s.replace);
     }
     ++step_;
@@ -120,8 +136,9 @@ void BitAllreduce::Send(int to, int tag) {
   PendingSend& p = sends_.back();
   p.requests.resize(static_cast<size_t>((acc_words_ + piece_words_ - 1) / piece_words_));
   for (int i = 0, at = 0; at < acc_words_; ++i, at += piece_words_)
-    MPI_Isend(p.data.data() + at, std::min(piece_words_, acc_words_ - at), MPI_UINT64_T, to,
-              i == 0 ? tag : tag + kTagMorePieces, comm_, &p.requests[static_cast<size_t>(i)]);
+    CheckMpi(MPI_Isend(p.data.data() + at, std::min(piece_words_, acc_words_ - at), MPI_UINT64_T, to,
+                       i == 0 ? tag : tag + kTagMorePieces, comm_, &p.requests[static_cast<size_t>(i)]),
+             "MPI_Isend (cycle)");
 }
 
 void BitAllreduce::Combine(int in_words, bool replace) {
@@ -142,6 +159,8 @@ void BitAllreduce::Combine(int in_words, bool replace) {
   }
 }
 
+void BitAllreduce::Revoke() { hvdlite::Revoke(comm_); }
+
 void BitAllreduce::Cancel() {
   if (recv_ != MPI_REQUEST_NULL) {
     MPI_Cancel(&recv_);
@@ -158,9 +177,7 @@ void BitAllreduce::Cancel() {
 
 void BitAllreduce::ReapSends() {
   for (auto it = sends_.begin(); it != sends_.end();) {
-    int done = 0;
-    MPI_Testall(static_cast<int>(it->requests.size()), it->requests.data(), &done, MPI_STATUSES_IGNORE);
-    if (!done) {
+    if (!TestAll(it->requests)) {
       ++it;
       continue;
     }

@@ -38,6 +38,7 @@ class BitAllreduce {
   BitAllreduce& operator=(const BitAllreduce&) = delete;
 
   int words() const { return words_; }
+  void Revoke();  // after a peer failed: every call on its communicator fails everywhere
   bool Active() const { return active_; }
   // Starts combining `mine` (words() words) with every other rank's; with `key` != 0,
   // also summing `count` elements of `dtype` (at most max_payload_bytes) at `payload`.

@@ -88,6 +88,7 @@ class CacheCycle {
   // This rank's ready tensors that have waited since before `before_us`: (id, since).
   std::vector<std::pair<int32_t, int64_t>> WaitingSince(int64_t before_us) const;
   void Cancel() { bits_.Cancel(); }
+  void Revoke() { bits_.Revoke(); }  // after a peer failed
 
  private:
   struct Ready {

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "membership.h"
+
 namespace hvdlite {
 namespace {
 
@@ -11,7 +13,8 @@ constexpr int kTagResponse = 102;
 }  // namespace
 
 ControlChannel::ControlChannel(MPI_Comm base) {
-  MPI_Comm_dup(base, &comm_);
+  CheckMpi(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup (control channel)");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -28,7 +31,8 @@ void ControlChannel::Send(int dest, int tag, const Bytes& bytes) {
   bytes_sent_ += static_cast<int64_t>(bytes->size());
   PendingSend s;
   s.bytes = bytes;
-  MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, dest, tag, comm_, &s.request);
+  CheckMpi(MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, dest, tag, comm_, &s.request),
+           "MPI_Isend (control channel)");
   sends_.push_back(std::move(s));
 }
 
@@ -42,12 +46,12 @@ bool ControlChannel::Receive(int source, int tag, std::vector<uint8_t>* out, int
   int flag = 0;
   MPI_Message msg;
   MPI_Status status;
-  MPI_Improbe(source, tag, comm_, &flag, &msg, &status);
+  CheckMpi(MPI_Improbe(source, tag, comm_, &flag, &msg, &status), "MPI_Improbe (control channel)");
   if (!flag) return false;
   int count = 0;
   MPI_Get_count(&status, MPI_BYTE, &count);
   out->resize(static_cast<size_t>(count));
-  MPI_Mrecv(out->data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+  CheckMpi(MPI_Mrecv(out->data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv (control channel)");
   if (from) *from = status.MPI_SOURCE;
   bytes_received_ += count;
   return true;
@@ -63,24 +67,27 @@ void ControlChannel::Reap(bool wait_all) {
   for (auto it = sends_.begin(); it != sends_.end();) {
     int done = 0;
     if (wait_all) {
+      // At the end: a send that failed (its peer died, the channel was revoked) is
+      // over too, and nothing is left to report it to.
       MPI_Wait(&it->request, MPI_STATUS_IGNORE);
       done = 1;
     } else {
-      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      CheckMpi(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test (control channel send)");
     }
     it = done ? sends_.erase(it) : std::next(it);
   }
 }
 
+void ControlChannel::Revoke() { hvdlite::Revoke(comm_); }
+
 void ControlChannel::Share(void* bytes, int count, int root) {
-  if (MPI_Bcast(bytes, count, MPI_BYTE, root, comm_) != MPI_SUCCESS)
-    throw std::runtime_error("hvdlite: MPI_Bcast on the control channel failed");
+  CheckMpi(MPI_Bcast(bytes, count, MPI_BYTE, root, comm_), "MPI_Bcast (control channel)");
 }
 
 std::vector<std::string> ControlChannel::GatherNotes(const std::string& note) {
   int mine = static_cast<int>(note.size());
   std::vector<int> lengths(size_);
-  MPI_Allgather(&mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_);
+  CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_), "MPI_Allgather (control channel)");
   std::vector<int> displs(size_, 0);
   int total = 0;
   for (int r = 0; r < size_; ++r) {
@@ -88,7 +95,8 @@ std::vector<std::string> ControlChannel::GatherNotes(const std::string& note) {
     total += lengths[r];
   }
   std::string all(static_cast<size_t>(total), '\0');
-  MPI_Allgatherv(note.data(), mine, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, comm_);
+  CheckMpi(MPI_Allgatherv(note.data(), mine, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, comm_),
+           "MPI_Allgatherv (control channel)");
   std::vector<std::string> out(size_);
   for (int r = 0; r < size_; ++r) out[r] = all.substr(displs[r], lengths[r]);
   return out;

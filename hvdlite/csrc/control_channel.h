@@ -29,6 +29,8 @@ class ControlChannel {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // After a peer failed: every call on the channel fails on every rank.
+  void Revoke();
 
   using Bytes = std::shared_ptr<const std::vector<uint8_t>>;
   // A worker's message to the coordinator.

@@ -16,6 +16,7 @@
 #include "backends/nccl/nccl_backend.h"
 #include "backends/staged/host_staged_backend.h"
 #include "logging.h"
+#include "membership.h"
 
 namespace hvdlite {
 namespace {
@@ -144,6 +145,14 @@ void Engine::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Engine::Abandon(const std::string& why) {
+  HVD_WARN("abandoning the engine: " << why);
+  channel_->Revoke();
+  cycle_->Revoke();
+  topology_->Revoke();
+  Stop();
+}
+
 bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::string* error) {
   if (rank() != 0) return true;  // rank 0 writes the timeline
   return timeline_.Start(path, mark_cycles, error);
@@ -243,6 +252,10 @@ void Engine::BeginShutdown(const std::string& reason, bool failure) {
 
 void Engine::Fail(const std::string& reason) {
   HVD_ERROR(reason);
+  if (peer_failed_) {  // the communicators are revoked: no one to tell
+    registry_->AbortAll(reason);
+    return;
+  }
   if (rank() == 0) {
     // A worker that fails reports to this rank before it aborts its device work, and
     // that abort may be what failed here: its report, if it comes within a moment,
@@ -275,6 +288,24 @@ void Engine::Fail(const std::string& reason) {
     shutting_down_ = true;
   }
   registry_->AbortAll(reason);  // nothing of this rank's waits for a peer any more
+}
+
+void Engine::OnPeerFailure(const std::string& what) {
+  const std::vector<int> dead = FailedRanks(topology_->world());
+  channel_->Revoke();
+  cycle_->Revoke();
+  topology_->Revoke();
+  std::string who;
+  for (size_t i = 0; i < dead.size(); ++i) who += (i ? ", " : "") + std::to_string(dead[i]);
+  shutdown_reason_ = dead.empty()
+                         ? "a peer process failed (" + what + ")"
+                         : std::string(dead.size() == 1 ? "rank " : "ranks ") + who + " of " + std::to_string(size()) +
+                               " failed (" + (dead.size() == 1 ? "its process" : "their processes") +
+                               " died or lost contact): " + what;
+  stopped_by_failure_ = true;
+  peer_failed_ = true;
+  HVD_ERROR(shutdown_reason_);
+  registry_->AbortAll(shutdown_reason_);
 }
 
 void Engine::Route(Request r, int64_t now, RequestList* to_coordinator) {
@@ -594,7 +625,7 @@ void Engine::Loop() {
           queue_.WaitForWork(kIdleWaitMicros);
           continue;
         }
-        if (!fatal_.empty()) throw std::runtime_error(fatal_);
+        if (fatal_) std::rethrow_exception(fatal_);
         progress = Step();
         if (Finished()) break;
         stopping = shutting_down_;
@@ -623,6 +654,8 @@ void Engine::Loop() {
       sleep_us = std::min(cap_us, std::max<int64_t>(10, sleep_us * 2));
       queue_.WaitForWork(sleep_us);
     }
+  } catch (const PeerFailure& ex) {
+    OnPeerFailure(ex.what());
   } catch (const std::exception& ex) {
     shutdown_reason_ = std::string("hvdlite engine failed: ") + ex.what();
     stopped_by_failure_ = true;
@@ -681,17 +714,17 @@ void Engine::Drive(int64_t h) {
     // costs a system call each time (~0.7 us here), which would add to every hop of
     // the negotiation. Past that the peer is slow, and the core is offered to others.
     int64_t last_progress = NowMicros();
-    while (running_ && !shutting_down_ && fatal_.empty() && !handles_->Poll(h)) {
+    while (running_ && !shutting_down_ && !fatal_ && !handles_->Poll(h)) {
       if (Step()) {
         last_progress = NowMicros();
       } else if (NowMicros() - last_progress >= spin_us_) {
         std::this_thread::yield();
       }
     }
-  } catch (const std::exception& ex) {
-    fatal_ = ex.what();
+  } catch (const std::exception&) {
+    fatal_ = std::current_exception();
   }
-  const bool ending = !running_ || shutting_down_ || !fatal_.empty();
+  const bool ending = !running_ || shutting_down_ || fatal_;
   lk.unlock();
   // Hand what is left (other callers' requests, async ones, a shutdown, device work to
   // watch) back to the background thread. Checked after unlocking: work pushed from
@@ -784,6 +817,9 @@ void Engine::Perform(const Response& r) {
   std::unique_ptr<Completion> completion;
   try {
     completion = backend->Run(job);
+  } catch (const PeerFailure& ex) {
+    fail_all(label + " failed on rank " + std::to_string(rank()) + ": a peer process failed (" + ex.what() + ")");
+    throw;  // the engine stops (OnPeerFailure)
   } catch (const FailedOnEveryRank& ex) {
     return fail_all(label + " failed (" + backend->Name() + " backend, " + DeviceLabel(device) + "): " + ex.what());
   } catch (const std::exception& ex) {

@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <exception>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,9 @@ class Engine {
   // The engine stopped because something failed (a GPU collective, the engine itself),
   // not because a rank shut down.
   bool StoppedByFailure() const { return !running_ && stopped_by_failure_; }
+  // The engine stopped because a peer process died (or another rank saw one die and
+  // revoked the communicators): the survivors can go on in a new world (membership.h).
+  bool PeerFailed() const { return !running_ && peer_failed_; }
 
   // Queues one request; returns its handle at once (already failed on bad input).
   // `caller_waits`: the caller will Wait() on the handle right away, so there is no
@@ -67,6 +71,9 @@ class Engine {
   // event, if its work was queued on a GPU.
   bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr);
   void Stop();
+  // Stops the engine as if a peer had failed: its communicators are revoked, so every
+  // other rank's engine stops too (elastic training's reset of a running world).
+  void Abandon(const std::string& why);
 
   // Control-plane counters since init, for diagnostics and the benchmark's response
   // cache measurement.
@@ -117,6 +124,10 @@ class Engine {
   // A failure on this rank that the others must hear of (a GPU collective failed, or
   // never finished): shut the job down everywhere, device work aborted.
   void Fail(const std::string& reason);
+  // A peer died (an MPI call said so): every communicator of this engine is revoked,
+  // so every other rank hears of it at its next call, and the engine stops without
+  // the shutdown handshake, its requests failed.
+  void OnPeerFailure(const std::string& what);
   void Execute(const ResponseList& list);
   Response FromCache(const std::vector<int32_t>& ids) const;
   void Perform(const Response& response);
@@ -163,10 +174,11 @@ class Engine {
   // runs the engine while it waits (Drive). Everything the steps touch (control
   // plane, coordinator, cache, backends, in-flight work) is guarded by it.
   std::mutex step_mu_;
-  std::string fatal_;  // an exception a driving caller caught; the loop rethrows it
+  std::exception_ptr fatal_;  // an exception a driving caller caught; the loop rethrows it
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> running_{true};
   std::atomic<bool> stopped_by_failure_{false};
+  std::atomic<bool> peer_failed_{false};
   bool shutting_down_ = false;   // coordinator: shutdown announced; worker: asked for it
   int acks_ = 0;
   std::string shutdown_reason_;

@@ -2,22 +2,29 @@
 
 #include <initializer_list>
 
+#include "membership.h"
+
 namespace hvdlite {
 
 Topology::Topology(MPI_Comm base) {
-  MPI_Comm_dup(base, &world_);
+  CheckMpi(MPI_Comm_dup(base, &world_), "MPI_Comm_dup (world)");
   MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(world_, &rank_);
   MPI_Comm_size(world_, &size_);
-  MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_);
+  CheckMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_),
+           "MPI_Comm_split_type (hosts)");
   MPI_Comm_rank(local_, &local_rank_);
   MPI_Comm_size(local_, &local_size_);
-  MPI_Comm_split(world_, local_rank_, rank_, &cross_);
+  CheckMpi(MPI_Comm_split(world_, local_rank_, rank_, &cross_), "MPI_Comm_split (cross)");
   MPI_Comm_rank(cross_, &cross_rank_);
   MPI_Comm_size(cross_, &cross_size_);
   int sizes[2] = {local_size_, -local_size_};
-  MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, world_);
+  CheckMpi(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, world_), "MPI_Allreduce (topology)");
   homogeneous_ = sizes[0] == -sizes[1];
+}
+
+void Topology::Revoke() {
+  for (MPI_Comm c : {cross_, local_, world_}) hvdlite::Revoke(c);
 }
 
 Topology::~Topology() {

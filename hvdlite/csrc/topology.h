@@ -27,6 +27,8 @@ class Topology {
   bool homogeneous() const { return homogeneous_; }
 
   MPI_Comm world() const { return world_; }  // errors are returned, not fatal
+  // After a peer failed: every call on these communicators fails on every rank.
+  void Revoke();
   MPI_Comm local() const { return local_; }
   MPI_Comm cross() const { return cross_; }
 

@@ -1,33 +1,34 @@
-"""``hvd.elastic`` for TensorFlow 2: Horovod's elastic-training API on a fixed world.
+"""``hvd.elastic`` for TensorFlow 2: Horovod's elastic-training API.
 
-``hvd.elastic.run`` and the state objects work as in Horovod, on the ranks the launcher
-started; the world never changes size (see :mod:`hvdlite.common.elastic`). For
-``model.fit`` see :mod:`hvdlite.tensorflow.keras.elastic`.
+``hvd.elastic.run`` and the state objects work as in Horovod; launched elastic
+(``hvdlite-run --min-np ...``), training survives a lost worker (see
+:mod:`hvdlite.common.elastic`). For ``model.fit`` see :mod:`hvdlite.tensorflow.keras.elastic`.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
 from hvdlite.common.basics import rank
-from hvdlite.common.elastic import ObjectState, State, run_fn
+from hvdlite.common.elastic import ObjectState, State, run_fn, sync_root
 from hvdlite.tensorflow.functions import broadcast_object, broadcast_variables
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate the training function ``func(state, ...)``: each call first brings every
-    rank to rank 0's ``state``, then runs ``func``. Exceptions propagate unchanged."""
+    """Decorate the training function ``func(state, ...)``: every rank first takes rank
+    0's ``state``, then runs ``func``; after a lost worker, the survivors restore the last
+    commit, rebuild the world and call ``func`` again (:mod:`hvdlite.common.elastic`)."""
     return run_fn(func)
 
 
 def _bcast(obj: Any) -> Any:
-    return broadcast_object(obj, root_rank=0)
+    return broadcast_object(obj, root_rank=sync_root())
 
 
 class _VariablesState(ObjectState):
     """An ObjectState that also keeps values of TensorFlow/Keras variables: saved as
-    NumPy copies, restored by assignment, synced by broadcasting rank 0's values."""
+    NumPy copies, restored by assignment, synced by broadcasting the sync root's values."""
 
     def __init__(self, **kwargs: Any) -> None:
         self._save_variables()
@@ -51,7 +52,7 @@ class _VariablesState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        broadcast_variables(self._tracked(), root_rank=0)
+        broadcast_variables(self._tracked(), root_rank=sync_root())
         self._save_variables()
         super().sync()
 

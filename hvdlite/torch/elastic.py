@@ -1,4 +1,4 @@
-"""``hvd.elastic`` for PyTorch: Horovod's elastic-training API on a fixed world.
+"""``hvd.elastic`` for PyTorch: Horovod's elastic-training API.
 
 A script written for Horovod's elastic mode runs unchanged::
 
@@ -16,9 +16,11 @@ A script written for Horovod's elastic mode runs unchanged::
 
     train(state)
 
-on the ranks the launcher started: ``run`` makes every rank start from rank 0's model,
-optimizer, sampler position and attributes; ``commit()`` keeps an in-memory copy that
-``restore()`` returns to. The world never changes size (see :mod:`hvdlite.common.elastic`).
+``run`` makes every rank start from rank 0's model, optimizer, sampler position and
+attributes; ``commit()`` keeps an in-memory copy that ``restore()`` returns to. Launched
+elastic (``hvdlite-run --min-np ...``), training survives a lost worker: the survivors
+go back to the last commit, rebuild the world among themselves and go on, and the
+sampler reshards the epoch's remaining samples (see :mod:`hvdlite.common.elastic`).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from hvdlite.common.basics import rank, size
-from hvdlite.common.elastic import ObjectState, State, run_fn
+from hvdlite.common.elastic import ObjectState, State, run_fn, sync_root
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 
@@ -38,8 +40,9 @@ __all__ = ["ElasticSampler", "TorchState", "State", "ObjectState", "run"]
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate the training function ``func(state, ...)``: each call first brings every
-    rank to rank 0's ``state``, then runs ``func``. Exceptions propagate unchanged."""
+    """Decorate the training function ``func(state, ...)``: every rank first takes rank
+    0's ``state``, then runs ``func``; after a lost worker, the survivors restore the last
+    commit, rebuild the world and call ``func`` again (:mod:`hvdlite.common.elastic`)."""
     return run_fn(func)
 
 
@@ -130,17 +133,17 @@ class _Handler:
         self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=sync_root()))
 
 
 class _ModelHandler(_Handler):
     def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.value.state_dict(), root_rank=sync_root())
 
 
 class _OptimizerHandler(_Handler):
     def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
+        broadcast_optimizer_state(self.value, root_rank=sync_root())
 
 
 class _SamplerHandler(_Handler):
@@ -169,7 +172,7 @@ class TorchState(ObjectState):
     """The state of a PyTorch training process: ``model``, ``optimizer`` and any further
     keyword arguments, all exposed as attributes. Modules, optimizers, learning-rate
     schedulers and ``ElasticSampler`` s are saved through their ``state_dict`` and synced
-    from rank 0 (parameters and buffers, optimizer state, scheduler state, the union of
+    from the sync root (parameters and buffers, optimizer state, scheduler state, the union of
     processed samples); other values are plain Python values."""
 
     def __init__(self, model: torch.nn.Module | None = None,
@@ -186,7 +189,7 @@ class TorchState(ObjectState):
         object.__setattr__(self, "_handlers", handlers)
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)
-        super().__init__(bcast_object=lambda obj: broadcast_object(obj, root_rank=0),
+        super().__init__(bcast_object=lambda obj: broadcast_object(obj, root_rank=sync_root()),
                          get_rank=rank, **plain)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -1,5 +1,5 @@
-"""``hvd.elastic`` for Keras 3 ``model.fit``: Horovod's elastic-training API on a fixed
-world (see :mod:`hvdlite.common.elastic`)::
+"""``hvd.elastic`` for Keras 3 ``model.fit``: Horovod's elastic-training API (see
+:mod:`hvdlite.common.elastic`)::
 
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     callbacks = [hvd.elastic.UpdateEpochStateCallback(state),

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "membership.h"
+
 namespace hvdlite {
 namespace {
 
@@ -24,11 +26,12 @@ HierarchicalAllgather::HierarchicalAllgather(const Topology& topology, MpiCollec
       per_host_(topology.local_size()) {
   // A host's index is its leader's (local rank 0's) rank among the leaders.
   int host = topology.cross_rank();
-  MPI_Bcast(&host, 1, MPI_INT, 0, topology.local());
+  CheckMpi(MPI_Bcast(&host, 1, MPI_INT, 0, topology.local()), "MPI_Bcast (host index)");
   my_host_ = host;
   const int size = topology.size();
   std::vector<int> mine = {host, topology.local_rank(), topology.cross_rank()}, all(3 * size);
-  MPI_Allgather(mine.data(), 3, MPI_INT, all.data(), 3, MPI_INT, topology.world());
+  CheckMpi(MPI_Allgather(mine.data(), 3, MPI_INT, all.data(), 3, MPI_INT, topology.world()),
+           "MPI_Allgather (host layout)");
   host_of_.resize(size);
   local_of_.resize(size);
   cross_host_.assign(hosts_, 0);

@@ -7,17 +7,14 @@
 #include <string>
 
 #include "backends/mpi/reduce_ops.h"
+#include "membership.h"
 
 namespace hvdlite {
 namespace {
 
+// PeerFailure where a peer died (membership.h), else std::runtime_error.
 void Check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw std::runtime_error(std::string("MPI_") + what + " failed: " + std::string(msg, len));
-  }
+  if (rc != MPI_SUCCESS) CheckMpi(rc, std::string("MPI_") + what);
 }
 
 // MPI counts are int; one call moves at most this many elements.
