@@ -256,6 +256,13 @@ def test_elastic_defaults_local() -> None:
     assert env["HVDLITE_ELASTIC_MIN_NP"] == "2" and env["HVDLITE_ELASTIC_MAX_NP"] == "4"
     assert env["HVDLITE_ELASTIC_TIMEOUT"] == "600"
     assert env["HVDLITE_ELASTIC_HOSTS"] == "localhost:4"
+    # This machine alone: TCP over the loopback only.
+    assert ("--mca", "btl_tcp_if_include", "lo") in _triples(argv)
+    # Not with remote hosts, nor when the user picked interfaces.
+    argv, _ = _build(_elastic(num_proc=2, max_np=4, hosts="node1:2,node2:2"))
+    assert "btl_tcp_if_include" not in argv
+    argv, _ = _build(_elastic(num_proc=2, max_np=4, network_interfaces=["eth1"]))
+    assert ("--mca", "btl_tcp_if_include", "eth1") in _triples(argv) and "lo" not in argv
     # --min-np alone: --max-np defaults to -np; HOROVOD_ELASTIC_TIMEOUT gives the default.
     _, env = _build(_elastic(num_proc=3, min_np=1),
                     {"PATH": "/bin", "HOROVOD_ELASTIC_TIMEOUT": "90"})

@@ -23,7 +23,7 @@ import functools
 from typing import Any, Callable
 
 from hvdlite.common import membership
-from hvdlite.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from hvdlite.common.exceptions import HostsUpdatedInterrupt
 
 _sync_root = 0
 
@@ -131,13 +131,16 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
                 state.sync()
             try:
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+            except Exception:  # noqa: BLE001 - HorovodInternalError, or a framework's wrapper of it
+                # A collective inside a tf.function fails as a tf.errors type, and a
+                # framework may wrap the error on its way out; what counts is why the
+                # engine stopped.
                 if not membership.peer_failed():
                     raise  # not a lost worker: nothing a new world would fix
                 state.restore()
                 skip_sync = False
-            except HostsUpdatedInterrupt as interrupt:
-                skip_sync = interrupt.skip_sync
             resets += 1
             if reset_limit is not None and resets > reset_limit:
                 raise membership.ElasticJobError(

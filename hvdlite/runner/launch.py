@@ -574,6 +574,13 @@ def build_mpirun_command(
                 argv += ["--mca", "pml", "ob1"]
             if not _mca_chosen(user_args, "btl"):
                 argv += ["--mca", "btl", "tcp,self"]
+        # On this machine alone (and no script that could add other hosts), TCP needs
+        # only the loopback: other interfaces may come and go (containers' bridges)
+        # while the job runs, and a connection over one that went stalls a rank.
+        if (local_only and not elastic.discovery_script and not config.network_interfaces
+                and not _mca_chosen(user_args, "btl_tcp_if_include")
+                and not _mca_chosen(user_args, "btl_tcp_if_exclude")):
+            argv += ["--mca", "btl_tcp_if_include", "lo"]
     path = None if config.output_filename is None else os.path.abspath(config.output_filename)
     if ompi_major is not None and ompi_major >= 5:  # one --output with its qualifiers
         qualifiers = ([f"dir={path}"] if path else []) + (["timestamp"] if config.prefix_timestamp else [])

@@ -1,0 +1,115 @@
+"""Elastic training through the real launcher: ``hvdlite-run -np 4 --min-np 2 --max-np 4``.
+
+A worker (any rank, rank 0 included) kills itself with SIGKILL mid-training; the
+survivors must finish in the same processes, from the last commit, as a world of
+their own with identical parameters, and every sample of every epoch must have been
+committed as processed (none lost to the reshard).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.launch import REPO, run_job
+
+WORKERS = Path(__file__).parent / "workers"
+TRAIN = WORKERS / "torch_elastic_train.py"
+ELASTIC = ["--min-np", "2", "--max-np", "4"]
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def _run(tmp_path: Path, n: int, kill: str, *args: str, launcher: list[str] = ELASTIC,
+         timeout: float = 240) -> tuple[object, list[dict]]:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(n, TRAIN, "--out", str(out), *args, env={"HVDLITE_TEST_KILL": kill},
+                   launcher_args=launcher, timeout=timeout)
+    return proc, _results(out)
+
+
+def _check_survivors(proc, results: list[dict], n: int, dead: set[int], samples: int = 480) -> None:
+    detail = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{detail}"
+    survivors = sorted(r["first_rank"] for r in results)
+    assert survivors == sorted(set(range(n)) - dead), f"survivors {survivors}\n{detail}"
+    left = n - len(dead)
+    # A world of the survivors: ranks 0..left-1 in their old order.
+    by_first = sorted(results, key=lambda r: r["first_rank"])
+    assert [r["rank"] for r in by_first] == list(range(left)), by_first
+    assert all(r["size"] == left for r in results)
+    # Identical parameters everywhere, and as many resets as workers lost.
+    assert len({r["params_sha"] for r in results}) == 1, [r["params_sha"] for r in results]
+    assert all(len(r["resets"]) == len(dead) for r in results), [r["resets"] for r in results]
+    # The step counter is part of the committed state: equal everywhere.
+    assert len({r["steps"] for r in results}) == 1
+    # Every epoch's committed samples, over all ranks, are the whole dataset.
+    for epoch, per_rank in results[0]["epoch_samples"].items():
+        seen = set(i for part in per_rank for i in part)
+        assert seen == set(range(samples)), f"epoch {epoch}: {samples - len(seen)} sample(s) never processed"
+    # Training went somewhere (the loss of the initial model is ~1-3 on this data).
+    assert results[0]["loss"] < 0.5, results[0]["loss"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("victim", [0, 2])
+def test_survivors_finish_when_a_rank_dies(tmp_path: Path, victim: int) -> None:
+    proc, results = _run(tmp_path, 4, f"{victim}:20")
+    _check_survivors(proc, results, 4, {victim})
+    # The failure was reported as the lost rank, on the survivors.
+    assert f"rank {victim} of 4 failed" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_die_at_different_times(tmp_path: Path) -> None:
+    proc, results = _run(tmp_path, 4, "1:12,0:40")
+    _check_survivors(proc, results, 4, {0, 1})
+
+
+@pytest.mark.timeout(300)
+def test_below_min_np_ends_the_job_with_the_reason(tmp_path: Path) -> None:
+    proc, results = _run(tmp_path, 3, "2:10", launcher=["--min-np", "3", "--max-np", "3",
+                                                        "--elastic-timeout", "2"])
+    assert proc.returncode != 0
+    assert not results
+    assert "fewer than --min-np 3" in proc.stderr and "--elastic-timeout 2 s" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_reset_limit_ends_the_job_with_the_reason(tmp_path: Path) -> None:
+    proc, results = _run(tmp_path, 4, "3:10,2:30", launcher=ELASTIC + ["--reset-limit", "1"])
+    assert proc.returncode != 0
+    assert not results
+    assert "more than --reset-limit 1" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_without_elastic_options_a_failure_still_ends_the_job(tmp_path: Path) -> None:
+    proc, results = _run(tmp_path, 3, "1:5", launcher=[], timeout=60)
+    assert proc.returncode != 0
+    assert not results
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["fit", "loop"])
+def test_keras_survivors_finish_when_a_rank_dies(tmp_path: Path, mode: str) -> None:
+    """KerasState with the Keras callbacks under model.fit, and TensorFlowKerasState
+    under a custom tf.function loop: rank 1 of 3 dies, 2 finish alike."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(3, WORKERS / "keras_elastic_train.py", "--mode", mode, "--out", str(out),
+                   env={"HVDLITE_TEST_KILL": "1:7"}, launcher_args=["--min-np", "2", "--max-np", "3"],
+                   timeout=240)
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, detail
+    results = _results(out)
+    assert sorted(r["first_rank"] for r in results) == [0, 2], detail
+    assert sorted(r["rank"] for r in results) == [0, 1] and all(r["size"] == 2 for r in results)
+    assert len({r["weights_sha"] for r in results}) == 1
+    assert all(r["resets"] == [2] for r in results)
+    assert results[0]["loss"] < 4.0, results[0]["loss"]  # ~8 before training
