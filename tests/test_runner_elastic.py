@@ -225,7 +225,7 @@ def test_elastic_command_with_discovery_script() -> None:
     # Every discovered host with its slots, so that later workers have room.
     assert ("--host", "node1:2,node2:2,node3:1") in pairs
     assert ("--with-ft", "ulfm") in pairs
-    assert ("--mca", "pml", "ob1") in triples and ("--mca", "btl", "tcp,self") in triples
+    assert ("--mca", "pml", "ob1") in triples and ("--mca", "btl", "sm,tcp,self") in triples
     # Remote hosts: their slots are respected, no oversubscription.
     assert ":OVERSUBSCRIBE" not in argv and "--oversubscribe" not in argv
     assert env["HVDLITE_ELASTIC"] == env["HOROVOD_ELASTIC"] == "1"
@@ -291,11 +291,11 @@ def test_elastic_keeps_user_transport() -> None:
     argv, _ = _build(config)
     assert argv.count("--with-ft") == 1
     assert ("--mca", "btl", "tcp,self,vader") in _triples(argv)
-    assert ("--mca", "btl", "tcp,self") not in _triples(argv)
+    assert ("--mca", "btl", "sm,tcp,self") not in _triples(argv)
     assert ("--mca", "pml", "ob1") in _triples(argv)  # the user chose no pml
     argv, _ = _build(_elastic(min_np=1, mpi_args=["-mca", "pml", "ucx"]))
     assert ("--mca", "pml", "ob1") not in _triples(argv)
-    assert ("--mca", "btl", "tcp,self") in _triples(argv)
+    assert ("--mca", "btl", "sm,tcp,self") in _triples(argv)
     assert ("--with-ft", "ulfm") in _pairs(argv)
     # --tcp already chooses the transport: no second pml/btl.
     argv, _ = _build(_elastic(min_np=1, tcp=True))

@@ -53,14 +53,25 @@ class State:
 
     def commit(self) -> None:
         """Keep the current state as the one ``restore()`` returns to after a failure,
-        then check whether hosts were added (``check_host_updates``)."""
+        then check whether hosts were added (``check_host_updates``).
+
+        In an elastic job the ranks first agree that none of them failed since the
+        world was made (and on whether workers are to be added): a step that a failure
+        interrupted is never committed, even on a rank where it seemed to complete."""
+        self._commit_check = membership.check_for_new_workers()
         self.save()
         self._commits += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank when the hosts changed. Only the
-        launcher's discovery script adds hosts; a job without it has nothing to check."""
+        """Raise ``HostsUpdatedInterrupt`` on every rank when workers are to be added
+        (the launcher's discovery script offers free slots, up to ``--max-np``).
+        Collective in an elastic job; nothing to check in a fixed one."""
+        updated = self.__dict__.pop("_commit_check", None)
+        if updated is None:
+            updated = membership.check_for_new_workers()
+        if updated:
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
         raise NotImplementedError
@@ -102,14 +113,14 @@ class ObjectState(State):
 
 
 def _choose_sync_root(state: State) -> None:
-    """Collective: the rank with the most commits becomes the sync root."""
+    """Collective (elastic jobs): the rank with the most commits becomes the sync root
+    (the lowest such rank; rank 0 at the start), and every rank's host is noted."""
     global _sync_root
-    from hvdlite.common.basics import size
     from hvdlite.common.objects import allgather_object
-    if size() == 1:
-        _sync_root = 0
-        return
-    counts = allgather_object(getattr(state, "_commits", 0), name="hvdlite.elastic.commits")
+    mine = (getattr(state, "_commits", 0), membership.hostname())
+    gathered = allgather_object(mine, name="hvdlite.elastic.world")
+    counts = [c for c, _ in gathered]
+    membership.world_hosts([h for _, h in gathered])
     newest = max(counts)
     _sync_root = counts.index(newest)
     state._commits = newest
@@ -127,12 +138,15 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
         skip_sync = False
         _sync_root = 0
         while True:
-            if not skip_sync:
-                state.sync()
             try:
+                if not skip_sync:
+                    if settings is not None:
+                        _choose_sync_root(state)
+                    state.sync()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
+                after_failure = False
             except Exception:  # noqa: BLE001 - HorovodInternalError, or a framework's wrapper of it
                 # A collective inside a tf.function fails as a tf.errors type, and a
                 # framework may wrap the error on its way out; what counts is why the
@@ -141,14 +155,22 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
                     raise  # not a lost worker: nothing a new world would fix
                 state.restore()
                 skip_sync = False
+                after_failure = True
             resets += 1
             if reset_limit is not None and resets > reset_limit:
                 raise membership.ElasticJobError(
                     f"elastic training stops: the world changed {resets} times, more than "
                     f"--reset-limit {reset_limit}")
-            membership.reset()
+            while True:
+                try:
+                    membership.reset(after_failure)
+                    break
+                except membership.ElasticJobError:
+                    raise
+                except Exception:  # noqa: BLE001 - another worker lost during the reset
+                    if not membership.peer_failed():
+                        raise
+                    after_failure = True
             state.on_reset()
-            if not skip_sync:
-                _choose_sync_root(state)
 
     return wrapper

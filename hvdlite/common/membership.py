@@ -1,26 +1,50 @@
 """The Python half of membership: what elastic training does between two worlds.
 
-The core detects a dead peer and stops (see ``hvdlite/csrc/membership.h``); this module
-decides, on every survivor alike, what the next world is and builds it:
+The core detects a dead peer and stops (``hvdlite/csrc/membership.h``); this module
+decides, on every rank alike, what the next world is and builds it. Every function
+here that is collective is called by :mod:`hvdlite.common.elastic` at the same point
+on every rank.
 
-* :func:`reset` -- the survivors agree on a world of themselves
-  (``MPI_Comm_shrink``) and start a new engine on it, in the same processes; the new
-  rank 0 coordinates. Then, if fewer than ``--min-np`` are left, they wait for the
-  launcher's discovery to offer slots, up to ``--elastic-timeout``.
-* :func:`settings` -- what ``hvdlite-run``'s elastic options asked for
-  (``hvdlite.runner.discovery.ElasticSettings``, passed through the environment).
+* **A worker dies.** :func:`reset` after a failure: the survivors agree on a world of
+  themselves (``MPI_Comm_shrink``) and start a new engine on it, in the same processes;
+  the lost workers' hosts go on the blacklist (for ``--blacklist-cooldown-range``, or
+  for good).
+* **Workers join.** The rank 0 of the moment runs the launcher's discovery script once
+  a second in a thread. At each ``commit()`` the ranks agree (one fault-tolerant
+  agreement, ``MPI_Comm_agree``, which also proves that no rank failed since the world
+  was made) on how many workers can be added: free slots on hosts of the launch, up to
+  ``--max-np``. If any, every rank raises ``HostsUpdatedInterrupt``, and :func:`reset`
+  starts them (``MPI_Comm_spawn``) and merges them into the world; they run the same
+  script, and ``hvd.elastic.run`` gives them the state.
+* **Too few workers.** Below ``--min-np`` the survivors wait for the discovery script
+  to offer slots for up to ``--elastic-timeout``; past it, or past ``--reset-limit``
+  resets, the job ends on every rank with :class:`ElasticJobError`.
 
-Without ULFM (a job not started by ``hvdlite-run``'s elastic mode or ``mpirun --with-ft
-ulfm``) no failure is ever survivable: the launcher ends the job, as without elastic.
+Open MPI cannot reliably add a host that was not in the launch to a running job, so
+new workers start only on hosts the launcher gave mpirun (its discovery script's
+output at launch, or ``-H``); a host that appears later is reported and ignored.
+
+Without fault tolerance (a job not started by ``hvdlite-run``'s elastic options or
+``mpirun --with-ft ulfm``) no failure is survivable: the launcher ends the job.
 """
 from __future__ import annotations
 
+import collections
 import os
+import random
+import socket
+import sys
+import threading
 import time
 from typing import Any
 
 from hvdlite.common import naming
 from hvdlite.common.exceptions import HvdliteError
+
+# A value no rank 0 sends (a count of new workers is far smaller): the agreement's AND
+# with it leaves rank 0's value.
+_ALL_ONES = 0x7FFFFFFF
+_DISCOVERY_PERIOD_S = 1.0  # as Horovod's driver
 
 
 class ElasticJobError(HvdliteError):
@@ -30,16 +54,19 @@ class ElasticJobError(HvdliteError):
 
 def settings() -> Any:
     """The launcher's elastic settings, or None when the job was not started elastic."""
-    try:
-        from hvdlite.runner.discovery import ElasticSettings
-    except ImportError:  # pragma: no cover - the launcher ships with the package
-        return None
+    from hvdlite.runner.discovery import ElasticSettings
     return ElasticSettings.from_environ(os.environ)
 
 
 def _core() -> Any:
     from hvdlite.common.basics import _load_core
     return _load_core()
+
+
+def fault_tolerant() -> bool:
+    """This job survives a lost worker: started elastic, or under ``--with-ft ulfm``."""
+    return bool(_core().fault_tolerance_built()) and (
+        settings() is not None or os.environ.get("OMPI_MCA_mpi_ft_enable", "") in ("1", "true"))
 
 
 def peer_failed() -> bool:
@@ -49,28 +76,220 @@ def peer_failed() -> bool:
     return bool(c.has_world() and c.peer_failed())
 
 
-def reset() -> None:
-    """Collective over the surviving processes: a new world of them, ranks renumbered in
-    their old order, a fresh engine (negotiation, response cache, fusion state). Then,
-    under ``--min-np``, wait for enough workers or end with :class:`ElasticJobError`."""
-    _core().rebuild()
-    naming.reset_auto_names()  # every rank's unnamed requests count from 0 again
-    _check_min_np()
+def joined() -> bool:
+    """This process was started into a running job to add a worker."""
+    return bool(_core().joined())
 
 
-def _check_min_np() -> None:
+# ------------------------------------------------------------------ who is where
+
+
+class _World:
+    """What this module keeps about the current world and the job's history."""
+
+    def __init__(self) -> None:
+        self.hosts: list[str] | None = None  # the host of every rank, by rank
+        # Hosts where workers died: their slots stay taken in Open MPI's allocation.
+        self.dead: collections.Counter[str] = collections.Counter()
+        self.blacklist: dict[str, float] = {}  # host -> until (monotonic; inf: for good)
+        self.ignored: set[str] = set()  # new hosts outside the launch, reported once
+        self.join_pending = False  # this process joined; its first sync is still to come
+
+
+_world = _World()
+
+
+def world_hosts(hosts: list[str]) -> None:
+    """Record every rank's host (gathered by the elastic loop's collective)."""
+    _world.hosts = list(hosts)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+# ------------------------------------------------------------------ discovery
+
+
+class _Discovery:
+    """The launcher's discovery script, run once a second in a thread (rank 0 only)."""
+
+    def __init__(self, script: str, default_slots: int | None) -> None:
+        self.script, self.default_slots = script, default_slots
+        self.latest: list[tuple[str, int]] | None = None
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="hvdlite-discovery", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from hvdlite.runner.discovery import DiscoveryError, run_discovery_script
+        while True:
+            try:
+                hosts = run_discovery_script(self.script, self.default_slots)
+                with self._lock:
+                    self.latest, self.error = hosts, None
+            except DiscoveryError as exc:
+                with self._lock:
+                    self.error = str(exc)
+            time.sleep(_DISCOVERY_PERIOD_S)
+
+    def hosts(self) -> list[tuple[str, int]] | None:
+        with self._lock:
+            return None if self.latest is None else list(self.latest)
+
+
+_discovery: _Discovery | None = None
+
+
+def _discovered(s: Any) -> list[tuple[str, int]] | None:
+    """The hosts offered now: the script's latest output (started on first use), or the
+    fixed hosts of a job without a script."""
+    global _discovery
+    if not s.discovery_script:
+        return list(s.hosts or [])
+    if _discovery is None:
+        _discovery = _Discovery(s.discovery_script, s.default_slots)
+    return _discovery.hosts()
+
+
+def _allocation() -> dict[str, int]:
+    from hvdlite.runner.discovery import ENV_ALLOCATION, parse_host_slots
+    text = os.environ.get(ENV_ALLOCATION, "")
+    return dict(parse_host_slots(text)) if text else {}
+
+
+def _same_host(a: str, b: str) -> bool:
+    local = {"localhost", "127.0.0.1", hostname(), hostname().split(".")[0]}
+    return a == b or (a in local and b in local)
+
+
+def plan_new_workers(s: Any, size: int) -> list[str]:
+    """Rank 0: the hosts of the workers to add now (one entry per worker), from the
+    discovery script's offer, the launch's allocation, the workers there now, the
+    slots dead workers still hold, the blacklist and ``--max-np``."""
+    offered = _discovered(s)
+    if not offered or _world.hosts is None or size >= s.max_np:
+        return []
+    allocation = _allocation()
+    from hvdlite.runner.discovery import ENV_OVERSUBSCRIBED
+    oversubscribed = os.environ.get(ENV_OVERSUBSCRIBED) == "1"
+    now = time.monotonic()
+    plan: list[str] = []
+    for host, slots in offered:
+        if any(until > now and _same_host(h, host) for h, until in _world.blacklist.items()):
+            continue
+        launch = next((h for h in allocation if _same_host(h, host)), None)
+        if launch is None:
+            if host not in _world.ignored:
+                _world.ignored.add(host)
+                sys.stderr.write(f"hvdlite: the discovery script offers host {host!r}, which was not among "
+                                 "the hosts of the launch; Open MPI cannot add a host to a running job "
+                                 "reliably, so no worker starts there (list it when the job starts)\n")
+            continue
+        running = sum(1 for h in _world.hosts if _same_host(h, host))
+        dead = sum(n for h, n in _world.dead.items() if _same_host(h, host))
+        room = slots - running
+        if not oversubscribed:  # a dead worker's slot is never given back
+            room = min(room, allocation[launch] - running - dead)
+        plan += [launch] * max(0, room)
+    return plan[:max(0, s.max_np - size)]
+
+
+# ------------------------------------------------------------------ at a commit
+
+
+def check_for_new_workers() -> bool:
+    """Collective, at every commit of an elastic job: whether workers are to be added
+    now (the same answer on every rank). The agreement fails on every survivor alike
+    if a worker died since the world was made (HvdliteError, the engine stopped)."""
+    from hvdlite.common.basics import rank, size
     s = settings()
-    if s is None or not s.min_np:
-        return
+    if s is None:
+        return False
+    value = _ALL_ONES
+    if rank() == 0:
+        value = min(len(plan_new_workers(s, size())), _ALL_ONES - 1)
+    return _core().agree(value) > 0
+
+
+# ------------------------------------------------------------------ between two worlds
+
+
+def reset(after_failure: bool) -> None:
+    """Collective over the live processes: the next world. After a failure, a world of
+    the survivors (ranks renumbered in their old order, a fresh engine); then workers
+    added where slots are free, waiting for them under ``--min-np``."""
     from hvdlite.common.basics import size
-    if size() >= s.min_np:
+    if after_failure:
+        c = _core()
+        c.rebuild()
+        _note_lost(list(c.lost_ranks()))
+    naming.reset_auto_names()  # every rank's unnamed requests count from 0 again
+    s = settings()
+    if s is None:
         return
     deadline = time.monotonic() + float(s.timeout_s)
-    # Workers join only through the discovery script's new slots; until they can, the
-    # wait is the --elastic-timeout the user gave, then the job ends.
-    while time.monotonic() < deadline and size() < s.min_np:
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    if size() < s.min_np:
-        raise ElasticJobError(
-            f"elastic training stops: {size()} worker(s) left, fewer than --min-np {s.min_np}, "
-            f"and no new ones came within --elastic-timeout {s.timeout_s:g} s")
+    while True:
+        plan = _shared_plan(s)
+        if plan and size() + len(plan) >= s.min_np:
+            _grow(plan)
+            return
+        if size() >= s.min_np:
+            return
+        if time.monotonic() >= deadline:
+            raise ElasticJobError(
+                f"elastic training stops: {size()} worker(s) left, fewer than --min-np {s.min_np}, "
+                f"and no slots for more came within --elastic-timeout {s.timeout_s:g} s")
+        time.sleep(_DISCOVERY_PERIOD_S)
+
+
+def _note_lost(lost: list[int]) -> None:
+    """The hosts of the ranks a shrink left out: blacklisted, their slots held."""
+    if _world.hosts is None:
+        return
+    s = settings()
+    cooldown = getattr(s, "cooldown_range", None)
+    for r in lost:
+        if r >= len(_world.hosts):
+            continue
+        host = _world.hosts[r]
+        _world.dead[host] += 1
+        stay = random.uniform(*cooldown) if cooldown else float("inf")
+        _world.blacklist[host] = time.monotonic() + stay
+    _world.hosts = [h for r, h in enumerate(_world.hosts) if r not in set(lost)]
+
+
+def _shared_plan(s: Any) -> list[str]:
+    """Rank 0's plan, given to every rank."""
+    from hvdlite.common.basics import rank, size
+    from hvdlite.common.objects import broadcast_object
+    plan = plan_new_workers(s, size()) if rank() == 0 else None
+    if size() == 1:
+        return plan or []
+    return broadcast_object(plan, root_rank=0, name="hvdlite.elastic.plan")
+
+
+def _grow(hosts: list[str]) -> None:
+    from hvdlite.runner.discovery import ENV_OVERSUBSCRIBED
+    argv = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
+    _core().grow(sys.executable, argv[1:], hosts, os.getcwd(),
+                 os.environ.get(ENV_OVERSUBSCRIBED) == "1")
+    naming.reset_auto_names()
+    if _world.hosts is not None:
+        _world.hosts += hosts
+
+
+def note_finished() -> None:
+    """At a normal exit: the rank 0 of a working world tells the launcher that the
+    elastic job finished (its exit status then is 0, whatever workers were lost)."""
+    from hvdlite.runner.discovery import ENV_STATUS_FILE
+    path = os.environ.get(ENV_STATUS_FILE)
+    c = _core()
+    if not path or not c.is_initialized() or c.rank() != 0:
+        return
+    try:
+        with open(path, "w") as f:
+            f.write("finished\n")
+    except OSError:
+        pass  # another host's file system: mpirun's status stands

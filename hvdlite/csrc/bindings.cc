@@ -39,11 +39,28 @@ bool g_mpi_owned = false;          // we called MPI_Init, so we call MPI_Finaliz
 // and after a peer failed, the survivors' (membership.h). Owned here; every engine
 // duplicates it for itself.
 MPI_Comm g_base = MPI_COMM_NULL;
+bool g_joined = false;        // this process was started into a running job (Grow)
+std::vector<int> g_lost;      // the ranks the last Rebuild left out (old numbering)
+
+// Worlds replaced by elastic training's Rebuild and Grow. They are kept, not freed:
+// Open MPI's ULFM agreement (ERA) keys its history by communicator id, ids of freed
+// communicators are handed out again, and an agreement on a new world that reused an
+// old world's id was seen to complete on some ranks and hang on the others ("removing
+// old agreement from history, due to cycling of identifiers"). One handle per reset.
+std::vector<MPI_Comm> g_retired;
 
 void FreeBase() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (g_base != MPI_COMM_NULL && !finalized) MPI_Comm_free(&g_base);
+  g_base = MPI_COMM_NULL;
+  if (!finalized)
+    for (MPI_Comm& c : g_retired) MPI_Comm_free(&c);
+  g_retired.clear();
+}
+
+void RetireBase() {
+  if (g_base != MPI_COMM_NULL) g_retired.push_back(g_base);
   g_base = MPI_COMM_NULL;
 }
 int g_thread_level = 0;
@@ -128,7 +145,19 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   EnsureMpi();
   MPI_Comm base = MPI_COMM_WORLD;
   MPI_Comm created = MPI_COMM_NULL;
-  if (comm_handle != 0) {
+  if (comm_handle == 0 && ranks.empty() && !g_joined) {
+    // A worker that elastic training started into a running job (Grow): its world is
+    // that job's, joined here, not its own MPI_COMM_WORLD of one.
+    py::gil_scoped_release nogil;
+    created = MergeWithParent();
+    if (created != MPI_COMM_NULL) {
+      base = created;
+      g_joined = true;
+    }
+  }
+  if (base != MPI_COMM_WORLD) {
+    // joined above
+  } else if (comm_handle != 0) {
     base = HandleFromNumber<MPI_Comm>(comm_handle);
     if (base == MPI_COMM_NULL) throw std::invalid_argument("hvdlite.init: the communicator is MPI.COMM_NULL");
   } else if (!ranks.empty()) {
@@ -156,9 +185,13 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   {
     py::gil_scoped_release nogil;  // MPI_Comm_dup waits for the other ranks
     FreeBase();
-    MPI_Comm_dup(base, &g_base);
-    MPI_Comm_set_errhandler(g_base, MPI_ERRORS_RETURN);
-    if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
+    if (g_joined && created == base) {
+      g_base = created;  // the joined job's world is ours already, as in Grow on the others
+    } else {
+      MPI_Comm_dup(base, &g_base);
+      MPI_Comm_set_errhandler(g_base, MPI_ERRORS_RETURN);
+      if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
+    }
     engine = std::make_shared<Engine>(g_base, params, &g_handles);
   }
   g_engine = std::move(engine);
@@ -184,12 +217,68 @@ void Rebuild() {
       old.reset();
     }
     MPI_Comm survivors = ShrinkWorld(g_base);
-    FreeBase();
+    g_lost = MissingRanks(g_base, survivors);
+    RetireBase();
     g_base = survivors;
     engine = std::make_shared<Engine>(g_base, params, &g_handles);
   }
   g_engine = std::move(engine);
   g_engine_pid = getpid();
+}
+
+// Elastic training: the AND of every rank's `value` (ULFM's fault-tolerant agreement
+// over hvdlite's world, used at each commit). A rank that failed since the world was
+// made fails it on every survivor alike: the engine is then stopped as after a peer's
+// failure (its communicators revoked), and HvdliteError raised.
+int AgreeOnWorld(int value) {
+  RaiseIfForkedCopy();
+  if (g_base == MPI_COMM_NULL) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  std::string failure;
+  int out = 0;
+  {
+    py::gil_scoped_release nogil;
+    try {
+      out = Agree(g_base, value);
+    } catch (const PeerFailure& ex) {
+      failure = ex.what();
+      if (g_engine && g_engine->Running()) g_engine->Abandon("a peer failed: " + failure);
+    }
+  }
+  if (!failure.empty()) RaiseHvdliteError("hvdlite: a peer process failed (" + failure + ")");
+  return out;
+}
+
+// Elastic training: collective over hvdlite's world. The engine stops; `hosts.size()`
+// new processes start (`command` `args`, one per entry of `hosts`) and join; a new
+// engine runs on the world of the old ranks, in order, then the new ones. If they
+// cannot start, the engine restarts on the old world and the error is raised (on
+// every rank alike).
+void Grow(const std::string& command, const std::vector<std::string>& args, const std::vector<std::string>& hosts,
+          const std::string& wdir, bool oversubscribe) {
+  RaiseIfForkedCopy();
+  // The engine may have stopped already: the first rank here stops every rank's.
+  if (!g_engine) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  std::shared_ptr<Engine> old = std::move(g_engine);
+  Parameters params = Parameters::FromEnvironment();
+  std::shared_ptr<Engine> engine;
+  std::string error;
+  {
+    py::gil_scoped_release nogil;
+    old->Stop();
+    old.reset();
+    SpawnRequest request{command, args, hosts, wdir, oversubscribe};
+    try {
+      MPI_Comm merged = SpawnAndMerge(g_base, request);
+      RetireBase();
+      g_base = merged;
+    } catch (const std::exception& ex) {
+      error = ex.what();
+    }
+    engine = std::make_shared<Engine>(g_base, params, &g_handles);
+  }
+  g_engine = std::move(engine);
+  g_engine_pid = getpid();
+  if (!error.empty()) RaiseHvdliteError("hvdlite: " + error);
 }
 
 void Shutdown() {
@@ -575,6 +664,11 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("init", &Init, py::arg("comm_handle") = 0, py::arg("ranks") = std::vector<int>{});
   m.def("rebuild", &Rebuild);
+  m.def("lost_ranks", [] { return g_lost; });
+  m.def("agree", &AgreeOnWorld, py::arg("value"));
+  m.def("grow", &Grow, py::arg("command"), py::arg("args"), py::arg("hosts"), py::arg("wdir") = std::string(),
+        py::arg("oversubscribe") = false);
+  m.def("joined", [] { return g_joined; });
   m.def("peer_failed", [] { return g_engine && g_engine->PeerFailed(); });
   m.def("fault_tolerance_built", &FaultToleranceBuilt);
   m.def("is_initialized", [] { return g_engine && !g_forked && g_engine->Running(); });

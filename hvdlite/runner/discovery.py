@@ -61,10 +61,19 @@ ENV_TIMEOUT = "HVDLITE_ELASTIC_TIMEOUT"
 ENV_RESET_LIMIT = "HVDLITE_ELASTIC_RESET_LIMIT"
 ENV_COOLDOWN = "HVDLITE_ELASTIC_COOLDOWN"
 ENV_HOSTS = "HVDLITE_ELASTIC_HOSTS"
+#: The hosts and slots mpirun was given (``--host``): the only places where workers can
+#: be added later (Open MPI cannot reliably add a host to a running job), and whether
+#: the launch oversubscribes them (this machine alone).
+ENV_ALLOCATION = "HVDLITE_ELASTIC_ALLOCATION"
+ENV_OVERSUBSCRIBED = "HVDLITE_ELASTIC_OVERSUBSCRIBED"
+#: Where the last world's rank 0 writes ``finished`` when training ends well (the
+#: launcher's exit status then is 0, whatever workers were lost on the way).
+ENV_STATUS_FILE = "HVDLITE_ELASTIC_STATUS_FILE"
 #: Every variable :meth:`ElasticSettings.to_environ` may set.
 ENV_NAMES: tuple[str, ...] = (
     ENV_ELASTIC, ENV_HOROVOD_ELASTIC, ENV_MIN_NP, ENV_MAX_NP, ENV_DISCOVERY_SCRIPT,
-    ENV_SLOTS, ENV_TIMEOUT, ENV_RESET_LIMIT, ENV_COOLDOWN, ENV_HOSTS,
+    ENV_SLOTS, ENV_TIMEOUT, ENV_RESET_LIMIT, ENV_COOLDOWN, ENV_HOSTS, ENV_ALLOCATION,
+    ENV_OVERSUBSCRIBED, ENV_STATUS_FILE,
 )
 
 

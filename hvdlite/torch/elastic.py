@@ -119,12 +119,13 @@ class _Handler:
     """Saves, restores and syncs one stateful object of a ``TorchState``."""
 
     def __init__(self, value: Any) -> None:
-        self.value = value
-        self.save()
+        self.set_value(value)
 
     def set_value(self, value: Any) -> None:
+        # A local copy, never a collective: a worker that joins a running job builds
+        # its state alone, before its first sync.
         self.value = value
-        self.save()
+        self._saved = copy.deepcopy(value.state_dict())
 
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())

@@ -113,3 +113,63 @@ def test_keras_survivors_finish_when_a_rank_dies(tmp_path: Path, mode: str) -> N
     assert len({r["weights_sha"] for r in results}) == 1
     assert all(r["resets"] == [2] for r in results)
     assert results[0]["loss"] < 4.0, results[0]["loss"]  # ~8 before training
+
+
+def _discovery(tmp_path: Path, text: str) -> tuple[Path, Path]:
+    """A discovery script printing the file ``hosts.txt`` (which the test or the
+    training script rewrites), as Horovod's examples do."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(text)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    return hosts, script
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_joins_when_a_slot_is_offered(tmp_path: Path) -> None:
+    """Start with 2; at step 10 the discovery script offers a 3rd slot: 3 finish alike,
+    the new one started into the running job (the others kept their processes)."""
+    hosts, script = _discovery(tmp_path, "localhost:2\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(2, TRAIN, "--out", str(out), env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:3"},
+                   launcher_args=["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)],
+                   timeout=240)
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, detail
+    results = _results(out)
+    assert sorted((r["first_rank"], r["joined"]) for r in results) == [(0, False), (1, False), (2, True)], detail
+    assert sorted(r["rank"] for r in results) == [0, 1, 2] and all(r["size"] == 3 for r in results)
+    assert len({r["params_sha"] for r in results}) == 1
+    assert len({r["steps"] for r in results}) == 1
+    # The two original workers went through one reset (the join); the new one none.
+    assert sorted(len(r["resets"]) for r in results) == [0, 1, 1]
+    for epoch, per_rank in results[0]["epoch_samples"].items():
+        assert set(i for part in per_rank for i in part) == set(range(480)), f"epoch {epoch}"
+
+
+@pytest.mark.timeout(600)
+def test_twenty_kills_in_a_row_each_replaced(tmp_path: Path) -> None:
+    """20 consecutive kill-and-recover cycles in one job of 4: every 20 steps the worker
+    that is then rank k % 4 dies (rank 0 included, and workers that joined), the
+    survivors go on from their last commit, and a new worker takes the free slot.
+    No hang, no lost commit: the final 4 agree on parameters and on the committed step
+    count, which advanced through every cycle."""
+    _, script = _discovery(tmp_path, "localhost:4\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(4, TRAIN, "--out", str(out), "--epochs", "30", "--step-sleep", "0",
+                   env={"HVDLITE_TEST_CHAIN": "20:20"},
+                   launcher_args=["--min-np", "2", "--max-np", "4", "--blacklist-cooldown-range", "0", "0",
+                                  "--host-discovery-script", str(script)],
+                   timeout=540)
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, detail
+    assert sorted(p.name for p in out.glob("kill-*")) == sorted(f"kill-{k}" for k in range(1, 21))
+    results = _results(out)
+    assert len(results) == 4 and all(r["size"] == 4 for r in results), detail
+    assert len({r["params_sha"] for r in results}) == 1
+    steps = {r["steps"] for r in results}
+    assert len(steps) == 1 and steps.pop() >= 20 * 20, steps
+    assert results[0]["loss"] < 0.5

@@ -5,7 +5,13 @@ and a ``TorchState`` committed every ``--commit-every`` steps, exactly as a Horo
 writes it. What it adds for the tests:
 
 * ``HVDLITE_TEST_KILL="R:S[,R:S...]"``: the process that started as rank R kills itself
-  (SIGKILL, no clean-up) just before its step S (counted over the whole run);
+  (SIGKILL, no clean-up) just before its step S (counted over the whole run); workers
+  that joined later never do;
+* ``HVDLITE_TEST_CHAIN="K:E"``: K kills in a row, the k-th at step k*E, by the process
+  that is then rank k % size (joined workers too); each kill leaves a file
+  ``OUT/kill-k`` first, so that a step redone after the rollback kills no one again;
+* ``HVDLITE_TEST_OFFER="S:FILE:TEXT"``: at step S, rank 0 writes TEXT (``;`` for new
+  lines) to FILE, which the test's discovery script prints: more slots on offer;
 * at the end each surviving process writes ``OUT/<pid>.json``: its first and last
   rank and size, a hash of the final parameters, the samples of every epoch that were
   committed as processed, the steps, resets, and the times at which steps completed.
@@ -24,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hvdlite.torch as hvd
+from hvdlite.common import membership
 
 
 def main() -> None:
@@ -42,7 +49,19 @@ def main() -> None:
     for item in filter(None, os.environ.get("HVDLITE_TEST_KILL", "").split(",")):
         r, s = item.split(":")
         kills[int(r)] = int(s)
-    my_kill = kills.get(first_rank) if os.environ.get("HVDLITE_TEST_SPAWNED") is None else None
+    joined = membership.joined()
+    my_kill = None if joined else kills.get(first_rank)
+    offer = os.environ.get("HVDLITE_TEST_OFFER", "").split(":", 2)
+    chain = [int(v) for v in os.environ.get("HVDLITE_TEST_CHAIN", "").split(":") if v]
+
+    def chain_kill(step: int) -> None:
+        if not chain or step == 0 or step % chain[1] or step // chain[1] > chain[0]:
+            return
+        k = step // chain[1]
+        marker = os.path.join(args.out, f"kill-{k}")
+        if hvd.rank() == k % hvd.size() and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     torch.manual_seed(1234)  # the same data everywhere; the model is synced by run()
     x = torch.randn(args.samples, 16)
@@ -70,6 +89,10 @@ def main() -> None:
             for idx, (xb, yb) in enumerate(loader):
                 if my_kill is not None and state.steps == my_kill:
                     os.kill(os.getpid(), signal.SIGKILL)
+                chain_kill(state.steps)
+                if len(offer) == 3 and hvd.rank() == 0 and state.steps == int(offer[0]):
+                    with open(offer[1], "w") as f:
+                        f.write(offer[2].replace(";", "\n") + "\n")
                 state.optimizer.zero_grad()
                 F.mse_loss(state.model(xb), yb).backward()
                 state.optimizer.step()
@@ -92,7 +115,7 @@ def main() -> None:
     with torch.no_grad():
         loss = float(F.mse_loss(model(x), y))
     result = {
-        "first_rank": first_rank, "first_size": first_size,
+        "first_rank": first_rank, "first_size": first_size, "joined": joined,
         "rank": hvd.rank(), "size": hvd.size(),
         "params_sha": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
         "loss": loss, "steps": state.steps, "resets": resets,
