@@ -28,31 +28,16 @@ from hvdlite.runner.discovery import (
 from hvdlite.runner.launch import (
     LaunchConfig,
     LaunchError,
-    build_mpirun_command,
     elastic_settings,
     parse_args,
     wait_for_slots,
 )
 from tests.launch import run_job
-
-
-def _pairs(argv: list[str]) -> list[tuple[str, str]]:
-    return list(zip(argv, argv[1:]))
+from tests.test_runner import _build, _forwarded, _pairs
 
 
 def _triples(argv: list[str]) -> list[tuple[str, str, str]]:
     return list(zip(argv, argv[1:], argv[2:]))
-
-
-def _forwarded(argv: list[str]) -> set[str]:
-    return {b for a, b in _pairs(argv) if a == "-x"}
-
-
-def _build(config: LaunchConfig, environ: dict[str, str] | None = None, **kw):
-    environ = {"PATH": "/usr/bin"} if environ is None else environ
-    kw.setdefault("is_root", False)
-    kw.setdefault("ompi_major", 5)
-    return build_mpirun_command(config, "/opt/mpi/bin/mpirun", environ, **kw)
 
 
 def _script(path: Path, body: str, executable: bool = True) -> Path:

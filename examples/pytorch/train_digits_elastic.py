@@ -1,17 +1,21 @@
-"""A script written for Horovod's elastic mode, run by hvdlite on a fixed set of ranks.
+"""Horovod-style elastic training of a small MLP on scikit-learn's bundled digits.
 
-    hvdlite-run -np 2 python examples/pytorch/train_digits_elastic.py
+    hvdlite-run -np 4 --min-np 2 --max-np 4 python examples/pytorch/train_digits_elastic.py
 
-It trains a small MLP on scikit-learn's bundled digits the way Horovod's elastic
-examples do: the model, optimizer, sampler, epoch and batch live in an
-``hvd.elastic.TorchState``; ``hvd.elastic.ElasticSampler`` splits the data and records
-what was processed; the state is committed every few batches; ``@hvd.elastic.run``
-starts every rank from rank 0's state. hvdlite's world is fixed: no workers join or
-leave, so the script runs as a plain data-parallel job.
+The model, optimizer, sampler, epoch and batch live in an ``hvd.elastic.TorchState``;
+``hvd.elastic.ElasticSampler`` splits the data and records what was processed; the state
+is committed every few batches; ``@hvd.elastic.run`` starts every rank from rank 0's
+state. Kill any worker while it trains (``kill -9 PID``, rank 0 included, or
+``--die-at-step``): the others go back to the last commit, rebuild the world among
+themselves and finish; the learning rate follows the number of workers through a reset
+callback. With ``--host-discovery-script`` offering more slots, new workers join.
+Launched without the elastic options it runs as a plain data-parallel job.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 
 import torch
 import torch.nn as nn
@@ -28,6 +32,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batches-per-commit", type=int, default=5)
+    p.add_argument("--die-at-step", type=int, default=None,
+                   help="the worker that starts as the last rank kills itself at this step (a demo)")
     args = p.parse_args()
 
     hvd.init()
@@ -46,13 +52,25 @@ def main() -> None:
     sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
 
+    def scale_lr() -> None:  # after a worker is lost or added: lr x the number of workers
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * hvd.size()
+
+    state.register_reset_callbacks([scale_lr])
+    doomed = args.die_at_step is not None and hvd.rank() == hvd.size() - 1
+    steps = 0
+
     @hvd.elastic.run
     def train(state):
+        nonlocal steps
         loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size,
                                              sampler=state.sampler)
         for state.epoch in range(state.epoch, args.epochs):
             total = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
             for idx, (xb, yb) in enumerate(loader):
+                steps += 1
+                if doomed and steps == args.die_at_step:
+                    os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, as a crash
                 state.optimizer.zero_grad()
                 loss = F.cross_entropy(state.model(xb), yb)
                 loss.backward()

@@ -296,8 +296,6 @@ def stop_timeline() -> None:
 def _finalize_at_exit() -> None:
     c = _core_module
     if c is not None:
-        from hvdlite.common import membership
-        membership.note_finished()
         c.finalize()
 
 

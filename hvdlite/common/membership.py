@@ -29,16 +29,18 @@ Without fault tolerance (a job not started by ``hvdlite-run``'s elastic options 
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import os
-import random
 import socket
 import sys
 import threading
 import time
 from typing import Any
 
-from hvdlite.common import naming
+# basics first: its exit handler (MPI_Finalize) is then registered before this
+# module's, and so runs after it (atexit runs handlers last-in, first-out).
+from hvdlite.common import basics, naming
 from hvdlite.common.exceptions import HvdliteError
 
 # A value no rank 0 sends (a count of new workers is far smaller): the agreement's AND
@@ -59,14 +61,7 @@ def settings() -> Any:
 
 
 def _core() -> Any:
-    from hvdlite.common.basics import _load_core
-    return _load_core()
-
-
-def fault_tolerant() -> bool:
-    """This job survives a lost worker: started elastic, or under ``--with-ft ulfm``."""
-    return bool(_core().fault_tolerance_built()) and (
-        settings() is not None or os.environ.get("OMPI_MCA_mpi_ft_enable", "") in ("1", "true"))
+    return basics._load_core()
 
 
 def peer_failed() -> bool:
@@ -92,6 +87,7 @@ class _World:
         # Hosts where workers died: their slots stay taken in Open MPI's allocation.
         self.dead: collections.Counter[str] = collections.Counter()
         self.blacklist: dict[str, float] = {}  # host -> until (monotonic; inf: for good)
+        self.failures: collections.Counter[str] = collections.Counter()  # per host, ever
         self.ignored: set[str] = set()  # new hosts outside the launch, reported once
         self.join_pending = False  # this process joined; its first sync is still to come
 
@@ -255,7 +251,14 @@ def _note_lost(lost: list[int]) -> None:
             continue
         host = _world.hosts[r]
         _world.dead[host] += 1
-        stay = random.uniform(*cooldown) if cooldown else float("inf")
+        _world.failures[host] += 1
+        # As Horovod's --blacklist-cooldown-range: MIN seconds after a host's first
+        # failure, MIN more for each further one, at most MAX; without it, for good.
+        if cooldown:
+            low, high = cooldown
+            stay = min(high, low * _world.failures[host])
+        else:
+            stay = float("inf")
         _world.blacklist[host] = time.monotonic() + stay
     _world.hosts = [h for r, h in enumerate(_world.hosts) if r not in set(lost)]
 
@@ -280,13 +283,16 @@ def _grow(hosts: list[str]) -> None:
         _world.hosts += hosts
 
 
+@atexit.register
 def note_finished() -> None:
     """At a normal exit: the rank 0 of a working world tells the launcher that the
     elastic job finished (its exit status then is 0, whatever workers were lost)."""
     from hvdlite.runner.discovery import ENV_STATUS_FILE
     path = os.environ.get(ENV_STATUS_FILE)
-    c = _core()
-    if not path or not c.is_initialized() or c.rank() != 0:
+    if not path:
+        return
+    c = basics._core_module
+    if c is None or not c.is_initialized() or c.rank() != 0:
         return
     try:
         with open(path, "w") as f:

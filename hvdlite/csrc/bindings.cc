@@ -670,7 +670,6 @@ PYBIND11_MODULE(_core, m) {
         py::arg("oversubscribe") = false);
   m.def("joined", [] { return g_joined; });
   m.def("peer_failed", [] { return g_engine && g_engine->PeerFailed(); });
-  m.def("fault_tolerance_built", &FaultToleranceBuilt);
   m.def("is_initialized", [] { return g_engine && !g_forked && g_engine->Running(); });
   m.def("has_world", [] { return static_cast<bool>(g_engine); });
   m.def("shutdown_reason", [] { return g_engine ? g_engine->ShutdownReason() : std::string(); });

@@ -16,8 +16,6 @@
 
 namespace hvdlite {
 
-bool FaultToleranceBuilt() { return HVDLITE_HAVE_ULFM != 0; }
-
 bool IsPeerFailure(int rc) {
 #if HVDLITE_HAVE_ULFM
   if (rc == MPI_SUCCESS) return false;

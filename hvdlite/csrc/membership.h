@@ -30,8 +30,6 @@ class PeerFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// This build can survive a peer's death (the MPI headers have ULFM).
-bool FaultToleranceBuilt();
 // `rc` says a peer died or the communicator was revoked.
 bool IsPeerFailure(int rc);
 // Throws PeerFailure (a failure class) or std::runtime_error (any other error) for

@@ -328,15 +328,7 @@ def elastic_settings(
     hosts: list[tuple[str, int]] | None = None
     if config.host_discovery_script is None:
         if host_list is None:
-            if config.hosts:
-                host_list = parse_hosts(config.hosts)
-            elif config.hostfile:
-                host_list = parse_hostfile(config.hostfile)
-            else:
-                try:
-                    host_list = slurm.allocation_hosts(env)
-                except ValueError as exc:
-                    raise LaunchError(f"Slurm allocation: {exc}; or give -H/--hostfile") from None
+            host_list, _ = _given_hosts(config, env)
         if host_list:
             default = config.slots_per_host or 1
             hosts = [(h, default if s is None else s) for h, s in host_list]
@@ -421,6 +413,20 @@ def _mca_chosen(args: Sequence[str], name: str) -> bool:
     return False
 
 
+def _given_hosts(config: LaunchConfig, env: Mapping[str, str]) -> tuple[list[tuple[str, int | None]], bool]:
+    """The hosts of ``-H``, ``--hostfile`` or, without either, the Slurm allocation
+    (empty outside one), and whether they came from Slurm."""
+    if config.hosts:
+        return parse_hosts(config.hosts), False
+    if config.hostfile:
+        return parse_hostfile(config.hostfile), False
+    try:
+        slurm_hosts = list(slurm.allocation_hosts(env) or [])
+    except ValueError as exc:
+        raise LaunchError(f"Slurm allocation: {exc}; or give -H/--hostfile") from None
+    return slurm_hosts, bool(slurm_hosts)
+
+
 def build_mpirun_command(
     config: LaunchConfig,
     mpirun: str = "mpirun",
@@ -496,17 +502,8 @@ def build_mpirun_command(
         host_list = elastic_hosts
         argv += ["--host", discovery.format_hosts(elastic_hosts)]
     elif host_list is None:
-        if config.hosts:
-            host_list = parse_hosts(config.hosts)
-        elif config.hostfile:
-            host_list = parse_hostfile(config.hostfile)
-        else:
-            try:
-                slurm_hosts = slurm.allocation_hosts(env)
-            except ValueError as exc:
-                raise LaunchError(f"Slurm allocation: {exc}; or give -H/--hostfile") from None
-            if slurm_hosts:
-                host_list, from_slurm = list(slurm_hosts), True
+        given, from_slurm = _given_hosts(config, env)
+        host_list = given or None
     if elastic is not None:
         pass  # --host is already there
     elif config.hosts or from_slurm:

@@ -133,7 +133,10 @@ def test_a_worker_joins_when_a_slot_is_offered(tmp_path: Path) -> None:
     hosts, script = _discovery(tmp_path, "localhost:2\n")
     out = tmp_path / "out"
     out.mkdir()
-    proc = run_job(2, TRAIN, "--out", str(out), env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:3"},
+    # 6 epochs of 30 steps at >= 30 ms: seconds of training after the offer, for the
+    # discovery script (run once a second) to see it and a commit to act on it.
+    proc = run_job(2, TRAIN, "--out", str(out), "--epochs", "6", "--step-sleep", "0.03",
+                   env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:3"},
                    launcher_args=["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)],
                    timeout=240)
     detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
