@@ -176,3 +176,29 @@ def test_twenty_kills_in_a_row_each_replaced(tmp_path: Path) -> None:
     steps = {r["steps"] for r in results}
     assert len(steps) == 1 and steps.pop() >= 20 * 20, steps
     assert results[0]["loss"] < 0.5
+
+
+@pytest.mark.timeout(300)
+def test_across_two_emulated_hosts_rank_0_dies_and_a_worker_joins_elsewhere(tmp_path: Path) -> None:
+    """2 emulated hosts (network namespaces, 1 Gbit/s): rank 0 on h1 dies; the 3
+    survivors go on, and the discovery script's spare slot on h2 gets a new worker."""
+    from tests.hosts.emulated import EmulatedHosts, unavailable
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    _, script = _discovery(tmp_path, "h1:2\nh2:3\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    with EmulatedHosts(2, rate="1gbit") as hosts:
+        proc = run_job(4, TRAIN, "--out", str(out), "--epochs", "5", "--step-sleep", "0.02",
+                       env={**hosts.env(), "HVDLITE_TEST_KILL": "0:20"},
+                       launcher_args=["--min-np", "2", "--max-np", "4", "--blacklist-cooldown-range", "0", "0",
+                                      "--host-discovery-script", str(script)],
+                       timeout=240)
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, detail
+    results = _results(out)
+    assert sorted((r["first_rank"], r["joined"]) for r in results) == [(1, False), (2, False), (3, False),
+                                                                       (3, True)], detail
+    assert all(r["size"] == 4 for r in results) and len({r["params_sha"] for r in results}) == 1
+    assert "rank 0 of 4 failed" in proc.stderr
