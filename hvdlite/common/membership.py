@@ -229,8 +229,18 @@ def reset(after_failure: bool) -> None:
     while True:
         plan = _shared_plan(s)
         if plan and size() + len(plan) >= s.min_np:
-            _grow(plan)
-            return
+            try:
+                _grow(plan)
+                return
+            except HvdliteError as exc:
+                if peer_failed():
+                    raise  # a worker died meanwhile: the caller starts over
+                # Could not start them (on every rank alike): go on without, and leave
+                # those hosts alone for a minute.
+                if basics.rank() == 0:
+                    sys.stderr.write(f"hvdlite: no new workers on {sorted(set(plan))}: {exc}\n")
+                for host in plan:
+                    _world.blacklist[host] = time.monotonic() + 60.0
         if size() >= s.min_np:
             return
         if time.monotonic() >= deadline:

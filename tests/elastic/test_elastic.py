@@ -8,12 +8,12 @@ committed as processed (none lost to the reshard).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.launch import REPO, run_job
+from tests.gpu.test_gpu import fake_cuda, gpu_env  # noqa: F401  (fake_cuda is a fixture)
+from tests.launch import run_job
 
 WORKERS = Path(__file__).parent / "workers"
 TRAIN = WORKERS / "torch_elastic_train.py"
@@ -202,3 +202,17 @@ def test_across_two_emulated_hosts_rank_0_dies_and_a_worker_joins_elsewhere(tmp_
                                                                        (3, True)], detail
     assert all(r["size"] == 4 for r in results) and len({r["params_sha"] for r in results}) == 1
     assert "rank 0 of 4 failed" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_gpu_path_goes_on_with_new_nccl_communicators(fake_cuda: Path, tmp_path: Path) -> None:
+    """The fake CUDA runtime and NCCL: rank 1 of 3 dies mid-training; the survivors'
+    NCCL communicators are aborted with the old engine and made anew for the world of
+    2, whose device and host sums are checked exactly."""
+    env = gpu_env(fake_cuda, tmp_path, KILL_RANK="1", KILL_STEP="10")
+    proc = run_job(3, WORKERS / "gpu_elastic_job.py", env=env, launcher_args=["--min-np", "2", "--max-np", "3"],
+                   timeout=240)
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, detail
+    oks = sorted(line.split()[5] for line in proc.stdout.splitlines() if line.startswith("GPU ELASTIC OK"))
+    assert oks == ["0", "2"], detail
