@@ -72,6 +72,17 @@ def test_two_ranks_die_at_different_times(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_a_second_worker_dies_during_the_recovery(tmp_path: Path) -> None:
+    """Rank 2 of 4 dies; while the others recover, the new rank 0 (old rank 0) dies in
+    its reset callback: the two left recover again and finish alike."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(4, TRAIN, "--out", str(out), env={"HVDLITE_TEST_KILL": "2:20", "HVDLITE_TEST_KILL_IN_RESET": "0"},
+                   launcher_args=ELASTIC, timeout=240)
+    _check_survivors(proc, _results(out), 4, {0, 2})
+
+
+@pytest.mark.timeout(300)
 def test_below_min_np_ends_the_job_with_the_reason(tmp_path: Path) -> None:
     proc, results = _run(tmp_path, 3, "2:10", launcher=["--min-np", "3", "--max-np", "3",
                                                         "--elastic-timeout", "2"])

@@ -10,6 +10,8 @@ writes it. What it adds for the tests:
 * ``HVDLITE_TEST_CHAIN="K:E"``: K kills in a row, the k-th at step k*E, by the process
   that is then rank k % size (joined workers too); each kill leaves a file
   ``OUT/kill-k`` first, so that a step redone after the rollback kills no one again;
+* ``HVDLITE_TEST_KILL_IN_RESET=R``: the process that started as rank R kills itself in
+  its reset callback, while the others recover from the first failure;
 * ``HVDLITE_TEST_OFFER="S:FILE:TEXT"``: at step S, rank 0 writes TEXT (``;`` for new
   lines) to FILE, which the test's discovery script prints: more slots on offer;
 * at the end each surviving process writes ``OUT/<pid>.json``: its first and last
@@ -77,7 +79,14 @@ def main() -> None:
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, steps=0,
                                    committed=[])
     resets = []
-    state.register_reset_callbacks([lambda: resets.append((time.time(), hvd.rank(), hvd.size()))])
+    die_in_reset = os.environ.get("HVDLITE_TEST_KILL_IN_RESET") == str(first_rank)
+
+    def on_reset() -> None:
+        resets.append((time.time(), hvd.rank(), hvd.size()))
+        if die_in_reset:  # dies while the others are in the middle of recovering
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    state.register_reset_callbacks([on_reset])
     completed = []
     epoch_samples: dict[int, list[int]] = {}
 
