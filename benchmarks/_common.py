@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,18 @@ def start_hosts(n: int, rate: str) -> Any:
     if reason:
         sys.exit(f"--hosts: {reason}")
     return EmulatedHosts(n, rate)
+
+
+@contextlib.contextmanager
+def emulated_hosts_for(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """``(hosts, layout)`` for ``--ranks`` over ``--hosts`` emulated hosts at ``--rate``,
+    torn down on exit; a layout that does not divide is the parser's usage error."""
+    try:
+        layout = hosts_layout(args.ranks, args.hosts)
+    except ValueError as e:
+        parser.error(str(e))
+    with start_hosts(args.hosts, args.rate) as hosts:
+        yield hosts, layout
 
 
 def host_of_rank(rank: int, layout: list[int]) -> int:

@@ -90,8 +90,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (add_hosts_options, host_address, host_of_rank, hosts_layout,  # sibling module
-                     launcher, on_host, start_hosts)
+from _common import (add_hosts_options, emulated_hosts_for, host_address, host_of_rank,  # sibling module
+                     launcher, on_host)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.py"
@@ -580,11 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.hosts:
         return run_benchmark(args)
     global HOSTS, LAYOUT
-    try:
-        LAYOUT = hosts_layout(args.ranks, args.hosts)
-    except ValueError as e:
-        p.error(str(e))
-    with start_hosts(args.hosts, args.rate) as HOSTS:
+    with emulated_hosts_for(p, args) as (HOSTS, LAYOUT):
         modes = [m for m in args.modes.split(",") if m]
         print(f"{', '.join(m for m in modes if m in ACROSS_HOSTS) or 'no mode'} on emulated hosts "
               f"{HOSTS.host_spec(LAYOUT)}, links {args.rate} both ways ({HOSTS.subnet}); "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import os
 import socket
 import sys
@@ -54,8 +55,10 @@ class ElasticJobError(HvdliteError):
     ``--elastic-timeout``, or ``--reset-limit`` resets reached. Raised on every rank."""
 
 
+@functools.lru_cache(maxsize=1)
 def settings() -> Any:
-    """The launcher's elastic settings, or None when the job was not started elastic."""
+    """The launcher's elastic settings, or None when the job was not started elastic
+    (read once: the environment a process was started with does not change)."""
     from hvdlite.runner.discovery import ElasticSettings
     return ElasticSettings.from_environ(os.environ)
 
@@ -84,10 +87,10 @@ class _World:
 
     def __init__(self) -> None:
         self.hosts: list[str] | None = None  # the host of every rank, by rank
-        # Hosts where workers died: their slots stay taken in Open MPI's allocation.
+        # Workers that died, per host: their slots stay taken in Open MPI's allocation,
+        # and each one lengthens the host's blacklist cooldown.
         self.dead: collections.Counter[str] = collections.Counter()
         self.blacklist: dict[str, float] = {}  # host -> until (monotonic; inf: for good)
-        self.failures: collections.Counter[str] = collections.Counter()  # per host, ever
         self.ignored: set[str] = set()  # new hosts outside the launch, reported once
         self.join_pending = False  # this process joined; its first sync is still to come
 
@@ -155,8 +158,14 @@ def _allocation() -> dict[str, int]:
     return dict(parse_host_slots(text)) if text else {}
 
 
+@functools.lru_cache(maxsize=1)
+def _local_names() -> frozenset[str]:
+    name = hostname()
+    return frozenset({"localhost", "127.0.0.1", name, name.split(".")[0]})
+
+
 def _same_host(a: str, b: str) -> bool:
-    local = {"localhost", "127.0.0.1", hostname(), hostname().split(".")[0]}
+    local = _local_names()
     return a == b or (a in local and b in local)
 
 
@@ -199,13 +208,12 @@ def check_for_new_workers() -> bool:
     """Collective, at every commit of an elastic job: whether workers are to be added
     now (the same answer on every rank). The agreement fails on every survivor alike
     if a worker died since the world was made (HvdliteError, the engine stopped)."""
-    from hvdlite.common.basics import rank, size
     s = settings()
     if s is None:
         return False
     value = _ALL_ONES
-    if rank() == 0:
-        value = min(len(plan_new_workers(s, size())), _ALL_ONES - 1)
+    if basics.rank() == 0:
+        value = min(len(plan_new_workers(s, basics.size())), _ALL_ONES - 1)
     return _core().agree(value) > 0
 
 
@@ -216,7 +224,6 @@ def reset(after_failure: bool) -> None:
     """Collective over the live processes: the next world. After a failure, a world of
     the survivors (ranks renumbered in their old order, a fresh engine); then workers
     added where slots are free, waiting for them under ``--min-np``."""
-    from hvdlite.common.basics import size
     if after_failure:
         c = _core()
         c.rebuild()
@@ -228,7 +235,7 @@ def reset(after_failure: bool) -> None:
     deadline = time.monotonic() + float(s.timeout_s)
     while True:
         plan = _shared_plan(s)
-        if plan and size() + len(plan) >= s.min_np:
+        if plan and basics.size() + len(plan) >= s.min_np:
             try:
                 _grow(plan)
                 return
@@ -241,11 +248,11 @@ def reset(after_failure: bool) -> None:
                     sys.stderr.write(f"hvdlite: no new workers on {sorted(set(plan))}: {exc}\n")
                 for host in plan:
                     _world.blacklist[host] = time.monotonic() + 60.0
-        if size() >= s.min_np:
+        if basics.size() >= s.min_np:
             return
         if time.monotonic() >= deadline:
             raise ElasticJobError(
-                f"elastic training stops: {size()} worker(s) left, fewer than --min-np {s.min_np}, "
+                f"elastic training stops: {basics.size()} worker(s) left, fewer than --min-np {s.min_np}, "
                 f"and no slots for more came within --elastic-timeout {s.timeout_s:g} s")
         time.sleep(_DISCOVERY_PERIOD_S)
 
@@ -261,24 +268,23 @@ def _note_lost(lost: list[int]) -> None:
             continue
         host = _world.hosts[r]
         _world.dead[host] += 1
-        _world.failures[host] += 1
         # As Horovod's --blacklist-cooldown-range: MIN seconds after a host's first
         # failure, MIN more for each further one, at most MAX; without it, for good.
         if cooldown:
             low, high = cooldown
-            stay = min(high, low * _world.failures[host])
+            stay = min(high, low * _world.dead[host])
         else:
             stay = float("inf")
         _world.blacklist[host] = time.monotonic() + stay
-    _world.hosts = [h for r, h in enumerate(_world.hosts) if r not in set(lost)]
+    gone = set(lost)
+    _world.hosts = [h for r, h in enumerate(_world.hosts) if r not in gone]
 
 
 def _shared_plan(s: Any) -> list[str]:
     """Rank 0's plan, given to every rank."""
-    from hvdlite.common.basics import rank, size
     from hvdlite.common.objects import broadcast_object
-    plan = plan_new_workers(s, size()) if rank() == 0 else None
-    if size() == 1:
+    plan = plan_new_workers(s, basics.size()) if basics.rank() == 0 else None
+    if basics.size() == 1:
         return plan or []
     return broadcast_object(plan, root_rank=0, name="hvdlite.elastic.plan")
 

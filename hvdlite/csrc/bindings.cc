@@ -134,6 +134,12 @@ Handle HandleFromNumber(uintptr_t number) {
   else return static_cast<Handle>(number);
 }
 
+// Makes `engine` this process's (called with the GIL held).
+void Install(std::shared_ptr<Engine> engine) {
+  g_engine = std::move(engine);
+  g_engine_pid = getpid();
+}
+
 void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   RaiseIfForkedCopy();
   if (g_engine && g_engine->Running()) return;
@@ -145,19 +151,8 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   EnsureMpi();
   MPI_Comm base = MPI_COMM_WORLD;
   MPI_Comm created = MPI_COMM_NULL;
-  if (comm_handle == 0 && ranks.empty() && !g_joined) {
-    // A worker that elastic training started into a running job (Grow): its world is
-    // that job's, joined here, not its own MPI_COMM_WORLD of one.
-    py::gil_scoped_release nogil;
-    created = MergeWithParent();
-    if (created != MPI_COMM_NULL) {
-      base = created;
-      g_joined = true;
-    }
-  }
-  if (base != MPI_COMM_WORLD) {
-    // joined above
-  } else if (comm_handle != 0) {
+  MPI_Comm joined = MPI_COMM_NULL;
+  if (comm_handle != 0) {
     base = HandleFromNumber<MPI_Comm>(comm_handle);
     if (base == MPI_COMM_NULL) throw std::invalid_argument("hvdlite.init: the communicator is MPI.COMM_NULL");
   } else if (!ranks.empty()) {
@@ -179,14 +174,20 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
     MPI_Group_free(&sub);
     if (created == MPI_COMM_NULL) return;  // this process is not among `ranks`
     base = created;
+  } else if (!g_joined) {
+    // A worker that elastic training started into a running job (Grow): its world is
+    // that job's, not its own MPI_COMM_WORLD of one.
+    py::gil_scoped_release nogil;
+    joined = MergeWithParent();
+    g_joined = joined != MPI_COMM_NULL;
   }
   Parameters params = Parameters::FromEnvironment();
   std::shared_ptr<Engine> engine;
   {
     py::gil_scoped_release nogil;  // MPI_Comm_dup waits for the other ranks
     FreeBase();
-    if (g_joined && created == base) {
-      g_base = created;  // the joined job's world is ours already, as in Grow on the others
+    if (joined != MPI_COMM_NULL) {
+      g_base = joined;  // the joined job's world, taken as is, as Grow does on the others
     } else {
       MPI_Comm_dup(base, &g_base);
       MPI_Comm_set_errhandler(g_base, MPI_ERRORS_RETURN);
@@ -194,8 +195,7 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
     }
     engine = std::make_shared<Engine>(g_base, params, &g_handles);
   }
-  g_engine = std::move(engine);
-  g_engine_pid = getpid();
+  Install(std::move(engine));
 }
 
 // Elastic training after a peer died: the live processes of hvdlite's world agree on
@@ -222,8 +222,7 @@ void Rebuild() {
     g_base = survivors;
     engine = std::make_shared<Engine>(g_base, params, &g_handles);
   }
-  g_engine = std::move(engine);
-  g_engine_pid = getpid();
+  Install(std::move(engine));
 }
 
 // Elastic training: the AND of every rank's `value` (ULFM's fault-tolerant agreement
@@ -276,8 +275,7 @@ void Grow(const std::string& command, const std::vector<std::string>& args, cons
     }
     engine = std::make_shared<Engine>(g_base, params, &g_handles);
   }
-  g_engine = std::move(engine);
-  g_engine_pid = getpid();
+  Install(std::move(engine));
   if (!error.empty()) RaiseHvdliteError("hvdlite: " + error);
 }
 
@@ -297,8 +295,8 @@ void Shutdown() {
 
 void Finalize() {
   Shutdown();
-  if (!g_forked) FreeBase();
   if (g_forked) return;  // MPI belongs to the parent process
+  FreeBase();
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);

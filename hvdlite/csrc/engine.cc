@@ -147,10 +147,14 @@ void Engine::Stop() {
 
 void Engine::Abandon(const std::string& why) {
   HVD_WARN("abandoning the engine: " << why);
+  RevokeCommunicators();
+  Stop();
+}
+
+void Engine::RevokeCommunicators() {
   channel_->Revoke();
   cycle_->Revoke();
   topology_->Revoke();
-  Stop();
 }
 
 bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::string* error) {
@@ -292,9 +296,7 @@ void Engine::Fail(const std::string& reason) {
 
 void Engine::OnPeerFailure(const std::string& what) {
   const std::vector<int> dead = FailedRanks(topology_->world());
-  channel_->Revoke();
-  cycle_->Revoke();
-  topology_->Revoke();
+  RevokeCommunicators();
   std::string who;
   for (size_t i = 0; i < dead.size(); ++i) who += (i ? ", " : "") + std::to_string(dead[i]);
   shutdown_reason_ = dead.empty()

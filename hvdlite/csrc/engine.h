@@ -128,6 +128,8 @@ class Engine {
   // so every other rank hears of it at its next call, and the engine stops without
   // the shutdown handshake, its requests failed.
   void OnPeerFailure(const std::string& what);
+  // Every call on this engine's communicators fails from now on, on every rank (ULFM).
+  void RevokeCommunicators();
   void Execute(const ResponseList& list);
   Response FromCache(const std::vector<int32_t>& ids) const;
   void Perform(const Response& response);

@@ -435,6 +435,7 @@ def build_mpirun_command(
     ompi_major: int | None = 5,
     is_root: bool | None = None,
     host_list: Sequence[tuple[str, int | None]] | None = None,
+    status_file: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Build the ``mpirun`` argv and the environment to run it with.
 
@@ -454,8 +455,10 @@ def build_mpirun_command(
     sm,tcp,self`` (a pml or btl chosen in ``--mpi-args`` is kept) and ``--host`` lists
     every host with its slots, which must add up to ``-np`` at least.  With a
     discovery script, ``host_list`` must be the hosts it printed (:func:`launch`
-    runs it, this function does not).  Stale ``HVDLITE_ELASTIC*`` and
-    ``HOROVOD_ELASTIC`` variables in ``environ`` are dropped in either mode.
+    runs it, this function does not).  ``status_file`` is where the last world's
+    rank 0 writes ``finished`` (``HVDLITE_ELASTIC_STATUS_FILE``).  Stale
+    ``HVDLITE_ELASTIC*`` and ``HOROVOD_ELASTIC`` variables in ``environ`` are dropped
+    in either mode.
 
     Raises :class:`LaunchError` for an inconsistent request (for instance more
     processes than the slots of a remote host list).
@@ -604,6 +607,8 @@ def build_mpirun_command(
     if elastic is not None:
         env.update(elastic.to_environ())
         env[discovery.ENV_ALLOCATION] = discovery.format_hosts(host_list or [])
+        if status_file is not None:
+            env[discovery.ENV_STATUS_FILE] = status_file
         if local_only and not user_oversubscribes:
             env[discovery.ENV_OVERSUBSCRIBED] = "1"
         if "HOROVOD_ELASTIC_TIMEOUT" in env:
@@ -971,20 +976,22 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         host_list = list(wait_for_slots(
             settings, config.num_proc,
             log=lambda line: print(f"hvdlite-run: {line}", file=sys.stderr, flush=True)))
-    argv, env = build_mpirun_command(config, mpirun, env_in, ompi_major=major,
-                                     host_list=host_list)
+    # The last world's rank 0 of an elastic job writes here when training ended well:
+    # mpirun's own status counts workers lost along the way (137 for a killed one that
+    # joined).
+    status_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-") if config.elastic else None
+    try:
+        argv, env = build_mpirun_command(
+            config, mpirun, env_in, ompi_major=major, host_list=host_list,
+            status_file=os.path.join(status_dir, "status") if status_dir else None)
+    except BaseException:
+        _read_status(status_dir)  # removes the folder
+        raise
     if config.verbose:
         set_vars = {k: v for k, v in env.items() if env_in.get(k) != v}
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
         print(f"hvdlite-run: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
-    status_dir = None
-    if config.elastic:
-        # The last world's rank 0 writes here when training ended well: mpirun's own
-        # status counts workers lost along the way (137 for a killed one that joined).
-        status_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-")
-        env[discovery.ENV_STATUS_FILE] = os.path.join(status_dir, "status")
-        argv[1:1] = ["-x", discovery.ENV_STATUS_FILE]
     try:
         returncode = _run_mpirun(argv, env)
     finally:
