@@ -8,6 +8,7 @@ mpirun's ranks too, not just the launcher.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,13 +50,7 @@ def kill_tree(pid: int) -> None:
     """SIGKILL a job's launcher and every process below it. Its process group is not
     enough: mpirun starts the ranks in process groups of their own, and ranks left
     behind by a killed launcher would keep running (and waiting) forever."""
-    children = _children()
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    for p in reversed(tree):
+    for p in reversed(_tree(pid)):
         try:
             os.kill(p, signal.SIGKILL)
         except OSError:
@@ -64,6 +59,36 @@ def kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and every process below it."""
+    children = _children()
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    return tree
+
+
+def stacks_of_tree(pid: int, frames: int = 14) -> str:
+    """The native stack of every thread of every process of a job, as gdb prints it,
+    so that a job which timed out says where it was stuck. Empty without gdb."""
+    if shutil.which("gdb") is None:
+        return "(gdb is not installed: no stacks)"
+    parts = []
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                name = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+            bt = subprocess.run(["gdb", "-p", str(p), "-batch", "-ex", f"thread apply all bt {frames}"],
+                                capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines = [ln for ln in bt.splitlines() if ln.startswith(("#", "Thread"))]
+        parts.append(f"--- pid {p}: {name}\n" + "\n".join(lines))
+    return "\n".join(parts)
 
 
 def run_job(n: int, script: str | Path, *args: str, env: dict[str, str] | None = None,
@@ -81,10 +106,12 @@ def run_job(n: int, script: str | Path, *args: str, env: dict[str, str] | None =
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = stacks_of_tree(proc.pid)
         kill_tree(proc.pid)
         out, err = proc.communicate()
         raise AssertionError(f"job timed out after {timeout} s: {' '.join(cmd)}\n"
-                             f"stdout:\n{out[-6000:]}\nstderr:\n{err[-6000:]}") from None
+                             f"stdout:\n{out[-6000:]}\nstderr:\n{err[-6000:]}\n"
+                             f"where each process was:\n{stacks}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -296,6 +296,13 @@ def stop_timeline() -> None:
 def _finalize_at_exit() -> None:
     c = _core_module
     if c is not None:
+        # Python flushes its streams only after the exit handlers, and finalize may end
+        # the process (see FinalizeWatchdog in bindings.cc): flush what was printed now.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
         c.finalize()
 
 

@@ -7,11 +7,16 @@
 #include <unistd.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -41,6 +46,7 @@ bool g_mpi_owned = false;          // we called MPI_Init, so we call MPI_Finaliz
 MPI_Comm g_base = MPI_COMM_NULL;
 bool g_joined = false;        // this process was started into a running job (Grow)
 std::vector<int> g_lost;      // the ranks the last Rebuild left out (old numbering)
+bool g_peer_died = false;     // some Rebuild left a dead process out of the world
 
 // Worlds replaced by elastic training's Rebuild and Grow. They are kept, not freed:
 // Open MPI's ULFM agreement (ERA) keys its history by communicator id, ids of freed
@@ -218,6 +224,7 @@ void Rebuild() {
     }
     MPI_Comm survivors = ShrinkWorld(g_base);
     g_lost = MissingRanks(g_base, survivors);
+    g_peer_died = g_peer_died || !g_lost.empty();
     RetireBase();
     g_base = survivors;
     engine = std::make_shared<Engine>(g_base, params, &g_handles);
@@ -293,6 +300,43 @@ void Shutdown() {
   e.reset();
 }
 
+// Open MPI's MPI_Finalize ends with a fence over every process the job started. After
+// a process of the job died (elastic training went on without it), that fence was
+// seen to wait for the dead process for ever now and then (about 1 run in 40 here),
+// with every survivor's work done and written. So after such a loss, MPI_Finalize
+// gets this long; past it, the process leaves without it (exit status 0: a rank that
+// failed has ended the job through hvdlite's exception hook long before).
+constexpr std::chrono::seconds kFinalizeAfterLossSeconds{10};
+
+class FinalizeWatchdog {
+ public:
+  explicit FinalizeWatchdog(std::chrono::seconds limit)
+      : thread_([this, limit] {
+          std::unique_lock<std::mutex> lk(mu_);
+          if (cv_.wait_for(lk, limit, [this] { return done_; })) return;
+          std::fprintf(stderr,
+                       "[hvdlite WARNING] MPI_Finalize did not finish within %lld s: Open MPI's closing fence "
+                       "waits for a process of the job that died; leaving without it\n",
+                       static_cast<long long>(limit.count()));
+          std::fflush(nullptr);
+          _exit(0);
+        }) {}
+  ~FinalizeWatchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: it starts once the others exist
+};
+
 void Finalize() {
   Shutdown();
   if (g_forked) return;  // MPI belongs to the parent process
@@ -301,7 +345,12 @@ void Finalize() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (initialized && !finalized) FreeReduceOps();
-  if (g_mpi_owned && initialized && !finalized) MPI_Finalize();
+  if (g_mpi_owned && initialized && !finalized) {
+    std::optional<FinalizeWatchdog> watchdog;
+    if (g_peer_died) watchdog.emplace(kFinalizeAfterLossSeconds);
+    py::gil_scoped_release nogil;
+    MPI_Finalize();
+  }
   g_mpi_owned = false;
 }
 
