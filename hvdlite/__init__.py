@@ -29,6 +29,7 @@ _NUMPY_OPS = (
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object", "DeviceArray",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 )
 
 

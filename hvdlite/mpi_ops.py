@@ -25,6 +25,7 @@ from hvdlite.common.codes import Average, Sum, Min, Max, Product, Adasum
 from hvdlite.common.exceptions import HvdliteError, HvdliteValueError
 from hvdlite.common.handles import Handle
 from hvdlite.common.objects import allgather_object, broadcast_object
+from hvdlite.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
 __all__ = [
     "Average", "Sum", "Min", "Max", "Product", "Adasum",
@@ -33,6 +34,7 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object", "DeviceArray",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]
 
 
@@ -213,33 +215,36 @@ class _label:
 
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None,
                     op: int | None = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> Handle:
+                    postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
     """Start reducing `tensor` across ranks; `synchronize(handle)` returns a new array.
     The default op is Average, as in Horovod."""
-    op = _ops.resolve_op(op, average)
-    inp = _checked(tensor, _label("allreduce", name))
-    out, out_raw = _output_like(inp)
-    req = _ops.submit(_ops.ALLREDUCE, _raw(inp), out_raw, name=name, op=op,
-                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                      keepalive=(inp, out))
-    _order_consumer(req, inp)
-    return Handle([req], _returns(out), req.name)
+    with _ops.process_set_scope(process_set):
+        op = _ops.resolve_op(op, average)
+        inp = _checked(tensor, _label("allreduce", name))
+        out, out_raw = _output_like(inp)
+        req = _ops.submit(_ops.ALLREDUCE, _raw(inp), out_raw, name=name, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                          keepalive=(inp, out))
+        _order_consumer(req, inp)
+        return Handle([req], _returns(out), req.name)
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
-    if type(tensor) is np.ndarray:
+    if process_set is None and type(tensor) is np.ndarray:
         out = np.empty_like(tensor, order="C")
         if _direct_run(_ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
             return out
-    elif _device.is_device_array(tensor):
-        return _blocking_wait(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
-    op = _ops.resolve_op(op, average)
-    inp = _checked(tensor, _label("allreduce", name))
-    out = np.empty_like(inp)
-    _run(_ops.ALLREDUCE, inp, out, name, op, prescale_factor, postscale_factor)
-    return out
+    with _ops.process_set_scope(process_set):
+        if _device.is_device_array(tensor):
+            return _blocking_wait(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+        op = _ops.resolve_op(op, average)
+        inp = _checked(tensor, _label("allreduce", name))
+        out = np.empty_like(inp)
+        _run(_ops.ALLREDUCE, inp, out, name, op, prescale_factor, postscale_factor)
+        return out
 
 
 @_ops.blocking
@@ -249,29 +254,32 @@ def _blocking_wait(handle: Handle) -> Any:
 
 def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0) -> Handle:
+                     postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
     """In-place form of :func:`allreduce_async`: the result overwrites `tensor`."""
-    op = _ops.resolve_op(op, average)
-    arr = _checked(tensor, _label("allreduce", name), in_place=True)
-    raw = _raw(arr)
-    req = _ops.submit(_ops.ALLREDUCE, raw, raw, name=name, op=op, prescale_factor=prescale_factor,
-                      postscale_factor=postscale_factor, keepalive=arr)
-    _order_consumer(req, arr)
-    return Handle([req], _returns(_user_object(arr)), req.name)
+    with _ops.process_set_scope(process_set):
+        op = _ops.resolve_op(op, average)
+        arr = _checked(tensor, _label("allreduce", name), in_place=True)
+        raw = _raw(arr)
+        req = _ops.submit(_ops.ALLREDUCE, raw, raw, name=name, op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor, keepalive=arr)
+        _order_consumer(req, arr)
+        return Handle([req], _returns(_user_object(arr)), req.name)
 
 
 def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None,
                op: int | None = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0) -> Any:
+               postscale_factor: float = 1.0, process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks in place and return it."""
-    if _direct_run(_ALLREDUCE, tensor, tensor, name, average, op, prescale_factor, postscale_factor, -1):
+    if process_set is None and _direct_run(_ALLREDUCE, tensor, tensor, name, average, op, prescale_factor,
+                                           postscale_factor, -1):
         return tensor
-    if _device.is_device_array(tensor):
-        return _blocking_wait(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
-    op = _ops.resolve_op(op, average)
-    arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("allreduce", name), in_place=True)
-    _run(_ops.ALLREDUCE, arr, arr, name, op, prescale_factor, postscale_factor)
-    return arr
+    with _ops.process_set_scope(process_set):
+        if _device.is_device_array(tensor):
+            return _blocking_wait(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+        op = _ops.resolve_op(op, average)
+        arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("allreduce", name), in_place=True)
+        _run(_ops.ALLREDUCE, arr, arr, name, op, prescale_factor, postscale_factor)
+        return arr
 
 
 def _grouped(tensors: Sequence[Any], inplace: bool, average: bool | None, name: str | None,
@@ -309,134 +317,151 @@ def _usable(tensor: Any, in_place: bool) -> np.ndarray:
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: int | None = None, prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0) -> Handle:
+                            postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
     """Reduce a list of tensors as one unit: negotiated together and fused."""
-    return _grouped(tensors, False, average, name, op, prescale_factor, postscale_factor)
+    with _ops.process_set_scope(process_set):
+        return _grouped(tensors, False, average, name, op, prescale_factor, postscale_factor)
 
 
 @_ops.blocking
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: int | None = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
+                      postscale_factor: float = 1.0, process_set: Any = None) -> list[np.ndarray]:
+    with _ops.process_set_scope(process_set):
+        return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
 
 
 def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None = None,
                              name: str | None = None, op: int | None = None,
-                             prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    return _grouped(tensors, True, average, name, op, prescale_factor, postscale_factor)
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: Any = None) -> Handle:
+    with _ops.process_set_scope(process_set):
+        return _grouped(tensors, True, average, name, op, prescale_factor, postscale_factor)
 
 
 @_ops.blocking
 def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))
+                       postscale_factor: float = 1.0, process_set: Any = None) -> list[np.ndarray]:
+    with _ops.process_set_scope(process_set):
+        return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))
 
 
 # ---- allgather, broadcast, alltoall, reducescatter ------------------------------------
 
-def allgather_async(tensor: Any, name: str | None = None) -> Handle:
+def allgather_async(tensor: Any, name: str | None = None, process_set: Any = None) -> Handle:
     """Concatenate every rank's `tensor` along the first dimension (which may differ)."""
-    inp = _checked(tensor, _label("allgather", name))
-    req = _ops.submit(_ops.ALLGATHER, _raw(inp), name=name, keepalive=inp)
-    _order_consumer(req, inp)
-    return Handle([req], _engine_output, req.name)
+    with _ops.process_set_scope(process_set):
+        inp = _checked(tensor, _label("allgather", name))
+        req = _ops.submit(_ops.ALLGATHER, _raw(inp), name=name, keepalive=inp)
+        _order_consumer(req, inp)
+        return Handle([req], _engine_output, req.name)
 
 
 @_ops.blocking
-def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
-    return synchronize(allgather_async(tensor, name))
+def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> np.ndarray:
+    with _ops.process_set_scope(process_set):
+        return synchronize(allgather_async(tensor, name))
 
 
-def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
+def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Handle:
     """Overwrite `tensor` with root_rank's value, in place."""
-    arr = _checked(tensor, _label("broadcast", name), in_place=True)
-    req = _ops.submit(_ops.BROADCAST, _raw(arr), name=name, root_rank=int(root_rank), keepalive=arr)
-    _order_consumer(req, arr)
-    return Handle([req], _returns(_user_object(arr)), req.name)
+    with _ops.process_set_scope(process_set):
+        arr = _checked(tensor, _label("broadcast", name), in_place=True)
+        req = _ops.submit(_ops.BROADCAST, _raw(arr), name=name, root_rank=int(root_rank), keepalive=arr)
+        _order_consumer(req, arr)
+        return Handle([req], _returns(_user_object(arr)), req.name)
 
 
-def broadcast_(tensor: Any, root_rank: int, name: str | None = None) -> Any:
-    if _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
+def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
+    if process_set is None and _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
         return tensor
-    if _device.is_device_array(tensor):
-        return _blocking_wait(broadcast_async_(tensor, root_rank, name))
-    arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("broadcast", name), in_place=True)
-    _run(_ops.BROADCAST, arr, None, name, root_rank=int(root_rank))
-    return arr
+    with _ops.process_set_scope(process_set):
+        if _device.is_device_array(tensor):
+            return _blocking_wait(broadcast_async_(tensor, root_rank, name))
+        arr = tensor if type(tensor) is np.ndarray else _checked(tensor, _label("broadcast", name), in_place=True)
+        _run(_ops.BROADCAST, arr, None, name, root_rank=int(root_rank))
+        return arr
 
 
-def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
+def broadcast_async(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Handle:
     """Return root_rank's value of `tensor` as a new array; `tensor` is not modified."""
-    arr = _checked(tensor, _label("broadcast", name))
-    if type(arr) is not DeviceView:
-        return broadcast_async_(np.array(arr, copy=True), root_rank, name)
-    # A copy on the GPU, on hvdlite's stream after the producer's work; the broadcast
-    # follows on the same stream.
-    out, raw = _output_like(arr)
-    try:
-        _load_core().copy_on_device(arr.device, out.ptr, arr.ptr, out.nbytes, arr.stream)
-    except RuntimeError as exc:
-        _ops.raise_engine_error(exc)
-    req = _ops.submit(_ops.BROADCAST, raw, name=name, root_rank=int(root_rank), keepalive=(arr, out))
-    _order_consumer(req, arr)  # the copy read `arr` on hvdlite's stream
-    return Handle([req], _returns(out), req.name)
+    with _ops.process_set_scope(process_set):
+        arr = _checked(tensor, _label("broadcast", name))
+        if type(arr) is not DeviceView:
+            return broadcast_async_(np.array(arr, copy=True), root_rank, name)
+        # A copy on the GPU, on hvdlite's stream after the producer's work; the broadcast
+        # follows on the same stream.
+        out, raw = _output_like(arr)
+        try:
+            _load_core().copy_on_device(arr.device, out.ptr, arr.ptr, out.nbytes, arr.stream)
+        except RuntimeError as exc:
+            _ops.raise_engine_error(exc)
+        req = _ops.submit(_ops.BROADCAST, raw, name=name, root_rank=int(root_rank), keepalive=(arr, out))
+        _order_consumer(req, arr)  # the copy read `arr` on hvdlite's stream
+        return Handle([req], _returns(out), req.name)
 
 
-def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> Any:
-    if _device.is_device_array(tensor):
-        return _blocking_wait(broadcast_async(tensor, root_rank, name))
-    return broadcast_(np.array(_checked(tensor, _label("broadcast", name)), copy=True), root_rank, name)
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
+    with _ops.process_set_scope(process_set):
+        if _device.is_device_array(tensor):
+            return _blocking_wait(broadcast_async(tensor, root_rank, name))
+        return broadcast_(np.array(_checked(tensor, _label("broadcast", name)), copy=True), root_rank, name)
 
 
-def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Handle:
+def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None,
+                   process_set: Any = None) -> Handle:
     """Send rows of `tensor` to every rank: ``splits[r]`` rows to rank r (default: equal
     parts) and receive theirs, concatenated in rank order."""
-    inp = _checked(tensor, _label("alltoall", name))
-    sp = None
-    if splits is not None:
-        try:
-            sp = [int(s) for s in np.asarray(splits).reshape(-1)]
-        except (TypeError, ValueError) as exc:
-            _ops.refuse(_ops.ALLTOALL, name, f"splits must be integers ({exc})",
-                        HvdliteValueError)
-    req = _ops.submit(_ops.ALLTOALL, _raw(inp), name=name, splits=sp, keepalive=inp)
-    _order_consumer(req, inp)
-    if splits is None:
-        return Handle([req], _engine_output, req.name)
-    return Handle([req], lambda parts: (_engine_output(parts),
-                                        np.asarray(parts[0].aux(), dtype=np.int32)), req.name)
+    with _ops.process_set_scope(process_set):
+        inp = _checked(tensor, _label("alltoall", name))
+        sp = None
+        if splits is not None:
+            try:
+                sp = [int(s) for s in np.asarray(splits).reshape(-1)]
+            except (TypeError, ValueError) as exc:
+                _ops.refuse(_ops.ALLTOALL, name, f"splits must be integers ({exc})",
+                            HvdliteValueError)
+        req = _ops.submit(_ops.ALLTOALL, _raw(inp), name=name, splits=sp, keepalive=inp)
+        _order_consumer(req, inp)
+        if splits is None:
+            return Handle([req], _engine_output, req.name)
+        return Handle([req], lambda parts: (_engine_output(parts),
+                                            np.asarray(parts[0].aux(), dtype=np.int32)), req.name)
 
 
 @_ops.blocking
-def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Any:
+def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None, process_set: Any = None) -> Any:
     """Returns the received rows; with `splits`, also how many came from each rank."""
-    return synchronize(alltoall_async(tensor, splits, name))
+    with _ops.process_set_scope(process_set):
+        return synchronize(alltoall_async(tensor, splits, name))
 
 
 def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
     """Reduce `tensor` across ranks and give each rank one slice of the first dimension:
     rank r gets dim0 // size rows, plus one if r < dim0 % size."""
-    inp = _checked(tensor, _label("reducescatter", name))
-    req = _ops.submit(_ops.REDUCESCATTER, _raw(inp), name=name, op=op, prescale_factor=prescale_factor,
-                      postscale_factor=postscale_factor, keepalive=inp)
-    _order_consumer(req, inp)
-    return Handle([req], _engine_output, req.name)
+    with _ops.process_set_scope(process_set):
+        inp = _checked(tensor, _label("reducescatter", name))
+        req = _ops.submit(_ops.REDUCESCATTER, _raw(inp), name=name, op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor, keepalive=inp)
+        _order_consumer(req, inp)
+        return Handle([req], _engine_output, req.name)
 
 
 @_ops.blocking
 def reducescatter(tensor: Any, op: int = Average, name: str | None = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: Any = None) -> np.ndarray:
+    with _ops.process_set_scope(process_set):
+        return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
 
 
 # ---- synchronization ------------------------------------------------------------------
 
-def barrier() -> None:
+def barrier(process_set: Any = None) -> None:
     """Return once every rank has called barrier()."""
-    _ops.run(_ops.BARRIER, None, None, "uint8")
+    with _ops.process_set_scope(process_set):
+        _ops.run(_ops.BARRIER, None, None, "uint8")
 
 
 @_ops.blocking

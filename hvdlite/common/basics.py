@@ -4,7 +4,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from hvdlite.common import gpu_libraries, mpi_lib, naming
 from hvdlite.common.exceptions import HvdliteError, NotInitializedError
@@ -24,13 +24,6 @@ def _load_core() -> Any:
         from hvdlite import _core  # the pybind11 extension built from hvdlite/csrc
         _core_module = _core
     return _core_module
-
-
-# Why hvd.init(process_sets=...) and every other process set than the global one fail
-# (hvdlite.common.process_sets builds on this module and uses the same words).
-PROCESS_SETS_UNSUPPORTED = (
-    "hvdlite implements only the global process set (all ranks); to run on a subset of "
-    "the ranks, call hvd.init() with that list of ranks or an mpi4py communicator")
 
 
 def core() -> Any:
@@ -77,6 +70,24 @@ def core_or_none() -> Any:
     return c
 
 
+# What modules above this one do when hvdlite's world starts (given init's
+# `process_sets`) and when it changes or ends (shutdown, an elastic reset): the process
+# sets' registry (hvdlite.common.process_sets) registers itself here.
+_lifecycle_hooks: list[tuple[Callable[[Any], None], Callable[[], None]]] = []
+
+
+def add_lifecycle_hooks(after_init: Callable[[Any], None], after_change: Callable[[], None]) -> None:
+    """Run `after_init(process_sets)` after each successful ``init``, and
+    `after_change()` after a shutdown or a change of the world (:func:`world_changed`)."""
+    _lifecycle_hooks.append((after_init, after_change))
+
+
+def world_changed() -> None:
+    """hvdlite's world ended or was replaced: tell the modules that keep state about it."""
+    for _, after_change in _lifecycle_hooks:
+        after_change()
+
+
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start hvdlite in this process.
 
@@ -84,9 +95,12 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     list of ranks of ``MPI_COMM_WORLD`` that form hvdlite's world; by default the whole
     of ``MPI_COMM_WORLD``. Calling ``init`` again while initialized does nothing;
     after ``shutdown()`` it starts the engine afresh.
+
+    ``process_sets``: Horovod's static process sets, a list of
+    :class:`~hvdlite.common.process_sets.ProcessSet` registered now on every rank alike,
+    or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later (as
+    ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` does).
     """
-    if process_sets is not None:
-        raise NotImplementedError(PROCESS_SETS_UNSUPPORTED)
     _check_not_a_child()
     c = _load_core()
     if c.is_initialized():
@@ -107,6 +121,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if c.is_initialized():
         os.environ[_OWNER_ENV] = _owner_mark(os.getpid())
         _end_job_on_uncaught_exceptions()
+        for after_init, _ in _lifecycle_hooks:
+            after_init(process_sets)
 
 
 # Set by init() to the initializing process's pid and launcher job, and inherited by
@@ -188,6 +204,7 @@ def shutdown() -> None:
     if c is not None and c.has_world():  # also after another rank stopped the job
         c.shutdown()
         _shut_down_here = True
+        world_changed()
 
 
 def is_initialized() -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 from hvdlite.common import basics as _basics
 from hvdlite.common.codes import CPU_DEVICE, DTYPE_NAMES, ENGINE_OUTPUT, JOIN
 from hvdlite.common.exceptions import HvdliteError
+from hvdlite.common.process_set_table import members
 
 
 class Request:
@@ -23,7 +24,7 @@ class Request:
     (``keepalive``) until then, even if the request is dropped before it finishes."""
 
     __slots__ = ("_id", "_keepalive", "_done", "_error", "kind", "name", "_output", "_aux",
-                 "device", "consumers", "reader", "sync_host", "__weakref__")
+                 "device", "consumers", "reader", "sync_host", "process_set", "__weakref__")
 
     def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any) -> None:
         self._id = handle_id
@@ -46,6 +47,7 @@ class Request:
         self.reader: int | None = None
         self.sync_host = False
         self.device = CPU_DEVICE  # where the request's tensor lives
+        self.process_set = 0  # the id of the process set it runs on
 
     def poll(self) -> bool:
         """True once the request has finished (successfully or not)."""
@@ -72,7 +74,7 @@ class Request:
                         self._output = (_host_bytes(buf, self.reader), tuple(shape), DTYPE_NAMES[dtype_code])
                 core.release(self._id)
             self._done = True
-            self._error = None if ok else message
+            self._error = None if ok else message + _set_note(self.process_set)
             self._keepalive = None
         if self._error is not None:
             raise HvdliteError(self._error)
@@ -97,6 +99,16 @@ class Request:
         if not self._done and self._keepalive is not None:
             with _orphan_lock:
                 _orphans.append((self._id, self._keepalive))
+
+
+def _set_note(process_set: int) -> str:
+    """What an error of a process set's collective adds: the engine of a set numbers its
+    ranks 0..n-1, so say which world ranks those are."""
+    if not process_set:
+        return ""
+    ranks = members(process_set)
+    where = f"; its ranks 0..{len(ranks) - 1} are world ranks {ranks}" if ranks else ""
+    return f" (in process set {process_set}{where})"
 
 
 def _host_bytes(buf: Any, reader: int | None) -> Any:

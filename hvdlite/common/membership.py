@@ -229,6 +229,7 @@ def reset(after_failure: bool) -> None:
         c.rebuild()
         _note_lost(list(c.lost_ranks()))
     naming.reset_auto_names()  # every rank's unnamed requests count from 0 again
+    basics.world_changed()  # the core dropped the process sets: members renumbered or gone
     s = settings()
     if s is None:
         return
@@ -295,6 +296,7 @@ def _grow(hosts: list[str]) -> None:
     _core().grow(sys.executable, argv[1:], hosts, os.getcwd(),
                  os.environ.get(ENV_OVERSUBSCRIBED) == "1")
     naming.reset_auto_names()
+    basics.world_changed()
     if _world.hosts is not None:
         _world.hosts += hosts
 

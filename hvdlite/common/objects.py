@@ -14,14 +14,19 @@ import cloudpickle
 import numpy as np
 
 from hvdlite.common import ops as _ops
-from hvdlite.common.basics import _load_core, rank, size
+from hvdlite.common.basics import _load_core, rank
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
+    """Return ``root_rank``'s ``obj`` on every rank (of ``process_set``): pickled on the
+    root, unpickled on the others (the root gets its own object back). Two broadcasts:
+    the length, then the bytes, named ``<name>.size`` and ``<name>.data``."""
+    with _ops.process_set_scope(process_set):
+        return _broadcast_object(obj, root_rank, name)
 
 
 @_ops.blocking
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank: pickled on the root, unpickled on
-    the others (the root gets its own object back). Two broadcasts: the length, then
-    the bytes, named ``<name>.size`` and ``<name>.data``."""
+def _broadcast_object(obj: Any, root_rank: int, name: str | None) -> Any:
     base = name if name is not None else _ops.auto_name("broadcast_object")
     root_rank = int(root_rank)
     is_root = rank() == root_rank
@@ -35,11 +40,16 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
     return pickle.loads(data)  # cloudpickle writes ordinary pickles
 
 
+def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
+    """Return the list of every rank's ``obj`` (of ``process_set``), in rank order
+    (pickled with cloudpickle). Two allgathers: every rank's length, then the bytes,
+    named ``<name>.size`` and ``<name>.data``."""
+    with _ops.process_set_scope(process_set):
+        return _allgather_object(obj, name)
+
+
 @_ops.blocking
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Return the list of every rank's ``obj``, in rank order (pickled with cloudpickle).
-    Two allgathers: every rank's length, then the bytes, named ``<name>.size`` and
-    ``<name>.data``."""
+def _allgather_object(obj: Any, name: str | None) -> list[Any]:
     base = name if name is not None else _ops.auto_name("allgather_object")
     payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
     lengths = _allgather_bytes(np.array([payload.size], np.int64), f"{base}.size").view(np.int64)
@@ -48,7 +58,7 @@ def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     for n in lengths.tolist():
         out.append(pickle.loads(data[offset:offset + n]))
         offset += n
-    assert len(out) == size()
+    assert len(out) == _ops.current_size()
     return out
 
 

@@ -24,6 +24,7 @@ import warnings
 from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
 from hvdlite.common import basics as _basics, gpu_libraries
+from hvdlite.common import process_set_table as _process_sets
 # The engine's codes, used by the front ends as _ops.<NAME>.
 from hvdlite.common.codes import (  # noqa: F401
     ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, CPU_DEVICE, DTYPE_NAMES, DTYPES,
@@ -32,7 +33,7 @@ from hvdlite.common.codes import (  # noqa: F401
 from hvdlite.common.exceptions import (HvdliteError, HvdliteNotImplementedError, HvdliteTypeError,
                                        HvdliteValueError, refusal_error_for)
 from hvdlite.common.handles import Handle, Refusal, Request, _orphans, _reap_orphans  # noqa: F401
-from hvdlite.common.naming import auto_name, new_group_id, reset_auto_names  # noqa: F401
+from hvdlite.common import naming as _naming
 
 
 class RawTensor:
@@ -112,13 +113,81 @@ def describe_op(op: Any) -> str:
         return repr(op)
 
 
+# ---- the process set of a call ----------------------------------------------------------
+
+class _Scope(threading.local):
+    process_set: Any = None  # the set the current thread's collectives run on (None: global)
+
+
+_scope = _Scope()
+
+
+class process_set_scope:
+    """``with process_set_scope(ps):`` -- the collectives this thread submits inside run
+    on process set ``ps`` (a front end's public function wraps its body in one, so the
+    internals need not carry the set). Checks ``ps`` at once: raises ValueError here if
+    it is not registered or this process is not a member. ``None`` keeps the set of an
+    enclosing scope (the global set at top level); pass ``global_process_set`` to leave
+    one."""
+
+    __slots__ = ("_set", "_prev")
+
+    def __init__(self, process_set: Any) -> None:
+        if process_set is not None:
+            _process_sets.resolve(process_set)
+        self._set = process_set
+
+    def __enter__(self) -> None:
+        self._prev = _scope.process_set
+        if self._set is not None:
+            _scope.process_set = self._set
+
+    def __exit__(self, *exc: Any) -> None:
+        _scope.process_set = self._prev
+
+
+def current_process_set() -> Any:
+    """The process set of the enclosing :class:`process_set_scope` (None: global)."""
+    return _scope.process_set
+
+
+def _current_id() -> int:
+    ps = _scope.process_set
+    return 0 if ps is None else (ps.process_set_id or 0)
+
+
+def auto_name(kind: str) -> str:
+    """The next generated name of an unnamed request of `kind` on the current thread's
+    process set (see :mod:`hvdlite.common.naming`)."""
+    return _naming.auto_name(kind, _current_id())
+
+
+def new_group_id() -> int:
+    """A fresh grouped-allreduce id on the current thread's process set."""
+    return _naming.new_group_id(_current_id())
+
+
+def current_size() -> int:
+    """Number of ranks the current thread's collectives run on."""
+    ps = _scope.process_set
+    return _basics.size() if ps is None else _process_sets.set_size(ps)
+
+
+def current_rank() -> int:
+    """This process's rank among them."""
+    ps = _scope.process_set
+    if ps is None or ps.process_set_id == 0:
+        return _basics.rank()
+    return ps.rank()
+
+
 # ---- submitting ------------------------------------------------------------------------
 
 def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
            name: str | None = None, op: int = Sum, prescale_factor: float = 1.0,
            postscale_factor: float = 1.0, root_rank: int = -1,
            splits: Sequence[int] | None = None, group_id: int = -1, group_size: int = 0,
-           keepalive: Any = None) -> Request:
+           keepalive: Any = None, process_set: Any = None) -> Request:
     """Hand one request to the engine and return at once.
 
     kind: ALLREDUCE (output required; may equal ``tensor`` for in-place), BROADCAST
@@ -133,8 +202,16 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     An unsupported dtype or op is refused on every rank here (and raised). Members of
     a group are refused one by one here, so a front end checks the whole group first
     (:func:`stage_or_refuse`), and refuses it whole.
+
+    ``process_set``: a registered :class:`~hvdlite.common.process_sets.ProcessSet`
+    this process is in (None: the global set); ``root_rank`` is a world rank.
     """
-    core, name = _prepare(kind, name, tensor.dtype, op)
+    pid = 0
+    if process_set is None:
+        process_set = _scope.process_set
+    if process_set is not None:
+        pid, root_rank = _process_sets.resolve(process_set, root_rank)
+    core, name = _prepare(kind, name, tensor.dtype, op, pid)
     out_ptr = output.ptr if output is not None else 0
     try:
         stream = ()  # host memory: no stream argument
@@ -145,10 +222,11 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
                            tensor.shape, tensor.device, op,
                            float(prescale_factor), float(postscale_factor), root_rank,
                            splits if splits is not None else (),
-                           group_id, group_size, _caller.waits, *stream)
+                           group_id, group_size, _caller.waits, *stream, process_set=pid)
     except RuntimeError as exc:
         raise_engine_error(exc)
     req = Request(hid, kind, name, keepalive)
+    req.process_set = pid
     if tensor.device != CPU_DEVICE:
         req.device = tensor.device
         if tensor.stream is not None:
@@ -158,7 +236,7 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     return req
 
 
-def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
+def _prepare(kind: int, name: str | None, dtype: str, op: int, pid: int = 0) -> tuple[Any, str]:
     """What submit and run do first: the engine module and the request's name.
 
     Every collective call passes here, so the common case (a named request of a known
@@ -167,24 +245,25 @@ def _prepare(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str
     Everything else takes :func:`_prepare_fully`."""
     core = _basics._core_module
     if core is None or _orphans or name is None or dtype not in DTYPES or op not in SUPPORTED_OPS:
-        return _prepare_fully(kind, name, dtype, op)
+        return _prepare_fully(kind, name, dtype, op, pid)
     return core, name
 
 
-def _prepare_fully(kind: int, name: str | None, dtype: str, op: int) -> tuple[Any, str]:
+def _prepare_fully(kind: int, name: str | None, dtype: str, op: int, pid: int = 0) -> tuple[Any, str]:
     """:func:`_prepare` with every check: the engine initialized (or the reason it is
     not), orphaned requests reaped, the name generated when None, dtype and op
     refused on every rank when unsupported."""
     core = _basics.core()
     _reap_orphans(core)
     if name is None:
-        name = auto_name(KIND_NAMES[kind])
+        name = _naming.auto_name(KIND_NAMES[kind], pid)
+    where = _process_sets.process_set_by_id(pid) if pid else None
     if dtype not in DTYPES:
         refuse(kind, name, f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}",
-               HvdliteTypeError)
+               HvdliteTypeError, process_set=where)
     problem = op_problem(op)
     if problem is not None:
-        refuse(kind, name, *problem)
+        refuse(kind, name, *problem, process_set=where)
     return core, name
 
 
@@ -203,7 +282,7 @@ def raise_engine_error(exc: RuntimeError) -> NoReturn:
 # ---- refusing input only this rank cannot use -----------------------------------------
 
 def refusal(kind: int, name: str | None, problem: str, group_id: int = -1, group_size: int = 0,
-            error: type[HvdliteError] = HvdliteError) -> Refusal:
+            error: type[HvdliteError] = HvdliteError, process_set: Any = None) -> Refusal:
     """Submit, without waiting, a request that this rank cannot take part in.
 
     The other ranks may have submitted the same collective; raising only here would
@@ -212,35 +291,40 @@ def refusal(kind: int, name: str | None, problem: str, group_id: int = -1, group
     None, so later unnamed calls still agree), and every rank's collective fails with
     "rank R: <kind> '<name>': <problem>". Waiting for the returned :class:`Refusal`
     raises that message as `error`. ``group_id``/``group_size``: the grouped allreduce
-    it belongs to."""
+    it belongs to; ``process_set``: the set it runs on (None: the global set)."""
     core = _basics.core()
+    pid, _ = _process_sets.resolve(process_set if process_set is not None else _scope.process_set)
     kname = KIND_NAMES[kind]
     if name is None:
-        name = auto_name(kname)
-    hid = core.refuse(kind, name, f"{kname} '{name}': {problem}", group_id, group_size)
-    return Refusal(hid, kind, name, error)
+        name = _naming.auto_name(kname, pid)
+    hid = core.refuse(kind, name, f"{kname} '{name}': {problem}", group_id, group_size, process_set=pid)
+    refused = Refusal(hid, kind, name, error)
+    refused.process_set = pid
+    return refused
 
 
 def refuse(kind: int, name: str | None, problem: str,
-           error: type[HvdliteError] = HvdliteError) -> NoReturn:
+           error: type[HvdliteError] = HvdliteError, process_set: Any = None) -> NoReturn:
     """Fail a collective that this rank cannot take part in, on every rank, and raise.
 
     For a front end whose own check of the caller's input failed (`problem` says what;
     see :func:`refusal`). Raises `error` (an :class:`HvdliteError` class; one that is
     also a TypeError, ValueError, ... where Horovod raises that type) with the message
     every rank gets, once the other ranks have submitted the collective."""
-    refuse_all(kind, [name], [problem], error=error)
+    refuse_all(kind, [name], [problem], error=error, process_set=process_set)
 
 
 def refuse_all(kind: int, names: Sequence[str | None], problems: Sequence[str],
-               group_id: int = -1, error: type[HvdliteError] = HvdliteError) -> NoReturn:
+               group_id: int = -1, error: type[HvdliteError] = HvdliteError,
+               process_set: Any = None) -> NoReturn:
     """:func:`refuse` for the requests that the other ranks submit together in one call
     (the members of a grouped allreduce, `group_id` from :func:`new_group_id`, or the
     requests of one call that are not an engine group): all are refused before any is
     waited for, since the other ranks may wait for them all and the coordinator
     answers a group only once it is whole. Raises every request's error, joined."""
     size = len(names) if group_id >= 0 else 0
-    refused = [refusal(kind, name, problem, group_id, size) for name, problem in zip(names, problems)]
+    refused = [refusal(kind, name, problem, group_id, size, process_set=process_set)
+               for name, problem in zip(names, problems)]
     messages = []
     for r in refused:
         try:
@@ -255,7 +339,7 @@ _Staged = TypeVar("_Staged")
 
 def stage_or_refuse(kind: int, names: Sequence[str], inputs: Sequence[Any],
                     stage: Callable[[Any], _Staged], group_id: int = -1,
-                    op: Any = None) -> list[_Staged]:
+                    op: Any = None, process_set: Any = None) -> list[_Staged]:
     """``[stage(x) for x in inputs]`` for the inputs of one collective call, one
     request each (named `names`); if a local check fails, the whole call is refused on
     every rank and the error raised.
@@ -285,12 +369,12 @@ def stage_or_refuse(kind: int, names: Sequence[str], inputs: Sequence[Any],
             return staged
         problems = [problem if i == bad else f"member {bad} of its group: {problem}"
                     for i in range(len(names))]
-    refuse_all(kind, names, problems, group_id, error)
+    refuse_all(kind, names, problems, group_id, error, process_set=process_set)
 
 
 def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = None,
         op: int = Sum, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-        root_rank: int = -1) -> None:
+        root_rank: int = -1, process_set: Any = None) -> None:
     """Run one request on arrays the caller owns and return when it is done: the
     blocking twin of :func:`submit`, for ALLREDUCE (into ``output``; in place when it
     is ``tensor``), BROADCAST (in place on ``tensor``) and BARRIER (``tensor`` None).
@@ -301,10 +385,15 @@ def run(kind: int, tensor: Any, output: Any, dtype: str, *, name: str | None = N
     One call into the engine instead of submit + wait: on a blocking call the Python
     work around the collective is most of hvdlite's cost over raw MPI.
     """
-    core, name = _prepare(kind, name, dtype, op)
+    pid = 0
+    if process_set is None:
+        process_set = _scope.process_set
+    if process_set is not None:
+        pid, root_rank = _process_sets.resolve(process_set, root_rank)
+    core, name = _prepare(kind, name, dtype, op, pid)
     try:
         core.run(kind, name, tensor, output, DTYPES[dtype], op, float(prescale_factor),
-                 float(postscale_factor), root_rank)
+                 float(postscale_factor), root_rank, pid)
     except RuntimeError as exc:
         raise_engine_error(exc)
 

@@ -7,10 +7,12 @@
 #include <unistd.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -54,6 +56,34 @@ bool g_peer_died = false;     // some Rebuild left a dead process out of the wor
 // old world's id was seen to complete on some ranks and hang on the others ("removing
 // old agreement from history, due to cycling of identifiers"). One handle per reset.
 std::vector<MPI_Comm> g_retired;
+
+// Horovod's process sets. The global set (id 0) is g_engine, hvdlite's world. Every
+// other set has an engine of its own, on a communicator of its members: its own
+// negotiation, response cache, fusion buffers and NCCL communicators, and its own
+// background thread, so that sets run their collectives concurrently without waiting
+// for one another (and for the global set). Registered on every rank alike, in the
+// same order (the front end checks that first), so ids agree everywhere; a process
+// that is not a member keeps the entry without an engine.
+struct ProcessSetEntry {
+  std::vector<int> ranks;          // world ranks, ascending
+  std::shared_ptr<Engine> engine;  // null where this process is not a member
+};
+std::map<int32_t, ProcessSetEntry> g_sets;
+int32_t g_next_set_id = 1;
+
+// Stops every process set's engine and forgets the sets (shutdown, or a new world).
+// With `revoke`, their communicators are revoked first: a member may be dead.
+void DropProcessSets(bool revoke) {
+  std::map<int32_t, ProcessSetEntry> sets = std::move(g_sets);
+  g_sets.clear();
+  py::gil_scoped_release nogil;
+  for (auto& [id, entry] : sets) {
+    if (!entry.engine) continue;
+    if (revoke && entry.engine->Running()) entry.engine->Abandon("hvdlite's world changed");
+    entry.engine->Stop();
+    entry.engine.reset();
+  }
+}
 
 void FreeBase() {
   int finalized = 0;
@@ -106,6 +136,32 @@ Engine& Running() {
   if (!g_engine || !g_engine->Running())
     throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
   return *g_engine;
+}
+
+// The engine of process set `id` (0: the world's), running; raises what stops a
+// collective on it: an unknown set, a set without this process, a stopped engine.
+Engine& RunningSet(int32_t id) {
+  if (id == 0) return Running();
+  RaiseIfForkedCopy();
+  auto it = g_sets.find(id);
+  if (it == g_sets.end())
+    throw std::invalid_argument("hvdlite: process set " + std::to_string(id) +
+                                " is not registered (it was removed, or never added on this rank)");
+  if (!it->second.engine)
+    throw std::invalid_argument("hvdlite: this process (rank " + std::to_string(g_engine ? g_engine->rank() : -1) +
+                                ") is not in process set " + std::to_string(id));
+  if (!it->second.engine->Running())
+    throw std::runtime_error("hvdlite: process set " + std::to_string(id) +
+                             " has stopped: " + it->second.engine->ShutdownReason());
+  return *it->second.engine;
+}
+
+// The engine a handle belongs to, if it still exists.
+std::shared_ptr<Engine> OwnerEngine(int64_t h) {
+  const int32_t owner = g_handles.OwnerOf(h);
+  if (owner <= 0) return g_engine;
+  auto it = g_sets.find(owner);
+  return it == g_sets.end() ? nullptr : it->second.engine;
 }
 
 // Process info stays available after a shutdown that another rank started, until
@@ -204,6 +260,61 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   Install(std::move(engine));
 }
 
+// Registers a process set of the world ranks `ranks` (ascending, distinct) and returns
+// its id. Called by every rank in the same order (the front end has checked that every
+// rank asks for the same set); collective over the set's members, who start its engine.
+int32_t AddProcessSet(const std::vector<int>& ranks) {
+  Engine& world = Running();
+  if (g_thread_level < MPI_THREAD_MULTIPLE)
+    throw std::runtime_error("hvdlite: process sets need MPI initialized with MPI_THREAD_MULTIPLE (each set's engine "
+                             "runs in a thread of its own); with mpi4py, set mpi4py.rc.thread_level = 'multiple'");
+  if (ranks.empty()) throw std::invalid_argument("hvdlite: a process set needs at least one rank");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world.size())
+      throw std::invalid_argument("hvdlite: rank " + std::to_string(ranks[i]) + " of the process set is outside " +
+                                  "hvdlite's world (size " + std::to_string(world.size()) + ")");
+    if (i > 0 && ranks[i] <= ranks[i - 1])
+      throw std::invalid_argument("hvdlite: a process set's ranks must be distinct and in ascending order");
+  }
+  const int32_t id = g_next_set_id++;
+  ProcessSetEntry entry;
+  entry.ranks = ranks;
+  const bool member = std::binary_search(ranks.begin(), ranks.end(), world.rank());
+  if (member) {
+    Parameters params = Parameters::FromEnvironment();
+    py::gil_scoped_release nogil;
+    MPI_Group all, sub;
+    MPI_Comm comm = MPI_COMM_NULL;
+    CheckMpi(MPI_Comm_group(g_base, &all), "MPI_Comm_group (process set)");
+    CheckMpi(MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &sub), "MPI_Group_incl (process set)");
+    const int rc = MPI_Comm_create_group(g_base, sub, /*tag=*/id, &comm);
+    MPI_Group_free(&all);
+    MPI_Group_free(&sub);
+    CheckMpi(rc, "MPI_Comm_create_group (process set)");
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    entry.engine = std::make_shared<Engine>(comm, params, &g_handles, id);
+    MPI_Comm_free(&comm);  // the engine works on duplicates of its own
+  }
+  g_sets.emplace(id, std::move(entry));
+  return id;
+}
+
+// Stops process set `id`'s engine (collective over its members, as its shutdown is)
+// and forgets the set. False if there is no such set (the global one included).
+bool RemoveProcessSet(int32_t id) {
+  RaiseIfForkedCopy();
+  auto it = g_sets.find(id);
+  if (it == g_sets.end()) return false;
+  std::shared_ptr<Engine> engine = std::move(it->second.engine);
+  g_sets.erase(it);
+  if (engine) {
+    py::gil_scoped_release nogil;
+    engine->Stop();
+    engine.reset();
+  }
+  return true;
+}
+
 // Elastic training after a peer died: the live processes of hvdlite's world agree on
 // a new one (collective over them), and a new engine starts on it, in this process.
 // Ranks are renumbered 0..n-1 in their old order; whatever the old engine held (its
@@ -213,6 +324,7 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
 void Rebuild() {
   RaiseIfForkedCopy();
   if (g_base == MPI_COMM_NULL) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  DropProcessSets(/*revoke=*/true);  // their members are renumbered, or gone
   std::shared_ptr<Engine> old = std::move(g_engine);
   Parameters params = Parameters::FromEnvironment();
   std::shared_ptr<Engine> engine;
@@ -264,6 +376,7 @@ void Grow(const std::string& command, const std::vector<std::string>& args, cons
   RaiseIfForkedCopy();
   // The engine may have stopped already: the first rank here stops every rank's.
   if (!g_engine) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  DropProcessSets(/*revoke=*/false);
   std::shared_ptr<Engine> old = std::move(g_engine);
   Parameters params = Parameters::FromEnvironment();
   std::shared_ptr<Engine> engine;
@@ -287,6 +400,7 @@ void Grow(const std::string& command, const std::vector<std::string>& args, cons
 }
 
 void Shutdown() {
+  if (!g_forked) DropProcessSets(/*revoke=*/false);
   std::shared_ptr<Engine> e = std::move(g_engine);
   if (!e) return;
   if (g_forked) {
@@ -357,8 +471,8 @@ void Finalize() {
 int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t out_ptr, int dtype,
                 const std::vector<int64_t>& shape, int device, int reduce_op, double prescale, double postscale,
                 int root, const std::vector<int64_t>& splits, int group_id, int group_size, bool caller_waits,
-                std::optional<uintptr_t> stream = std::nullopt) {
-  Engine& e = Running();
+                std::optional<uintptr_t> stream = std::nullopt, int32_t process_set = 0) {
+  Engine& e = RunningSet(process_set);
   if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
   const RequestType kind = CheckedType(type);
   for (int64_t d : shape)
@@ -386,14 +500,15 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
 // and the collective fails on every rank with a message naming this rank.
 // `group_id`/`group_size`: the grouped allreduce the request belongs to, so that rank 0
 // can fail its other members too (-1/0: none).
-int64_t Refuse(int type, const std::string& name, const std::string& message, int group_id, int group_size) {
+int64_t Refuse(int type, const std::string& name, const std::string& message, int group_id, int group_size,
+               int32_t process_set = 0) {
   Request r;
   r.type = CheckedType(type);
   r.name = name;
   r.error = message.empty() ? std::string("invalid input") : message;
   r.group_id = group_id;
   r.group_size = group_size;
-  return Running().Enqueue(std::move(r), nullptr, nullptr, /*caller_waits=*/true);
+  return RunningSet(process_set).Enqueue(std::move(r), nullptr, nullptr, /*caller_waits=*/true);
 }
 
 // Waits for `h` (GIL released); with `release`, also forgets it (for results with no
@@ -409,7 +524,7 @@ bool WaitFor(int64_t h, bool release, std::string* error, const std::vector<uint
     return false;
   }
   bool ok;
-  std::shared_ptr<Engine> engine = g_engine;
+  std::shared_ptr<Engine> engine = OwnerEngine(h);
   py::gil_scoped_release nogil;
   std::shared_ptr<ReadyEvent> ready;
   // The engine may run itself on this thread while it waits (Engine::Wait).
@@ -484,7 +599,7 @@ class HeldBuffer {
 // strided input, or raise the error that explains it). Without, such input fails the
 // collective on every rank (see Refuse) and raises here. True once the collective ran.
 bool RunCollective(int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
-                   double prescale, double postscale, int root, bool decline) {
+                   double prescale, double postscale, int root, bool decline, int32_t process_set = 0) {
   if (decline && (ForkedCopy() || !g_engine || !g_engine->Running())) return false;
   const auto kind = static_cast<RequestType>(type);
   if (kind != RequestType::kAllreduce && kind != RequestType::kBroadcast && kind != RequestType::kBarrier)
@@ -493,7 +608,7 @@ bool RunCollective(int type, const std::string& name, py::handle in, py::handle 
   // Bad input fails the collective on every rank (see Refuse), then raises here.
   auto refuse = [&](const std::string& problem) {
     std::string error;
-    WaitFor(Refuse(type, name, RequestLabel(kind, name) + problem, -1, 0), /*release=*/true, &error);
+    WaitFor(Refuse(type, name, RequestLabel(kind, name) + problem, -1, 0, process_set), /*release=*/true, &error);
     RaiseHvdliteError(error);
   };
   const bool in_place = kind == RequestType::kBroadcast || out.is(in) || out.is_none();
@@ -521,7 +636,8 @@ bool RunCollective(int type, const std::string& name, py::handle in, py::handle 
     }
   }
   const int64_t h = Enqueue(type, name, in_ptr, kind == RequestType::kBroadcast ? 0 : out_ptr, dtype, shape,
-                            kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true);
+                            kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true,
+                            std::nullopt, process_set);
   std::string error;
   if (!WaitFor(h, /*release=*/true, &error)) RaiseHvdliteError(error);
   return true;
@@ -748,9 +864,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("in_ptr"), py::arg("out_ptr"),
         py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"), py::arg("prescale"),
         py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
-        py::arg("caller_waits") = false, py::arg("stream") = py::none());
+        py::arg("caller_waits") = false, py::arg("stream") = py::none(), py::arg("process_set") = 0);
   m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"), py::arg("group_id") = -1,
-        py::arg("group_size") = 0);
+        py::arg("group_size") = 0, py::arg("process_set") = 0);
+  m.def("add_process_set", &AddProcessSet, py::arg("ranks"));
+  m.def("remove_process_set", &RemoveProcessSet, py::arg("process_set"));
   m.def("poll", [](int64_t h) {
     RaiseIfForkedCopy();
     return g_handles.Poll(h);
@@ -758,9 +876,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false,
         py::arg("streams") = std::vector<uintptr_t>{}, py::arg("sync_host") = false);
   m.def("run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
-                  double prescale, double postscale, int root) {
-    RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false);
-  });
+                  double prescale, double postscale, int root, int32_t process_set) {
+    RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false, process_set);
+  }, py::arg("type"), py::arg("name"), py::arg("in"), py::arg("out"), py::arg("dtype"), py::arg("reduce_op"),
+        py::arg("prescale"), py::arg("postscale"), py::arg("root"), py::arg("process_set") = 0);
   m.def("set_direct_inputs", &SetDirectInputs);
   m.add_object("direct_run", py::reinterpret_steal<py::object>(PyCFunction_New(&g_direct_run_def, nullptr)));
   m.def("address", &Address);

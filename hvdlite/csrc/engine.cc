@@ -86,19 +86,19 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
 
 }  // namespace
 
-Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
-    : params_(params), handles_(handles), cache_(0) {
+Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, int32_t process_set)
+    : params_(params), handles_(handles), process_set_(process_set), cache_(0) {
   channel_ = std::make_unique<ControlChannel>(comm);
   topology_ = std::make_unique<Topology>(comm);
   ShareRankZeroSettings(*channel_, &params_);
   cache_ = ResponseCache(params_.cache_capacity);
   const int rank = topology_->rank(), size = topology_->size();
-  SetLogContext(rank, params_.log_level);
+  if (process_set_ == 0) SetLogContext(rank, params_.log_level);
   // Polling without sleeping only pays while every rank on this host has a core to
   // itself; with more ranks than cores it would take time from a rank that computes.
   const unsigned cores = std::thread::hardware_concurrency();
   spin_us_ = (cores == 0 || static_cast<unsigned>(topology_->local_size()) <= cores) ? params_.spin_us : 0;
-  if (spin_us_ > 0) handles_->SetWaiterHook([this] { queue_.Wake(); });
+  if (spin_us_ > 0) handles_->SetWaiterHook(process_set_, [this] { queue_.Wake(); });
   if (spin_us_ > 0 && params_.malloc_tuning) TuneHostAllocator();
   InitReduceOps();
   registry_ = std::make_unique<BackendRegistry>(params_);
@@ -111,7 +111,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
   cycle_ = std::make_unique<CacheCycle>(comm, params_.cache_capacity, fusion,
                                         static_cast<int64_t>(params_.cycle_time_ms * 1000),
                                         topology_->cross_size() == 1);
-  if (rank == 0 && !params_.timeline_path.empty()) {
+  if (rank == 0 && process_set_ == 0 && !params_.timeline_path.empty()) {
     std::string err;
     if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
   }
@@ -123,7 +123,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles)
 }
 
 Engine::~Engine() {
-  handles_->SetWaiterHook(nullptr);
+  handles_->SetWaiterHook(process_set_, nullptr);
   Stop();
   timeline_.Stop();
   int finalized = 0;
@@ -158,7 +158,7 @@ void Engine::RevokeCommunicators() {
 }
 
 bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::string* error) {
-  if (rank() != 0) return true;  // rank 0 writes the timeline
+  if (rank() != 0 || process_set_ != 0) return true;  // the world's rank 0 writes the timeline
   return timeline_.Start(path, mark_cycles, error);
 }
 
@@ -166,7 +166,7 @@ void Engine::StopTimeline() { timeline_.Stop(); }
 
 int64_t Engine::Enqueue(Request request, const void* input, void* output, bool caller_waits,
                         std::optional<uintptr_t> stream) {
-  const int64_t h = handles_->Create();
+  const int64_t h = handles_->Create(process_set_);
   request.rank = rank();
   if (!running_) {
     handles_->Complete(h, false, RequestLabel(request.type, request.name) + ": hvdlite has been shut down" +

@@ -39,7 +39,10 @@ class MpiBackend;
 class Engine {
  public:
   // Duplicates `comm` (collective over it) and starts the background thread.
-  Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles);
+  // `process_set`: the id of the process set the engine serves (0: the global set,
+  // hvdlite's world). Its handles carry that id; only the global set's engine writes
+  // the timeline and names the process in log lines.
+  Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, int32_t process_set = 0);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -47,6 +50,7 @@ class Engine {
   const Topology& topology() const { return *topology_; }
   int rank() const { return topology_->rank(); }
   int size() const { return topology_->size(); }
+  int32_t process_set() const { return process_set_; }
   bool Running() const { return running_; }
   // Why the engine stopped (set once the background thread has ended).
   std::string ShutdownReason() const { return running_ ? std::string() : shutdown_reason_; }
@@ -141,6 +145,7 @@ class Engine {
 
   Parameters params_;
   HandleTable* handles_;
+  int32_t process_set_ = 0;
   std::unique_ptr<ControlChannel> channel_;
   std::unique_ptr<Topology> topology_;
   GpuContext gpus_;

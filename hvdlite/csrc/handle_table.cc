@@ -2,11 +2,19 @@
 
 namespace hvdlite {
 
-int64_t HandleTable::Create() {
+int64_t HandleTable::Create(int32_t owner) {
   std::lock_guard<std::mutex> lk(mu_);
   int64_t h = next_++;
-  states_.emplace(h, State{});
+  State st;
+  st.owner = owner;
+  states_.emplace(h, std::move(st));
   return h;
+}
+
+int32_t HandleTable::OwnerOf(int64_t h) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = states_.find(h);
+  return it == states_.end() ? -1 : it->second.owner;
 }
 
 void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out,
@@ -42,7 +50,8 @@ bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_
   State& st = it->second;
   if (!st.done) {
     waiting_.fetch_add(1, std::memory_order_relaxed);
-    if (waiter_hook_) waiter_hook_();
+    auto hook = waiter_hooks_.find(st.owner);
+    if (hook != waiter_hooks_.end()) hook->second();
     cv_.wait(lk, [&] { return st.done; });
     waiting_.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -65,26 +74,14 @@ void HandleTable::Release(int64_t h) {
   states_.erase(h);
 }
 
-void HandleTable::FailAll(const std::string& error) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [h, s] : states_) {
-      if (s.done) continue;
-      s.done = true;
-      s.ok = false;
-      s.error = error;
-    }
-  }
-  cv_.notify_all();
-}
-
 }  // namespace hvdlite
 
 namespace hvdlite {
 
-void HandleTable::SetWaiterHook(std::function<void()> hook) {
+void HandleTable::SetWaiterHook(int32_t owner, std::function<void()> hook) {
   std::lock_guard<std::mutex> lk(mu_);
-  waiter_hook_ = std::move(hook);
+  if (hook) waiter_hooks_[owner] = std::move(hook);
+  else waiter_hooks_.erase(owner);
 }
 
 }  // namespace hvdlite

@@ -56,9 +56,14 @@ struct OutputBuffer {
   std::vector<int64_t> aux;  // alltoall: received splits; join: last joined rank
 };
 
+// One table serves every engine of the process (the global one and one per process
+// set), so handles are unique across them; each handle remembers its owner, the
+// process set id of the engine that completes it.
 class HandleTable {
  public:
-  int64_t Create();
+  int64_t Create(int32_t owner = 0);
+  // The owner `h` was created for, or -1 for an unknown handle.
+  int32_t OwnerOf(int64_t h);
   // `ready`: the handle's work is queued on a device and done once that event fires;
   // consumers order their streams after it (see Wait).
   void Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out = nullptr,
@@ -71,11 +76,10 @@ class HandleTable {
   bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
-  // Fail every unfinished handle (engine shutting down).
-  void FailAll(const std::string& error);
-  // Installs (or, with nullptr, removes) the waiter hook. The hook runs under the
-  // table's lock, so once this returns an old hook is never called again.
-  void SetWaiterHook(std::function<void()> hook);
+  // Installs (or, with nullptr, removes) the waiter hook of `owner`'s handles. The
+  // hook runs under the table's lock, so once this returns an old hook is never
+  // called again.
+  void SetWaiterHook(int32_t owner, std::function<void()> hook);
   // How many callers are blocked in Wait right now.
   int Waiting() const { return waiting_.load(std::memory_order_relaxed); }
 
@@ -86,10 +90,11 @@ class HandleTable {
     std::string error;
     std::unique_ptr<OutputBuffer> out;
     std::shared_ptr<ReadyEvent> ready;
+    int32_t owner = 0;
   };
   std::mutex mu_;
   std::condition_variable cv_;
-  std::function<void()> waiter_hook_;
+  std::unordered_map<int32_t, std::function<void()>> waiter_hooks_;
   std::atomic<int> waiting_{0};
   int64_t next_ = 1;
   std::unordered_map<int64_t, State> states_;

@@ -53,7 +53,7 @@ from hvdlite.common import codes as _codes
 from hvdlite.common import ops as _ops
 from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - Horovod's constants
 from hvdlite.common.handles import Handle
-from hvdlite.common.process_sets import _UNSUPPORTED, check_process_set, global_process_set
+from hvdlite.common.process_sets import global_process_set, resolve as _resolve_process_set
 from hvdlite.common.exceptions import HvdliteError, HvdliteNotImplementedError, HvdliteValueError
 from hvdlite.tensorflow.compression import Compression, Compressor
 
@@ -1038,9 +1038,18 @@ def process_set_included_op(process_set_id: int = 0, name: str | None = None) ->
     return tf.constant(1, tf.int32, name=name)
 
 
+_TF_SETS = "hvdlite.tensorflow runs collectives on the global process set only (so far)"
+
+
+def check_process_set(process_set: Any) -> None:
+    """Raise unless `process_set` is the global set (None included)."""
+    if _resolve_process_set(process_set)[0] != 0:
+        raise NotImplementedError(f"{process_set}: {_TF_SETS}")
+
+
 def _check_process_set_id(process_set_id: int) -> None:
     if process_set_id != 0:
-        raise NotImplementedError(f"process set id {process_set_id}: {_UNSUPPORTED}")
+        raise NotImplementedError(f"process set id {process_set_id}: {_TF_SETS}")
 
 
 @_no_autograph

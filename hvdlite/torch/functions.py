@@ -8,7 +8,6 @@ import torch
 
 from hvdlite.common import objects as _objects, ops as _ops
 from hvdlite.common.basics import rank
-from hvdlite.common.process_sets import check_process_set
 from hvdlite.torch.mpi_ops import broadcast_async_, synchronize
 
 
@@ -25,31 +24,31 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
-    check_process_set(process_set)
-    if isinstance(params, dict):
-        items = sorted(params.items(), key=lambda kv: str(kv[0]))
-    else:
-        items = []
-        for i, it in enumerate(params):
-            if isinstance(it, tuple) and len(it) == 2:
-                items.append(it)
-            elif isinstance(it, torch.Tensor) or it is None:
-                items.append((f"[{i}]", it))  # a bare tensor is named by its position
-            else:
-                raise ValueError("broadcast_parameters expects a dict, a sequence of "
-                                 "(name, tensor) pairs or a sequence of tensors, e.g. "
-                                 "model.state_dict(), model.named_parameters() or "
-                                 f"list(model.parameters()); item {i} is a {type(it).__name__}")
-    handles = []
-    for name, p in items:
-        if p is None:
-            continue
-        if not isinstance(p, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: {name!r} is a {type(p).__name__}, not a tensor")
-        handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
-                                        root_rank, name=f"broadcast_parameters.{name}"))
-    for h in handles:
-        synchronize(h)
+    with _ops.process_set_scope(process_set):
+        if isinstance(params, dict):
+            items = sorted(params.items(), key=lambda kv: str(kv[0]))
+        else:
+            items = []
+            for i, it in enumerate(params):
+                if isinstance(it, tuple) and len(it) == 2:
+                    items.append(it)
+                elif isinstance(it, torch.Tensor) or it is None:
+                    items.append((f"[{i}]", it))  # a bare tensor is named by its position
+                else:
+                    raise ValueError("broadcast_parameters expects a dict, a sequence of "
+                                     "(name, tensor) pairs or a sequence of tensors, e.g. "
+                                     "model.state_dict(), model.named_parameters() or "
+                                     f"list(model.parameters()); item {i} is a {type(it).__name__}")
+        handles = []
+        for name, p in items:
+            if p is None:
+                continue
+            if not isinstance(p, torch.Tensor):
+                raise ValueError(f"broadcast_parameters: {name!r} is a {type(p).__name__}, not a tensor")
+            handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
+                                            root_rank, name=f"broadcast_parameters.{name}"))
+        for h in handles:
+            synchronize(h)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -57,14 +56,14 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     """Return ``root_rank``'s ``obj`` on every rank (pickled with cloudpickle on the root,
     so lambdas and classes defined in ``__main__`` travel too; the root gets its own
     object back)."""
-    check_process_set(process_set)
-    return _objects.broadcast_object(obj, root_rank, name)
+    with _ops.process_set_scope(process_set):
+        return _objects.broadcast_object(obj, root_rank, name)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """Return the list of every rank's ``obj``, in rank order (pickled with cloudpickle)."""
-    check_process_set(process_set)
-    return _objects.allgather_object(obj, name)
+    with _ops.process_set_scope(process_set):
+        return _objects.allgather_object(obj, name)
 
 
 class _TensorSlot:
@@ -126,38 +125,38 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     the same parameters in the same order. ``model`` is accepted for Horovod
     compatibility and not needed.
     """
-    check_process_set(process_set)
-    if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    base = _ops.auto_name("broadcast_optimizer_state")
-    if rank() == root_rank:
-        sd = optimizer.state_dict()
-        tensors: list[torch.Tensor] = []
-        skeleton = _strip_tensors(sd, tensors)
-    else:
-        skeleton, tensors = None, []
-    skeleton = broadcast_object(skeleton, root_rank, name=f"{base}.skeleton")
-    if rank() != root_rank:
-        slots: list[_TensorSlot] = []
+    with _ops.process_set_scope(process_set):
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ValueError("cannot broadcast torch.optim.LBFGS state")
+        base = _ops.auto_name("broadcast_optimizer_state")
+        if rank() == root_rank:
+            sd = optimizer.state_dict()
+            tensors: list[torch.Tensor] = []
+            skeleton = _strip_tensors(sd, tensors)
+        else:
+            skeleton, tensors = None, []
+        skeleton = broadcast_object(skeleton, root_rank, name=f"{base}.skeleton")
+        if rank() != root_rank:
+            slots: list[_TensorSlot] = []
 
-        def collect(o: Any) -> None:
-            if isinstance(o, _TensorSlot):
-                slots.append(o)
-            elif isinstance(o, dict):
-                for v in o.values():
-                    collect(v)
-            elif isinstance(o, (list, tuple)):
-                for v in o:
-                    collect(v)
+            def collect(o: Any) -> None:
+                if isinstance(o, _TensorSlot):
+                    slots.append(o)
+                elif isinstance(o, dict):
+                    for v in o.values():
+                        collect(v)
+                elif isinstance(o, (list, tuple)):
+                    for v in o:
+                        collect(v)
 
-        collect(skeleton)
-        slots.sort(key=lambda s: s.index)
-        tensors = [s.empty() for s in slots]
-    handles = [broadcast_async_(t, root_rank, name=f"{base}.t{i}") for i, t in enumerate(tensors)]
-    for h in handles:
-        synchronize(h)
-    if rank() != root_rank:
-        optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+            collect(skeleton)
+            slots.sort(key=lambda s: s.index)
+            tensors = [s.empty() for s in slots]
+        handles = [broadcast_async_(t, root_rank, name=f"{base}.t{i}") for i, t in enumerate(tensors)]
+        for h in handles:
+            synchronize(h)
+        if rank() != root_rank:
+            optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
 
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",

@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from hvdlite.common import codes as _codes, ops as _ops
-from hvdlite.common.process_sets import check_process_set
 from hvdlite.common.basics import rank, size
 from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - Horovod's constants
 from hvdlite.common.exceptions import HorovodInternalError, HvdliteError  # noqa: F401
@@ -312,18 +311,18 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     modified. ``op`` is ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
     ``prescale_factor``/``postscale_factor`` multiply the input before and the result after
     the reduction. Returns a handle for :func:`synchronize`."""
-    check_process_set(process_set)
-    return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
-                           postscale_factor, inplace=False, grouped=False)
+    with _ops.process_set_scope(process_set):
+        return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
+                               postscale_factor, inplace=False, grouped=False)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
     """In-place form of :func:`allreduce_async`: the result is written into ``tensor``."""
-    check_process_set(process_set)
-    return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
-                           postscale_factor, inplace=True, grouped=False)
+    with _ops.process_set_scope(process_set):
+        return _allreduce_impl([tensor], name, _resolve_op(op, average), prescale_factor,
+                               postscale_factor, inplace=True, grouped=False)
 
 
 @_ops.blocking
@@ -335,6 +334,26 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                                         postscale_factor, process_set))
 
 
+def _keeps_process_set(fn: type) -> type:
+    """Class decorator for an autograd Function: its backward runs its collectives on
+    the process set its forward ran on (backward runs later, outside the caller's
+    :class:`~hvdlite.common.ops.process_set_scope`)."""
+    forward, backward = fn.forward, fn.backward
+
+    def forward_on_set(ctx: Any, *args: Any) -> Any:
+        ctx.hvd_process_set = _ops.current_process_set()
+        return forward(ctx, *args)
+
+    def backward_on_set(ctx: Any, *grads: Any) -> Any:
+        with _ops.process_set_scope(ctx.hvd_process_set):
+            return backward(ctx, *grads)
+
+    fn.forward = staticmethod(forward_on_set)
+    fn.backward = staticmethod(backward_on_set)
+    return fn
+
+
+@_keeps_process_set
 class _AllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, pre: float,
@@ -372,13 +391,14 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     incoming gradients (as in Horovod); for ``Min``/``Max`` the summed gradient flows to
     the ranks whose value is the extreme one, for ``Product`` it is scaled by
     ``result / input`` (so it is undefined where the input is zero)."""
-    check_process_set(process_set)
-    op = _resolve_op(op, average)
-    compressed, cctx = compression.compress(tensor)
-    out = _AllreduceFn.apply(compressed, name, op, float(prescale_factor), float(postscale_factor))
-    return compression.decompress(out, cctx)
+    with _ops.process_set_scope(process_set):
+        op = _resolve_op(op, average)
+        compressed, cctx = compression.compress(tensor)
+        out = _AllreduceFn.apply(compressed, name, op, float(prescale_factor), float(postscale_factor))
+        return compression.decompress(out, cctx)
 
 
+@_keeps_process_set
 class _GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, op: int, pre: float, post: float,
@@ -404,9 +424,9 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             process_set: Any = None) -> Handle:
     """Start reducing a list of tensors as one unit (negotiated and fused together).
     :func:`synchronize` returns the list of results; inputs are not modified."""
-    check_process_set(process_set)
-    return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
-                           postscale_factor, inplace=False, grouped=True)
+    with _ops.process_set_scope(process_set):
+        return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
+                               postscale_factor, inplace=False, grouped=True)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -414,9 +434,9 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = None) -> Handle:
     """In-place form of :func:`grouped_allreduce_async`."""
-    check_process_set(process_set)
-    return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
-                           postscale_factor, inplace=True, grouped=True)
+    with _ops.process_set_scope(process_set):
+        return _allreduce_impl(list(tensors), name, _resolve_op(op, average), prescale_factor,
+                               postscale_factor, inplace=True, grouped=True)
 
 
 @_ops.blocking
@@ -436,43 +456,45 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       postscale_factor: float = 1.0, process_set: Any = None) -> list[torch.Tensor]:
     """Reduce a list of tensors as one unit and return new tensors (differentiable for
     Sum and Average)."""
-    check_process_set(process_set)
-    op = _resolve_op(op, average)
-    if not tensors:
-        return []
-    pairs = [compression.compress(t) for t in tensors]
-    outs = _GroupedAllreduceFn.apply(name, op, float(prescale_factor), float(postscale_factor),
-                                     *[p[0] for p in pairs])
-    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+    with _ops.process_set_scope(process_set):
+        op = _resolve_op(op, average)
+        if not tensors:
+            return []
+        pairs = [compression.compress(t) for t in tensors]
+        outs = _GroupedAllreduceFn.apply(name, op, float(prescale_factor), float(postscale_factor),
+                                         *[p[0] for p in pairs])
+        return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
                            process_set: Any = None) -> Handle:
     """Reduce a sparse COO tensor by gathering every rank's indices and values; the result
     is an uncoalesced sparse tensor (divided by the number of ranks for ``Average``)."""
-    check_process_set(process_set)
-    names = [f"{name}.indices", f"{name}.values"]
+    with _ops.process_set_scope(process_set):
+        names = [f"{name}.indices", f"{name}.values"]
 
-    def rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if op not in (Sum, Average):
-            raise NotImplementedError(f"sparse allreduce supports only Sum and Average, not "
-                                      f"{_ops.describe_op(op)}")
-        t = x.coalesce() if not x.is_coalesced() else x
-        return t, t._indices().transpose(0, 1).contiguous(), t._values().contiguous()
+        def rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            if op not in (Sum, Average):
+                raise NotImplementedError(f"sparse allreduce supports only Sum and Average, not "
+                                          f"{_ops.describe_op(op)}")
+            t = x.coalesce() if not x.is_coalesced() else x
+            return t, t._indices().transpose(0, 1).contiguous(), t._values().contiguous()
 
-    [(t, indices, values)] = _ops.stage_or_refuse(_ops.ALLGATHER, names, [tensor], rows)
-    idx = allgather_async(indices, name=names[0])
-    val = allgather_async(values, name=names[1])
+        [(t, indices, values)] = _ops.stage_or_refuse(_ops.ALLGATHER, names, [tensor], rows)
+        idx = allgather_async(indices, name=names[0])
+        val = allgather_async(values, name=names[1])
 
-    def finish(_: list[Handle]) -> torch.Tensor:
-        values = synchronize(val)
-        indices = synchronize(idx)
-        if op == Average:
-            values = values / size()
-        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
-                                       check_invariants=False)
+        ranks = _ops.current_size()
 
-    return _NoGradHandle([idx, val], finish, name)
+        def finish(_: list[Handle]) -> torch.Tensor:
+            values = synchronize(val)
+            indices = synchronize(idx)
+            if op == Average:
+                values = values / ranks
+            return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
+                                           check_invariants=False)
+
+        return _NoGradHandle([idx, val], finish, name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -499,10 +521,11 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: Any = None) -> Handle:
     """Start concatenating ``tensor`` from all ranks along dimension 0 (ranks may
     differ in the size of dimension 0 only). A 0-d tensor counts as shape ``(1,)``."""
-    check_process_set(process_set)
-    return _allgather_impl(tensor, name)
+    with _ops.process_set_scope(process_set):
+        return _allgather_impl(tensor, name)
 
 
+@_keeps_process_set
 class _AllgatherFn(torch.autograd.Function):
     """Allgather of one tensor or of a group. Backward (Horovod's rule): each input's
     gradient is its own rows of the output's gradient averaged over ranks; the averages
@@ -522,7 +545,7 @@ class _AllgatherFn(torch.autograd.Function):
         reduced = grouped_allreduce(list(grads), name=gname, op=Average)
         dims = allgather(torch.tensor([ctx.dim0s], dtype=torch.int64),
                          name=None if gname is None else gname + ".dims")
-        offsets = dims[: rank()].sum(0).tolist()
+        offsets = dims[: _ops.current_rank()].sum(0).tolist()
         return (None, *[r.narrow(0, int(o), d) for r, o, d in zip(reduced, offsets, ctx.dim0s)])
 
 
@@ -532,8 +555,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
 
     Differentiable as in Horovod: the gradient is the average over ranks of the
     incoming gradients, sliced to this rank's rows."""
-    check_process_set(process_set)
-    return _AllgatherFn.apply(name, tensor)[0]
+    with _ops.process_set_scope(process_set):
+        return _AllgatherFn.apply(name, tensor)[0]
 
 
 def _grouped_allgather_impl(tensors: Sequence[torch.Tensor], name: str | None) -> Handle:
@@ -547,18 +570,18 @@ def _grouped_allgather_impl(tensors: Sequence[torch.Tensor], name: str | None) -
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: Any = None) -> Handle:
     """Start allgathering each tensor of a list; :func:`synchronize` returns a list."""
-    check_process_set(process_set)
-    return _grouped_allgather_impl(tensors, name)
+    with _ops.process_set_scope(process_set):
+        return _grouped_allgather_impl(tensors, name)
 
 
 @_ops.blocking
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: Any = None) -> list[torch.Tensor]:
     """Allgather each tensor of a list; differentiable like :func:`allgather`."""
-    check_process_set(process_set)
-    if not tensors:
-        return []
-    return list(_AllgatherFn.apply(name, *tensors))
+    with _ops.process_set_scope(process_set):
+        if not tensors:
+            return []
+        return list(_AllgatherFn.apply(name, *tensors))
 
 
 # ---------------------------------------------------------------------------------------
@@ -587,15 +610,15 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
                     process_set: Any = None) -> Handle:
     """Start sending ``tensor`` from ``root_rank`` to all ranks; the result is a new
     tensor and ``tensor`` is not modified."""
-    check_process_set(process_set)
-    return _broadcast_impl(tensor, root_rank, name, inplace=False)
+    with _ops.process_set_scope(process_set):
+        return _broadcast_impl(tensor, root_rank, name, inplace=False)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: Any = None) -> Handle:
     """In-place form of :func:`broadcast_async`: ``tensor`` receives root's value."""
-    check_process_set(process_set)
-    return _broadcast_impl(tensor, root_rank, name, inplace=True)
+    with _ops.process_set_scope(process_set):
+        return _broadcast_impl(tensor, root_rank, name, inplace=True)
 
 
 @_ops.blocking
@@ -605,6 +628,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
+@_keeps_process_set
 class _BroadcastFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None) -> torch.Tensor:
@@ -627,8 +651,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
     Differentiable as in Horovod: the root receives the average over ranks of the
     incoming gradients, the other ranks a zero gradient."""
-    check_process_set(process_set)
-    return _BroadcastFn.apply(tensor, int(root_rank), name)
+    with _ops.process_set_scope(process_set):
+        return _BroadcastFn.apply(tensor, int(root_rank), name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -669,10 +693,11 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     go to rank ``r`` (without ``splits``, dimension 0 is divided evenly and must be
     divisible by the number of ranks). :func:`synchronize` returns
     ``(output, received_splits)``."""
-    check_process_set(process_set)
-    return _alltoall_impl(tensor, splits, name)
+    with _ops.process_set_scope(process_set):
+        return _alltoall_impl(tensor, splits, name)
 
 
+@_keeps_process_set
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None) -> Any:
@@ -698,8 +723,8 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 
     Returns the gathered tensor, or ``(tensor, received_splits)`` when ``splits`` is given
     (as in Horovod). Differentiable: the gradient is sent back along the reverse route."""
-    check_process_set(process_set)
-    return _AlltoallFn.apply(tensor, splits, name)
+    with _ops.process_set_scope(process_set):
+        return _AlltoallFn.apply(tensor, splits, name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -738,10 +763,11 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
                         postscale_factor: float = 1.0) -> Handle:
     """Start reducing ``tensor`` over all ranks and scattering the result along dimension
     0: rank ``r`` gets ``dim0 // size`` rows, plus one if ``r < dim0 % size``."""
-    check_process_set(process_set)
-    return _reducescatter_impl(tensor, name, op, float(prescale_factor), float(postscale_factor))
+    with _ops.process_set_scope(process_set):
+        return _reducescatter_impl(tensor, name, op, float(prescale_factor), float(postscale_factor))
 
 
+@_keeps_process_set
 class _ReducescatterFn(torch.autograd.Function):
     """Reducescatter of one tensor or of a group: the backward pass gathers each output's
     gradient from every rank (all submitted before any is waited for) and scales it as
@@ -760,7 +786,7 @@ class _ReducescatterFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         handles = [allgather_async(g.contiguous(), name=n) for g, n in zip(grads, ctx.grad_names)]
-        scale = ctx.pre * ctx.post / (size() if ctx.op == Average else 1)
+        scale = ctx.pre * ctx.post / (_ops.current_size() if ctx.op == Average else 1)
         gathered = [synchronize(h) for h in handles]
         return (None, None, None, None, *[g * scale if scale != 1.0 else g for g in gathered])
 
@@ -783,9 +809,9 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
 
     Differentiable: the gradient of every input row is the gradient of the output row it
     contributed to (gathered from its owner), scaled by ``1/size`` for ``Average``."""
-    check_process_set(process_set)
-    return _reducescatter_apply([tensor], name, compression, op, prescale_factor,
-                                postscale_factor)[0]
+    with _ops.process_set_scope(process_set):
+        return _reducescatter_apply([tensor], name, compression, op, prescale_factor,
+                                    postscale_factor)[0]
 
 
 def _grouped_reducescatter_impl(tensors: Sequence[torch.Tensor], name: str | None, op: int,
@@ -802,9 +828,9 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter of each tensor of a list; :func:`synchronize` returns a list."""
-    check_process_set(process_set)
-    return _grouped_reducescatter_impl(tensors, name, op, float(prescale_factor),
-                                       float(postscale_factor))
+    with _ops.process_set_scope(process_set):
+        return _grouped_reducescatter_impl(tensors, name, op, float(prescale_factor),
+                                           float(postscale_factor))
 
 
 @_ops.blocking
@@ -814,11 +840,11 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Reducescatter each tensor of a list (see :func:`reducescatter`); differentiable like
     :func:`reducescatter`."""
-    check_process_set(process_set)
-    if not tensors:
-        return []
-    return _reducescatter_apply(list(tensors), name, compression, op, prescale_factor,
-                                postscale_factor)
+    with _ops.process_set_scope(process_set):
+        if not tensors:
+            return []
+        return _reducescatter_apply(list(tensors), name, compression, op, prescale_factor,
+                                    postscale_factor)
 
 
 # ---------------------------------------------------------------------------------------
@@ -828,8 +854,8 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
 @_ops.blocking
 def barrier(process_set: Any = None) -> None:
     """Block until every rank has called ``barrier()``."""
-    check_process_set(process_set)
-    _ops.submit(_ops.BARRIER, _ops.EMPTY, name=_ops.auto_name("barrier")).wait()
+    with _ops.process_set_scope(process_set):
+        _ops.submit(_ops.BARRIER, _ops.EMPTY, name=_ops.auto_name("barrier")).wait()
 
 
 @_ops.blocking

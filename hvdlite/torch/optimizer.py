@@ -16,9 +16,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from hvdlite.common import ops as _ops
-from hvdlite.common.basics import size
 from hvdlite.torch.compression import Compression, Compressor
-from hvdlite.common.process_sets import check_process_set
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
                                    allreduce_async, allreduce_async_, sparse_allreduce_async,
                                    synchronize)
@@ -68,8 +66,10 @@ class _DistributedOptimizer:
 
     def _hvd_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                    compression: type[Compressor], backward_passes_per_step: int, op: int,
-                   gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool) -> None:
+                   gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
+                   process_set: Any = None) -> None:
         self._hvd_compression = compression
+        self._hvd_process_set = process_set  # gradients are reduced over its ranks
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
@@ -119,7 +119,8 @@ class _DistributedOptimizer:
         weakref.finalize(self, _remove_hooks, self._hvd_hooks)
         self._hvd_synchronized = False
         self._hvd_should_sync = True
-        self._hvd_active = size() > 1
+        with _ops.process_set_scope(process_set):
+            self._hvd_active = _ops.current_size() > 1
 
         # Groups: units of parameters reduced together as one grouped allreduce.
         self._hvd_unit_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
@@ -127,7 +128,8 @@ class _DistributedOptimizer:
         self._hvd_group_ready: dict[tuple[torch.Tensor, ...], set[torch.Tensor]] = {}
         self._hvd_groups_spec = groups
         if groups is not None:
-            self._hvd_make_groups(groups, [p for p in all_params if p.requires_grad])
+            with _ops.process_set_scope(process_set):  # group ids count per process set
+                self._hvd_make_groups(groups, [p for p in all_params if p.requires_grad])
 
         if self._hvd_active:
             for p in all_params:
@@ -214,6 +216,10 @@ class _DistributedOptimizer:
             self._hvd_submit(unit)
 
     def _hvd_submit(self, unit: tuple[torch.Tensor, ...]) -> None:
+        with _ops.process_set_scope(self._hvd_process_set):
+            self._hvd_submit_on_set(unit)
+
+    def _hvd_submit_on_set(self, unit: tuple[torch.Tensor, ...]) -> None:
         grads = []
         for p in unit:
             if p.grad is None:
@@ -283,7 +289,7 @@ class _DistributedOptimizer:
         # (Named by size only, so ranks that built different numbers of optimizers agree;
         # it is always complete before synchronize() returns, so the name is free again.)
         flag_handle = allreduce_async(flags, name=f"hvdlite.optimizer.has_grad.{len(managed)}",
-                                      op=_ops.Max)
+                                      op=_ops.Max, process_set=self._hvd_process_set)
         absent: list[torch.Tensor] = []
         if missing:
             index = {p: i for i, p in enumerate(managed)}
@@ -468,7 +474,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             gradients are ready.
         sparse_as_dense: reduce sparse gradients (e.g. of ``nn.Embedding(sparse=True)``)
             as dense tensors instead of gathering their indices and values.
-        process_set: only the global process set is supported.
+        process_set: the :class:`~hvdlite.common.process_sets.ProcessSet` whose ranks
+            average the gradients (default: all ranks); this process must be a member.
 
     The arguments are in Horovod's order, so positional calls written for Horovod bind
     the same way.
@@ -477,7 +484,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     gradient allreduces are still in flight raises :class:`GradientsInFlightError` (an
     ``AssertionError``, as in Horovod, and a ``RuntimeError``).
     """
-    check_process_set(process_set)
+    _ops.process_set_scope(process_set)  # checks it: registered, and this process a member
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     if op == Adasum:
@@ -503,5 +510,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     state.pop("step", None)
     dist.__dict__.update(state)
     dist._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
-                    gradient_predivide_factor, groups, sparse_as_dense)
+                    gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return dist

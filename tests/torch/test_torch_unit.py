@@ -31,14 +31,25 @@ def test_horovod_api_names_exist() -> None:
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
 
 
-def test_process_sets_other_than_the_global_one_say_they_are_unsupported() -> None:
-    subset = hvd.ProcessSet([0, 1])  # building one is fine, as before Horovod's init
-    assert subset.ranks == [0, 1] and "[0, 1]" in repr(subset)
-    for call in (lambda: hvd.init(process_sets=[subset]), lambda: hvd.add_process_set(subset),
-                 lambda: hvd.remove_process_set(subset), subset.size, subset.included,
-                 lambda: hvd.allreduce(torch.ones(2), process_set=subset)):
-        with pytest.raises(NotImplementedError, match="only the global process set"):
-            call()
+def test_process_sets_are_checked_before_anything_is_sent() -> None:
+    subset = hvd.ProcessSet([1, 0])  # building one is fine before init, as in Horovod
+    assert subset.ranks == [0, 1] and "ranks=[0, 1]" in repr(subset)
+    assert (subset.process_set_id, subset.size(), subset.rank(), subset.included()) == (None,) * 4
+    with pytest.raises(ValueError, match="ranks must be integers"):
+        hvd.ProcessSet([0, "1"])
+    # A world of one process: rank 1 does not exist, on any rank.
+    try:
+        with pytest.raises(ValueError, match=r"rank\(s\) \[1\] outside hvdlite's world of 1"):
+            hvd.init(process_sets=[subset])
+        with pytest.raises(ValueError, match="not registered"):
+            hvd.allreduce(torch.ones(2), process_set=subset)
+        with pytest.raises(ValueError, match="HOROVOD_DYNAMIC_PROCESS_SETS"):
+            hvd.add_process_set([0])
+        assert hvd.global_process_set.ranks == [0] and hvd.global_process_set.process_set_id == 0
+        assert hvd.allreduce(torch.ones(2), process_set=hvd.global_process_set).tolist() == [1.0, 1.0]
+    finally:
+        hvd.shutdown()  # the tests after this one start without hvdlite initialized
+    assert hvd.global_process_set.ranks == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
