@@ -22,12 +22,12 @@ _core = _load_core()
 REDUCE_OPS: dict[str, int] = dict(_core.REDUCE_OPS)
 Average = REDUCE_OPS["Average"]
 Sum = REDUCE_OPS["Sum"]
-Adasum = REDUCE_OPS["Adasum"]  # accepted by name only; refused with a clear error
+Adasum = REDUCE_OPS["Adasum"]
 Min = REDUCE_OPS["Min"]
 Max = REDUCE_OPS["Max"]
 Product = REDUCE_OPS["Product"]
 OP_NAMES: dict[int, str] = {code: name for name, code in REDUCE_OPS.items()}
-SUPPORTED_OPS = frozenset(code for name, code in REDUCE_OPS.items() if name != "Adasum")
+SUPPORTED_OPS = frozenset(REDUCE_OPS.values())
 
 # ---- kinds of request -----------------------------------------------------------------
 

@@ -76,7 +76,7 @@ def resolve_op(op: Any, average: Any, stacklevel: int = 3) -> Any:
 
     The ``ValueError`` is raised here, before anything is sent, as Horovod does: every
     rank runs the same call. The op itself is checked when the request is submitted
-    (:func:`op_problem`): Adasum and unknown ops are refused there, on every rank.
+    (:func:`op_problem`): unknown ops are refused there, on every rank.
     ``stacklevel`` points the warning at the user's call (3: the caller's caller)."""
     if op is not None:
         if average is not None:
@@ -91,17 +91,13 @@ def resolve_op(op: Any, average: Any, stacklevel: int = 3) -> Any:
 
 def op_problem(op: Any) -> tuple[str, type[HvdliteError]] | None:
     """None if the engine runs reduce op `op`; else why not, and the error to raise
-    (Adasum: :class:`HvdliteNotImplementedError`; anything else unknown:
-    :class:`HvdliteValueError`)."""
+    (:class:`HvdliteValueError`)."""
     try:
         if op in SUPPORTED_OPS:
             return None
     except TypeError:  # unhashable: certainly no op
         pass
-    if op == Adasum:
-        return ("the Adasum op is not supported by hvdlite; use Average, Sum, Min, Max or "
-                "Product", HvdliteNotImplementedError)
-    return (f"unknown reduce op {op!r}; use Average, Sum, Min, Max or Product",
+    return (f"unknown reduce op {op!r}; use Average, Sum, Adasum, Min, Max or Product",
             HvdliteValueError)
 
 

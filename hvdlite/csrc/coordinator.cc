@@ -229,13 +229,20 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
         return describe("prescale_factor", [](const Request& r) { return Num(r.prescale); });
       if (differ([](const Request& r) { return r.postscale; }))
         return describe("postscale_factor", [](const Request& r) { return Num(r.postscale); });
-      if (first.reduce_op == ReduceOp::kAdasum)
-        return label() + ": the Adasum op is not supported by hvdlite";
+      if (first.reduce_op == ReduceOp::kAdasum) {
+        if (first.dtype != DataType::kFloat16 && first.dtype != DataType::kFloat32 &&
+            first.dtype != DataType::kFloat64)
+          return label() + ": Adasum takes float16, float32 or float64 tensors, not " + DataTypeName(first.dtype);
+        if ((size_ & (size_ - 1)) != 0)
+          return label() + ": Adasum needs a power-of-2 number of ranks (1, 2, 4, 8, ...); this one has " +
+                 std::to_string(size_);
+      }
       if (first.type == RequestType::kAllreduce && differ([](const Request& r) { return r.group_size; }))
         return describe("the size of the group", [](const Request& r) { return std::to_string(r.group_size); });
       if (first.type == RequestType::kReducescatter) {
-        if (first.reduce_op != ReduceOp::kSum && first.reduce_op != ReduceOp::kAverage)
-          return label() + ": reducescatter supports Sum and Average, not " + ReduceOpName(first.reduce_op);
+        if (first.reduce_op != ReduceOp::kSum && first.reduce_op != ReduceOp::kAverage &&
+            first.reduce_op != ReduceOp::kAdasum)
+          return label() + ": reducescatter supports Sum, Average and Adasum, not " + ReduceOpName(first.reduce_op);
         if (first.shape.empty()) return label() + ": reducescatter needs at least one dimension";
       }
       break;
@@ -447,7 +454,8 @@ void Coordinator::Fuse(Response resp, const Item& item, Round& round) {
       else round.open_gathers.push_back(OpenGather{static_cast<int>(round.responses.size()), bytes});
     }
   }
-  if (!resp.error.empty() || resp.type != RequestType::kAllreduce) {
+  // Adasum's dot products are per tensor: it is never fused.
+  if (!resp.error.empty() || resp.type != RequestType::kAllreduce || resp.reduce_op == ReduceOp::kAdasum) {
     round.responses.push_back(std::move(resp));
     return;
   }

@@ -733,8 +733,8 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 
 def _stage_reducescatter(op: int) -> Callable[[torch.Tensor], _Stage]:
     def stage(t: torch.Tensor) -> _Stage:
-        if op not in (Sum, Average):
-            raise ValueError(f"reducescatter supports only Sum and Average, not "
+        if op not in (Sum, Average, Adasum):
+            raise ValueError(f"reducescatter supports only Sum, Average and Adasum, not "
                              f"{_ops.describe_op(op)}")
         return _stage_reduce(t, op)
     return stage

@@ -442,6 +442,42 @@ class _DistributedOptimizer:
             self._hvd_delay[p] = self.backward_passes_per_step
 
 
+class _DistributedAdasumOptimizer(_DistributedOptimizer):
+    """Placed in front of the user's optimizer class by ``DistributedOptimizer(op=Adasum)``
+    (Horovod's Adasum mode). Gradients stay local: each rank takes its optimizer's step
+    on its own gradients, then the changes that step made to the parameters are
+    combined over the ranks with Adasum (per tensor), and every rank applies the combined
+    change to the parameters it started the step from."""
+
+    def _hvd_hook(self, p: torch.Tensor) -> None:
+        pass  # nothing to reduce during backward
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: in Adasum mode the parameter updates, not the
+        gradients, are combined, in :meth:`step`."""
+        self._hvd_synchronized = True
+
+    def step(self, closure: Any = None) -> Any:
+        """The wrapped optimizer's step on this rank's gradients, then the Adasum of every
+        rank's parameter change applied from where the step started."""
+        params = self._hvd_managed()
+        start = [p.detach().clone() for p in params]
+        loss = super(_DistributedOptimizer, self).step(closure)  # the wrapped optimizer's own
+        if not self._hvd_active:
+            return loss
+        with torch.no_grad(), _ops.process_set_scope(self._hvd_process_set):
+            sent = []
+            for p, p0 in zip(params, start):
+                delta, ctx = self._hvd_compression.compress(p.detach() - p0)
+                handle = allreduce_async_(delta, name=f"adasum.{self._hvd_names[p]}", op=Adasum)
+                sent.append((p, p0, handle, ctx))
+            for p, p0, handle, ctx in sent:
+                p.copy_(p0 + self._hvd_compression.decompress(synchronize(handle), ctx))
+        return loss
+
+    step.hooked = True  # type: ignore[attr-defined]
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: type[Compressor] = Compression.none,
@@ -465,7 +501,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         backward_passes_per_step: number of ``backward()`` calls whose gradients are
             accumulated locally (summed, as PyTorch does) before they are reduced; divide
             the loss by this number to get the gradient of the combined batch.
-        op: ``Average`` (default) or ``Sum``.
+        op: ``Average`` (default) or ``Sum`` of the gradients, or ``Adasum``: each rank
+            steps on its own gradients and the parameter updates are combined with
+            Adasum (Horovod's Adasum mode; do not scale the learning rate by the number
+            of ranks, see docs/adasum.md).
         gradient_predivide_factor: with ``Average``, divide gradients by this factor before
             the sum and by ``size / factor`` after it.
         num_groups: deprecated spelling of an integer ``groups``.
@@ -487,10 +526,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     _ops.process_set_scope(process_set)  # checks it: registered, and this process a member
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
-    if op == Adasum:
-        raise NotImplementedError("hvdlite does not implement the Adasum reduction")
-    if op not in (Average, _ops.Sum):
-        raise ValueError("DistributedOptimizer supports op=Average or op=Sum")
+    if op not in (Average, _ops.Sum, Adasum):
+        raise ValueError("DistributedOptimizer supports op=Average, op=Sum or op=Adasum")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
     if backward_passes_per_step < 1:
@@ -501,7 +538,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         if groups is None:
             groups = num_groups
     base = type(optimizer)
-    cls = type(base.__name__, (_DistributedOptimizer, base),
+    mixin = _DistributedAdasumOptimizer if op == Adasum else _DistributedOptimizer
+    cls = type(base.__name__, (mixin, base),
                {"__module__": __name__, "__qualname__": base.__qualname__})
     dist = cls.__new__(cls)
     state = dict(optimizer.__dict__)

@@ -459,10 +459,6 @@ def input_one_rank_cannot_use_fails_on_every_rank():
     expect_refused_everywhere("eager", "alltoall with splits that are not integers",
                               lambda: hvd.alltoall(tf.ones([N, 2]), splits=splits),
                               ("splits must be integers",), ValueError)
-    op = hvd.Adasum if bad else hvd.Sum
-    expect_refused_everywhere("eager", "allreduce with Adasum",
-                              lambda: hvd.allreduce(tf.ones([2]), op=op, name="one.adasum"),
-                              ("Adasum", "not supported"), NotImplementedError)
 
 
 @check

@@ -511,7 +511,7 @@ def wrong_arguments_raise() -> None:
     model, _ = make_replicas()
     for kwargs, exc in [({"named_parameters": [("a", model.fc1.weight)]}, ValueError),
                         ({"named_parameters": [("a", p) for p in model.parameters()]}, ValueError),
-                        ({"op": hvd.Adasum}, NotImplementedError),
+                        ({"op": hvd.Max}, ValueError),
                         ({"backward_passes_per_step": 0}, ValueError)]:
         try:
             hvd.DistributedOptimizer(sgd(model), **kwargs)

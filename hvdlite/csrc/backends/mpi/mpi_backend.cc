@@ -15,7 +15,8 @@ MpiBackend::MpiBackend(const Topology& topology, const Parameters& params)
       mpi_(topology.world(), params.ring_min_segment_bytes),
       huge_pages_(params.huge_pages),
       rank_(topology.rank()),
-      size_(topology.size()) {
+      size_(topology.size()),
+      adasum_(topology.world()) {
   const bool several_hosts = topology.cross_size() > 1 && topology.local_size() > 1;
   if (several_hosts && topology.homogeneous()) {
     local_ = std::make_unique<MpiCollectives>(topology.local(), params.ring_min_segment_bytes);
@@ -113,6 +114,7 @@ std::unique_ptr<Completion> MpiBackend::Run(CollectiveJob& job) {
 // packed into a cache-sized piece of the fusion buffer, reduced there, and copied out
 // while the piece is still in cache. Ranks that joined contribute zeros.
 void MpiBackend::Allreduce(CollectiveJob& job) {
+  if (job.response.reduce_op == ReduceOp::kAdasum) return AdasumTensors(job);
   const Response& r = job.response;
   std::vector<TensorEntry>& entries = job.entries;
   const std::vector<char>& have = job.have;
@@ -346,6 +348,24 @@ void MpiBackend::Alltoall(CollectiveJob& job) {
   job.outputs[0] = std::move(out);
 }
 
+void MpiBackend::AdasumTensors(CollectiveJob& job) {
+  const Response& r = job.response;
+  const DataType dt = r.dtype;
+  const int64_t es = DataTypeSize(dt);
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    const int64_t cnt = r.sizes[i];
+    const int64_t t0 = NowMicros();
+    TensorEntry& e = job.entries[i];
+    void* buf = job.have[i] ? e.output : scratch_.Get(cnt * es);
+    if (!job.have[i]) std::memset(buf, 0, static_cast<size_t>(cnt * es));  // a joined rank: zeros
+    else if (r.prescale != 1.0) ScaleCopy(buf, e.input, cnt, dt, r.prescale);
+    else if (buf != e.input) std::memcpy(buf, e.input, static_cast<size_t>(cnt * es));
+    adasum_.Run(buf, cnt, dt);
+    ScaleBuffer(buf, cnt, dt, r.postscale);
+    if (job.trace.Active() && job.have[i]) job.trace.Phase(r.names[i], "ADASUM", t0, NowMicros());
+  }
+}
+
 void MpiBackend::Reducescatter(CollectiveJob& job) {
   if (!job.have[0]) return;
   const Response& r = job.response;
@@ -366,6 +386,17 @@ void MpiBackend::Reducescatter(CollectiveJob& job) {
       uint8_t* tmp = scratch_.Get(s.total * es);
       ScaleCopy(tmp, e.input, s.total, dt, r.prescale);
       src = tmp;
+    }
+    if (r.reduce_op == ReduceOp::kAdasum) {  // the whole Adasum, of which this rank keeps its share
+      uint8_t* all = scratch_.Get(s.total * es);
+      if (src != all) std::memcpy(all, src, static_cast<size_t>(s.total * es));
+      adasum_.Run(all, s.total, dt);
+      std::memcpy(out->data.get(), all + s.offset[rank_] * es, static_cast<size_t>(my * es));
+      ScaleBuffer(out->data.get(), my, dt, r.postscale);
+      if (job.trace.Active()) job.trace.Phase(r.names[0], "ADASUM", t0, NowMicros());
+      job.outputs.resize(1);
+      job.outputs[0] = std::move(out);
+      return;
     }
     const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
     mpi_.ReduceScatter(src, out->data.get(), s.counts, dt, op);

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "backends/backend.h"
+#include "backends/mpi/adasum.h"
 #include "backends/mpi/fusion_buffer.h"
 #include "backends/mpi/hierarchical_allgather.h"
 #include "backends/mpi/hierarchical_allreduce.h"
@@ -35,6 +36,8 @@ class MpiBackend : public Backend {
 
  private:
   void Allreduce(CollectiveJob& job);
+  // op=Adasum: each tensor on its own (adasum.h), scaled before and after.
+  void AdasumTensors(CollectiveJob& job);
   // One reduction of `count` elements, flat or two-level (see Hierarchical).
   void AllreduceRange(const void* src, void* dst, int64_t count, DataType dt, ReduceOp op, double postscale);
   bool Hierarchical(int64_t count, int64_t element_bytes) const;
@@ -59,6 +62,7 @@ class MpiBackend : public Backend {
   int size_ = 1;
   // Set when this job spans several hosts with the same number of ranks on each.
   std::unique_ptr<MpiCollectives> local_, cross_;
+  AdasumAllreduce adasum_;
   std::unique_ptr<HierarchicalAllreduce> hierarchical_;
   std::unique_ptr<HierarchicalAllgather> hierarchical_gather_;
 };
