@@ -11,6 +11,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include "backends/mpi/mpi_backend.h"
 #include "backends/mpi/reduce_ops.h"
 #include "backends/nccl/nccl_backend.h"
@@ -612,7 +615,26 @@ bool Engine::PollInFlight() {
 // Rank 0 has announced shutdown and every other rank acknowledged it.
 bool Engine::Finished() const { return rank() == 0 && shutting_down_ && acks_ >= size() - 1; }
 
+// HOROVOD_THREAD_AFFINITY: this thread on the core given for this local rank.
+void Engine::PinThread() const {
+  const std::vector<int>& cores = params_.thread_affinity;
+  const int local = topology_->local_rank();
+  if (cores.empty() || process_set_ != 0) return;
+  if (static_cast<int>(cores.size()) <= local) {
+    HVD_WARN("HOROVOD_THREAD_AFFINITY names " << cores.size() << " core(s), none for local rank " << local
+                                              << "; its background thread is not pinned");
+    return;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cores[local], &set);
+  if (const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set); rc != 0)
+    HVD_WARN("HOROVOD_THREAD_AFFINITY: cannot pin the background thread to core " << cores[local] << ": "
+                                                                                  << std::strerror(rc));
+}
+
 void Engine::Loop() {
+  PinThread();
   int64_t last_progress = NowMicros();
   int64_t sleep_us = 0;
   const int64_t cap_us = std::max<int64_t>(1, static_cast<int64_t>(params_.cycle_time_ms * 1000));

@@ -107,6 +107,7 @@ class Engine {
  private:
   void Loop();
   bool Step();
+  void PinThread() const;
   bool Finished() const;
   void Drive(int64_t h);
   bool CoordinatorStep();

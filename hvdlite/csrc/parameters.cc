@@ -105,8 +105,27 @@ Parameters Parameters::FromEnvironment() {
   ReadInt("FUSION_THRESHOLD", &p.fusion_threshold_bytes);
   ReadReal("CYCLE_TIME", &p.cycle_time_ms);
   ReadInt("CACHE_CAPACITY", &p.cache_capacity);
-  if (const char* v = GetEnv("TIMELINE")) p.timeline_path = v;
+  // "DYNAMIC" (Horovod's): no file until hvd.start_timeline() names one.
+  if (const char* v = GetEnv("TIMELINE"); v && std::string(v) != "DYNAMIC") p.timeline_path = v;
   p.timeline_mark_cycles = Truthy(GetEnv("TIMELINE_MARK_CYCLES"));
+  if (const char* v = GetEnv("THREAD_AFFINITY")) {
+    std::vector<int> cores;
+    std::string item;
+    bool ok = true;
+    for (const char* c = v;; ++c) {
+      if (*c == ',' || *c == '\0') {
+        int64_t core = -1;
+        ok = ok && ParseInt(item.c_str(), &core) && core >= 0 && core < (1 << 20);
+        cores.push_back(static_cast<int>(core));
+        item.clear();
+        if (*c == '\0') break;
+      } else {
+        item += *c;
+      }
+    }
+    if (ok) p.thread_affinity = std::move(cores);
+    else Ignored("THREAD_AFFINITY", v, "core numbers separated by commas, one per local rank");
+  }
   ReadReal("STALL_CHECK_TIME_SECONDS", &p.stall_check_seconds);
   if (Truthy(GetEnv("STALL_CHECK_DISABLE"))) p.stall_check_seconds = 0;
   ReadReal("STALL_SHUTDOWN_TIME_SECONDS", &p.stall_shutdown_seconds);

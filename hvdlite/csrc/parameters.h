@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -39,6 +40,9 @@ struct Parameters {
   int64_t cache_capacity = 1024;     // 0 disables the response cache (and the cycles)
   std::string timeline_path;
   bool timeline_mark_cycles = false;
+  // HOROVOD_THREAD_AFFINITY: a core per local rank (comma-separated, in local-rank
+  // order) to pin that rank's background thread to; empty: not pinned.
+  std::vector<int> thread_affinity;
   double stall_check_seconds = 60.0;  // 0 disables the stall inspector
   double stall_shutdown_seconds = 0.0;  // 0: never shut down for a stall
   // Size of the pieces a fused set (or a large tensor) is reduced in on host memory,

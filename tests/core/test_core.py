@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.core.launch import HERE, assert_all_ranks_passed, run_ranks
+from tests.launch import run_job
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -188,6 +189,25 @@ def test_timeline_records_every_phase(tmp_path: Path) -> None:
     assert any(e["name"] == "CYCLE_START" for e in runtime)
     assert any(e["name"] == "process_name" and e["args"]["name"] == "runtime.tensor" for e in runtime)
     assert not any(e["name"] == "process_name" and e["args"]["name"] == "grad.0" for e in runtime)
+
+
+def test_thread_affinity_pins_each_background_thread() -> None:
+    proc = run_ranks(2, "affinity_job.py", env={"HOROVOD_THREAD_AFFINITY": "1,0"})
+    assert_all_ranks_passed(proc, 2)
+
+
+def test_dynamic_timeline_writes_only_what_is_started_at_run_time(tmp_path: Path) -> None:
+    """HOROVOD_TIMELINE=DYNAMIC (Horovod's): no file at init, a trace from
+    start_timeline to stop_timeline, on 4 ranks (rank 0 writes it)."""
+    runtime_trace = tmp_path / "runtime.json"
+    proc = run_job(4, HERE / "timeline_job.py", str(runtime_trace), cwd=tmp_path,
+                   env={"HOROVOD_TIMELINE": "DYNAMIC"})
+    assert_all_ranks_passed(proc, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runtime.json"]  # no file named DYNAMIC
+    runtime = json.loads(runtime_trace.read_text())
+    names = {e["args"]["name"] for e in runtime if e["name"] == "process_name"}
+    assert names == {"runtime.tensor"}, names
+    assert any(e["name"] == "CYCLE_START" for e in runtime)
 
 
 @pytest.mark.parametrize("how", ["new", "cached"])
