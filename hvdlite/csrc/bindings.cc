@@ -116,7 +116,7 @@ std::string ForkedMessage() {
          "process-info calls still answer here (in a DataLoader worker, for example)";
 }
 
-[[noreturn]] void RaiseHvdliteError(const std::string& message);
+[[noreturn]] void RaiseHvdliteError(const std::string& message, const char* cls = "HvdliteError");
 
 // True in a forked child that holds a copy of its parent's engine.
 bool ForkedCopy() { return g_forked && g_engine; }
@@ -490,8 +490,12 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
   r.splits = splits;
   r.group_id = group_id;
   r.group_size = group_size;
-  return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr), caller_waits,
-                   stream);
+  try {
+    return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr),
+                     caller_waits, stream);
+  } catch (const DuplicateName& ex) {
+    RaiseHvdliteError(ex.what(), "HvdliteValueError");
+  }
 }
 
 // A collective this rank cannot take part in: its own check of the caller's input
@@ -549,11 +553,11 @@ py::tuple Wait(int64_t h, bool release, const std::vector<uintptr_t>& streams, b
   return py::make_tuple(ok, error);
 }
 
-// Raises hvdlite.HvdliteError (a Python class) with `message`.
-[[noreturn]] void RaiseHvdliteError(const std::string& message) {
-  // Looked up on the error path only; kept for the life of the process.
-  static PyObject* cls = py::object(py::module_::import("hvdlite.common.exceptions").attr("HvdliteError")).release().ptr();
-  PyErr_SetString(cls, message.c_str());
+// Raises `cls`, a class of hvdlite.common.exceptions (HvdliteError or one of its
+// subclasses), with `message`. Looked up on the error path only.
+[[noreturn]] void RaiseHvdliteError(const std::string& message, const char* cls) {
+  py::object type = py::module_::import("hvdlite.common.exceptions").attr(cls);
+  PyErr_SetString(type.ptr(), message.c_str());
   throw py::error_already_set();
 }
 

@@ -189,9 +189,10 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
     if (!problem.empty()) e.request.error = RequestLabel(e.request.type, e.request.name) + ": " + problem;
   }
   if (!queue_.Push(e, /*wake=*/!(caller_waits && spin_us_ > 0))) {  // refused: `e` is intact
-    handles_->Complete(h, false, RequestLabel(e.request.type, e.request.name) + ": a " +
-                                     RequestTypeName(e.request.type) + " with this name is already in flight on rank " +
-                                     std::to_string(rank()) + "; wait for it to finish or use a different name");
+    handles_->Release(h);
+    throw DuplicateName(RequestLabel(e.request.type, e.request.name) + ": a " + RequestTypeName(e.request.type) +
+                        " with this name is already in flight on rank " + std::to_string(rank()) +
+                        "; wait for it to finish or use a different name");
   }
   return h;
 }

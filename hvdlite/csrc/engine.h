@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,13 @@
 namespace hvdlite {
 
 class MpiBackend;
+
+// Enqueue's refusal of a request whose name is already in flight on this rank (raised
+// at submit, as Horovod does; nothing was queued).
+class DuplicateName : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 class Engine {
  public:
@@ -62,6 +70,7 @@ class Engine {
   bool PeerFailed() const { return !running_ && peer_failed_; }
 
   // Queues one request; returns its handle at once (already failed on bad input).
+  // Throws DuplicateName if a request of that name is in flight here.
   // `caller_waits`: the caller will Wait() on the handle right away, so there is no
   // need to wake the background thread (the caller may run the engine itself).
   // `stream`: for a GPU tensor, the stream (cudaStream_t) whose work produces it; the

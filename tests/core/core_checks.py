@@ -380,8 +380,12 @@ def check_errors(r: int, n: int) -> None:
     raw_a = _ops.RawTensor(a.ctypes.data, "float64", a.shape)
     raw_p = _ops.RawTensor(partner.ctypes.data, "float64", partner.shape)
     h1 = _ops.submit(_ops.ALLREDUCE, raw_a, raw_a, name="dup", group_id=gid, group_size=2, keepalive=a)
-    expect_error(lambda: hvd.synchronize(hvd.allreduce_async(a, op=hvd.Sum, name="dup")),
-                 "dup", "already in flight", f"rank {r}")
+    # Raised at submit, as a ValueError (Horovod's type), before anything is queued.
+    try:
+        hvd.allreduce_async(a, op=hvd.Sum, name="dup")
+        raise AssertionError("a duplicate name in flight was accepted")
+    except ValueError as exc:
+        assert isinstance(exc, hvd.HvdliteError) and "already in flight" in str(exc) and f"rank {r}" in str(exc), exc
     h2 = _ops.submit(_ops.ALLREDUCE, raw_p, raw_p, name="dup.partner", group_id=gid, group_size=2,
                      keepalive=partner)
     h1.wait()
