@@ -52,7 +52,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from hvdlite.runner import discovery, slurm
+from hvdlite.runner import discovery, output, slurm
 from hvdlite.runner.check_build import check_build_report, hvdlite_version
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 
@@ -62,6 +62,7 @@ __all__ = [
     "build_mpirun_command",
     "elastic_settings",
     "find_mpirun",
+    "live_output",
     "mpirun_version",
     "parse_args",
     "parse_hosts",
@@ -586,7 +587,11 @@ def build_mpirun_command(
                 and not _mca_chosen(user_args, "btl_tcp_if_exclude")):
             argv += ["--mca", "btl_tcp_if_include", "lo"]
     path = None if config.output_filename is None else os.path.abspath(config.output_filename)
-    if ompi_major is not None and ompi_major >= 5:  # one --output with its qualifiers
+    if live_output(config, ompi_major, env):
+        # Each rank's output as it comes, tagged with its rank: launch() puts the lines
+        # back together and shows a progress bar's redraws live (hvdlite.runner.output).
+        argv += ["--output", "tag:raw"]
+    elif ompi_major is not None and ompi_major >= 5:  # one --output with its qualifiers
         qualifiers = ([f"dir={path}"] if path else []) + (["timestamp"] if config.prefix_timestamp else [])
         if qualifiers:
             argv += ["--output", ",".join(qualifiers)]
@@ -660,6 +665,32 @@ def build_mpirun_command(
     argv += user_args
     argv += list(config.command)
     return argv, env
+
+
+#: mpirun options that shape the ranks' output: given in --mpi-args, they are left to
+#: mpirun and hvdlite-run forwards its output as it is.
+_OUTPUT_OPTIONS = ("--output", "-output", "--tag-output", "-tag-output", "--timestamp-output",
+                   "-timestamp-output", "--xml", "-xml", "--output-filename", "-output-filename",
+                   "--merge-stderr-to-stdout", "-merge-stderr-to-stdout")
+
+
+def live_output(config: LaunchConfig, ompi_major: int | None,
+                environ: Mapping[str, str] | None = None) -> bool:
+    """Whether hvdlite-run forwards the ranks' output itself, unfinished lines (a
+    progress bar's redraws) included, rather than leaving it to mpirun, which holds
+    each rank's output until a newline.
+
+    Needs Open MPI 5 (``--output tag:raw``); off when the output goes to files
+    (``--output-filename``), is timestamped line by line (``-prefix-timestamp``), when
+    ``--mpi-args`` choose an output option, or with ``HVDLITE_LIVE_OUTPUT=0``."""
+    env = os.environ if environ is None else environ
+    if env.get("HVDLITE_LIVE_OUTPUT", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if ompi_major is None or ompi_major < 5:
+        return False
+    if config.output_filename is not None or config.prefix_timestamp:
+        return False
+    return not _has_option(config.mpi_args, *_OUTPUT_OPTIONS)
 
 
 def _number_text(value: float) -> str:
@@ -993,7 +1024,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"hvdlite-run: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
     try:
-        returncode = _run_mpirun(argv, env)
+        returncode = _run_mpirun(argv, env, live=live_output(config, major, env_in))
     finally:
         finished = _read_status(status_dir)
     if returncode != 0 and finished:
@@ -1017,9 +1048,27 @@ def _read_status(status_dir: str | None) -> bool:
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
-def _run_mpirun(argv: list[str], env: dict[str, str]) -> int:
-    """Run mpirun, forwarding signals to it; its exit status (128 + N for signal N)."""
-    proc = subprocess.Popen(argv, env=env)
+def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int:
+    """Run mpirun, forwarding signals to it; its exit status (128 + N for signal N).
+
+    ``live``: mpirun was asked for tagged raw output (``--output tag:raw``), which is
+    read from pipes and written to this process's stdout and stderr by
+    :func:`hvdlite.runner.output.forward`."""
+    finish = None
+    if live:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = subprocess.Popen(argv, env=env, stdout=out_w, stderr=err_w)
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        os.close(out_w)
+        os.close(err_w)
+        finish = output.forward(out_r, err_r, sys.stdout, sys.stderr)
+    else:
+        proc = subprocess.Popen(argv, env=env)
     interrupts = 0
 
     def forward(signum: int, _frame: object) -> None:
@@ -1050,6 +1099,10 @@ def _run_mpirun(argv: list[str], env: dict[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if finish is not None:
+            # The pipes end when the last process holding them (mpirun, its daemons)
+            # has gone; a stray child of a rank may keep them open longer.
+            finish(5.0)
     if returncode < 0:
         return 128 - returncode
     return returncode
