@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any
 
-from hvdlite.common import gpu_libraries, mpi_lib, naming
+from hvdlite.common import gpu_libraries, horovod_env, mpi_lib, naming
 from hvdlite.common.exceptions import HvdliteError, NotInitializedError
 
 _core_module: Any = None
@@ -100,6 +100,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             from mpi4py import MPI  # only needed when the user hands us a communicator
             comm_handle = int(MPI._handleof(comm))
     _tune_mpi_environment()
+    horovod_env.apply_to_core()
     naming.reset_auto_names()
     global _shut_down_here
     _shut_down_here = False
@@ -107,6 +108,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if c.is_initialized():
         os.environ[_OWNER_ENV] = _owner_mark(os.getpid())
         _end_job_on_uncaught_exceptions()
+        # No HOROVOD_* variable goes silently unheeded (rank 0 says so, once).
+        horovod_env.warn_unhonoured(c.rank())
 
 
 # Set by init() to the initializing process's pid and launcher job, and inherited by

@@ -275,7 +275,8 @@ def elastic_settings(
 
     ``--min-np`` defaults to ``-np``, ``--max-np`` to ``-np`` (horovodrun's
     documented defaults), and ``min_np <= -np <= max_np`` must hold;
-    ``--elastic-timeout`` defaults to ``$HOROVOD_ELASTIC_TIMEOUT``, else 600 s.
+    ``--elastic-timeout`` defaults to ``$HOROVOD_ELASTIC_TIMEOUT`` (or
+    ``$HOROVOD_ELASTIC_START_TIMEOUT``, the elastic guide's name), else 600 s.
     Without a discovery script the hosts are fixed: ``host_list`` when given,
     else ``-H``/``--hostfile`` (a host without slots counts ``--slots-per-host``
     slots, else 1, as ``mpirun --host`` counts it), else the Slurm allocation's
@@ -314,13 +315,15 @@ def elastic_settings(
 
     timeout = config.elastic_timeout
     if timeout is None:
-        text = env.get("HOROVOD_ELASTIC_TIMEOUT", "").strip()
+        # horovodrun's name, then the one Horovod's elastic guide uses for the same wait.
+        name = next((n for n in ("HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_START_TIMEOUT")
+                     if env.get(n, "").strip()), "HOROVOD_ELASTIC_TIMEOUT")
+        text = env.get(name, "").strip()
         if text:
             try:
                 timeout = float(text)
             except ValueError:
-                raise LaunchError(f"HOROVOD_ELASTIC_TIMEOUT={text!r} is not a number of "
-                                  "seconds") from None
+                raise LaunchError(f"{name}={text!r} is not a number of seconds") from None
         else:
             timeout = discovery.DEFAULT_ELASTIC_TIMEOUT_S
     if not 0 <= timeout < float("inf"):
@@ -616,8 +619,9 @@ def build_mpirun_command(
             env[discovery.ENV_STATUS_FILE] = status_file
         if local_only and not user_oversubscribes:
             env[discovery.ENV_OVERSUBSCRIBED] = "1"
-        if "HOROVOD_ELASTIC_TIMEOUT" in env:
-            env["HOROVOD_ELASTIC_TIMEOUT"] = env[discovery.ENV_TIMEOUT]
+        for name in ("HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_START_TIMEOUT"):
+            if name in env:
+                env[name] = env[discovery.ENV_TIMEOUT]
 
     # Tunables -> environment.
     tunables: dict[str, str] = {}
@@ -847,7 +851,8 @@ def make_parser() -> argparse.ArgumentParser:
                                       "':slots' (and of a -H/hostfile host without slots)")
     el.add_argument("--elastic-timeout", type=_non_negative_float, metavar="S",
                     help="seconds to wait for enough slots, at launch and after a "
-                         "rescaling (default: $HOROVOD_ELASTIC_TIMEOUT, else 600)")
+                         "rescaling (default: $HOROVOD_ELASTIC_TIMEOUT or "
+                         "$HOROVOD_ELASTIC_START_TIMEOUT, else 600)")
     el.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
                     help="most times the job may rescale before it fails (default: no limit)")
     el.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2,
