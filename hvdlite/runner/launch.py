@@ -111,16 +111,21 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--gloo": (0, "hvdlite runs on MPI only (there is no Gloo controller); drop --gloo"),
     "--gloo-timeout-seconds": (1, "hvdlite runs on MPI only (there is no Gloo controller)"),
     "--jsrun": (0, "hvdlite-run starts jobs with mpirun only; start them with jsrun yourself"),
-    "--config-file": (1, "hvdlite-run reads no config file; give the options on the "
-                         "command line"),
+    "--config-file": (1, "hvdlite-run reads no YAML config file; give its settings as "
+                         "options on the command line (each key is horovodrun's option of "
+                         "the same name)"),
     "--autotune": (0, _AUTOTUNE),
     "--autotune-log-file": (1, _AUTOTUNE),
     "--autotune-warmup-samples": (1, _AUTOTUNE),
     "--autotune-steps-per-sample": (1, _AUTOTUNE),
     "--autotune-bayes-opt-max-samples": (1, _AUTOTUNE),
     "--autotune-gaussian-process-noise": (1, _AUTOTUNE),
-    "--num-nccl-streams": (1, "hvdlite runs one NCCL stream of its own per GPU"),
-    "--thread-affinity": (1, "hvdlite does not pin its background thread"),
+    "--thread-affinity": (1, "not yet supported: hvdlite does not pin its background thread "
+                             "yet; bind whole ranks with --binding-args"),
+    "--log-with-timestamp": (0, "hvdlite's log lines carry no timestamp; -prefix-timestamp "
+                                "stamps every line of output instead"),
+    "--no-log-hide-timestamp": (0, "hvdlite's log lines carry no timestamp; -prefix-timestamp "
+                                   "stamps every line of output instead"),
     "--mpi-threads-disable": (0, "hvdlite's engine and callers share MPI from two threads, "
                                  "so it always asks MPI for thread support"),
 }
@@ -148,11 +153,13 @@ class LaunchConfig:
     mpi_args: list[str] = dataclasses.field(default_factory=list)
     verbose: bool = False
     # horovodrun's further options.
-    timeline_mark_cycles: bool = False
-    hierarchical_allreduce: bool = False
-    hierarchical_allgather: bool = False
+    # These four: None leaves the variable alone, True/False sets it to 1/0 (horovodrun's
+    # --X and --no-X options, for --no-stall-check the other way round).
+    timeline_mark_cycles: bool | None = None
+    hierarchical_allreduce: bool | None = None
+    hierarchical_allgather: bool | None = None
     stall_shutdown_time: float | None = None
-    no_stall_check: bool = False
+    no_stall_check: bool | None = None
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     network_interfaces: list[str] = dataclasses.field(default_factory=list)
@@ -527,16 +534,24 @@ def build_mpirun_command(
     user_oversubscribes = _has_option(user_args, "--oversubscribe", "-oversubscribe") or any(
         "OVERSUBSCRIBE" in a.upper() for a in user_args
     )
-    if elastic is None and not local_only and not user_oversubscribes and host_list:
+    # Slots given (-H host:N, a hostfile's slots=N, Slurm's tasks) are a promise not to
+    # run more ranks there, on this machine too: as with horovodrun (whose mpirun
+    # refuses), more ranks than slots is an error unless oversubscription is asked for.
+    # Without -H or a hostfile the ranks run here with as many slots as they need.
+    if elastic is None and not user_oversubscribes and host_list:
         slots = [s for _, s in host_list]
         if all(s is not None for s in slots):
             total = sum(s for s in slots if s is not None)
             if config.num_proc > total:
                 given = ("Slurm allocation (SLURM_TASKS_PER_NODE)" if from_slurm
                          else "hosts given")
+                listed = ",".join(f"{h}:{s}" for h, s in host_list)
+                hint = (f"-H {host_list[0][0]}:{config.num_proc}, " if len(host_list) == 1
+                        and not from_slurm else "")
                 raise LaunchError(
-                    f"-np {config.num_proc} exceeds the {total} slots of the {given}; "
-                    "add slots, lower -np, or pass --mpi-args=--oversubscribe"
+                    f"-np {config.num_proc} exceeds the {total} slot{'s' * (total != 1)} of "
+                    f"the {given} ({listed}); add slots ({hint}a hostfile's slots=N), lower "
+                    "-np, or let ranks share slots with --mpi-args=--oversubscribe"
                 )
     if local_only and not user_oversubscribes:
         user_maps = _has_option(user_args, "--map-by", "-map-by")
@@ -569,6 +584,7 @@ def build_mpirun_command(
         env["NCCL_SOCKET_IFNAME"] = nics
     if config.tcp:
         argv += ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp"]
+        env["NCCL_IB_DISABLE"] = "1"  # NCCL over sockets too, as horovodrun sets it
     if elastic is not None:
         # ULFM: a worker's death becomes an error the survivors can handle instead of
         # the end of the job.  Measured here, Open MPI 5's runtime reports a dead local
@@ -639,14 +655,12 @@ def build_mpirun_command(
         tunables["HVDLITE_STALL_CHECK_TIME_SECONDS"] = _number_text(config.stall_check_time)
     if config.stall_shutdown_time is not None:
         tunables["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] = _number_text(config.stall_shutdown_time)
-    if config.no_stall_check:
-        tunables["HVDLITE_STALL_CHECK_DISABLE"] = "1"
-    if config.timeline_mark_cycles:
-        tunables["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
-    if config.hierarchical_allreduce:
-        tunables["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
-    if config.hierarchical_allgather:
-        tunables["HVDLITE_HIERARCHICAL_ALLGATHER"] = "1"
+    for name, switch in (("HVDLITE_STALL_CHECK_DISABLE", config.no_stall_check),
+                         ("HVDLITE_TIMELINE_MARK_CYCLES", config.timeline_mark_cycles),
+                         ("HVDLITE_HIERARCHICAL_ALLREDUCE", config.hierarchical_allreduce),
+                         ("HVDLITE_HIERARCHICAL_ALLGATHER", config.hierarchical_allgather)):
+        if switch is not None:
+            tunables[name] = "1" if switch else "0"
     if config.log_level is not None:
         tunables["HVDLITE_LOG_LEVEL"] = config.log_level.upper()
     for name, value in tunables.items():
@@ -795,25 +809,41 @@ def make_parser() -> argparse.ArgumentParser:
     hr = parser.add_argument_group(
         "horovodrun's options",
         "accepted with horovodrun's meaning, so that its command lines work unchanged")
-    hr.add_argument("--timeline-mark-cycles", action="store_true",
-                    help="mark the engine's cycles on the timeline (HVDLITE_TIMELINE_MARK_CYCLES)")
-    hr.add_argument("--hierarchical-allreduce", action="store_true",
+    marks = hr.add_mutually_exclusive_group()
+    marks.add_argument("--timeline-mark-cycles", action="store_const", const=True,
+                       help="mark the engine's cycles on the timeline "
+                            "(HVDLITE_TIMELINE_MARK_CYCLES)")
+    marks.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
+                       action="store_const", const=False,
+                       help="no cycle marks, whatever HOROVOD_TIMELINE_MARK_CYCLES says")
+    two_level_ar = hr.add_mutually_exclusive_group()
+    two_level_ag = hr.add_mutually_exclusive_group()
+    two_level_ar.add_argument("--hierarchical-allreduce", action="store_const", const=True,
                     help="allreduce host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLREDUCE=1; by default "
                          "allreduces of 64 KiB and more across hosts are two-level), and GPU "
                          "allreduces too: NCCL inside each host, MPI or NCCL across "
                          "(HVDLITE_HIERARCHICAL_CROSS; GPU allreduces are flat by default)")
-    hr.add_argument("--hierarchical-allgather", action="store_true",
+    two_level_ar.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce",
+                              action="store_const", const=False,
+                              help="never allreduce in two levels (HOROVOD_HIERARCHICAL_ALLREDUCE=0)")
+    two_level_ag.add_argument("--hierarchical-allgather", action="store_const", const=True,
                     help="allgather host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLGATHER=1; by default "
                          "allgathers of 256 KiB and more across hosts are two-level)")
+    two_level_ag.add_argument("--no-hierarchical-allgather", dest="hierarchical_allgather",
+                              action="store_const", const=False,
+                              help="never allgather in two levels (HOROVOD_HIERARCHICAL_ALLGATHER=0)")
     hr.add_argument("--stall-check-warning-time-seconds", dest="stall_check_time",
                     type=_non_negative_float, metavar="S", help="same as --stall-check-time")
     hr.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_float,
                     metavar="S", help="seconds after which a stalled job is shut down with an "
                                       "error on every rank (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS)")
-    hr.add_argument("--no-stall-check", action="store_true",
-                    help="turn the stall warning and shutdown off (HVDLITE_STALL_CHECK_DISABLE)")
+    stall = hr.add_mutually_exclusive_group()
+    stall.add_argument("--no-stall-check", action="store_const", const=True,
+                       help="turn the stall warning and shutdown off (HVDLITE_STALL_CHECK_DISABLE)")
+    stall.add_argument("--stall-check", dest="no_stall_check", action="store_const", const=False,
+                       help="keep the stall check on, whatever HOROVOD_STALL_CHECK_DISABLE says")
     hr.add_argument("-p", "--ssh-port", type=_positive_int, metavar="PORT",
                     help="ssh port of the remote hosts")
     hr.add_argument("-i", "--ssh-identity-file", metavar="FILE",
@@ -836,6 +866,16 @@ def make_parser() -> argparse.ArgumentParser:
                          "could time out")
     hr.add_argument("--disable-cache", action="store_true",
                     help="accepted and unused: hvdlite-run keeps no cache of start-up checks")
+    hr.add_argument("--num-nccl-streams", type=_positive_int, metavar="N",
+                    help="accepted as 1 only: hvdlite runs one NCCL stream of its own per GPU")
+    # horovodrun's switches for what hvdlite always does or never does: accepted, no effect.
+    hr.add_argument("--no-autotune", action="store_true",
+                    help="accepted: hvdlite has no autotuner, so tuning is always off")
+    hr.add_argument("--no-mpi-threads-disable", action="store_true",
+                    help="accepted: hvdlite always initializes MPI with thread support")
+    hr.add_argument("--log-without-timestamp", "--log-hide-timestamp", action="store_true",
+                    dest="log_without_timestamp",
+                    help="accepted: hvdlite's log lines carry no timestamp")
     el = parser.add_argument_group(
         "elastic options (horovodrun's)",
         "elastic mode is on when --min-np, --max-np or --host-discovery-script is given: "
@@ -914,6 +954,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
                              "or --host-discovery-script")
     if not command:
         parser.error("no command given: e.g. hvdlite-run -np 2 python train.py")
+    if ns.num_nccl_streams is not None and ns.num_nccl_streams != 1:
+        parser.error(f"--num-nccl-streams {ns.num_nccl_streams}: hvdlite runs one NCCL stream "
+                     "of its own per GPU; leave the option out (or give 1)")
     try:
         mpi_args = shlex.split(ns.mpi_args)
     except ValueError as exc:
