@@ -26,7 +26,9 @@ the workers' business, not the launcher's.
 
 The launcher turns its flags into one ``mpirun`` command line and a set of
 environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
-its exit status.  Inside a Slurm allocation, without ``-H``/``--hostfile``, the
+its exit status.  With Open MPI 5 it also writes the ranks' output itself, as it
+comes, so that a progress bar's redraws show live (:mod:`hvdlite.runner.output`,
+:func:`live_output`).  Inside a Slurm allocation, without ``-H``/``--hostfile``, the
 ranks go to the allocation's nodes (:mod:`hvdlite.runner.slurm`).  Everything that
 decides the command is in
 :func:`build_mpirun_command`, a pure function, so the exact command for given
@@ -111,9 +113,8 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--gloo": (0, "hvdlite runs on MPI only (there is no Gloo controller); drop --gloo"),
     "--gloo-timeout-seconds": (1, "hvdlite runs on MPI only (there is no Gloo controller)"),
     "--jsrun": (0, "hvdlite-run starts jobs with mpirun only; start them with jsrun yourself"),
-    "--config-file": (1, "hvdlite-run reads no YAML config file; give its settings as "
-                         "options on the command line (each key is horovodrun's option of "
-                         "the same name)"),
+    "--config-file": (1, "hvdlite-run reads no YAML config file; give its settings as the "
+                         "horovodrun options they stand for, on the command line"),
     "--autotune": (0, _AUTOTUNE),
     "--autotune-log-file": (1, _AUTOTUNE),
     "--autotune-warmup-samples": (1, _AUTOTUNE),
