@@ -55,6 +55,25 @@ def mpi_flags(mpicc: str) -> tuple[list[str], list[str], list[str], list[str]]:
     return incs, libdirs, libs, extra
 
 
+def report_horovod_build_variables() -> None:
+    """Say so when Horovod's installer variables are set: hvdlite's build reads none
+    of them (the table is hvdlite/common/horovod_env.py, loaded by path: the package
+    itself cannot be imported before it is built)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_hvdlite_horovod_env", HERE / "hvdlite" / "common" / "horovod_env.py")
+    if spec is None or spec.loader is None:
+        return
+    table = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = table  # its dataclasses look their module up
+    spec.loader.exec_module(table)
+    for var in table.VARIABLES:
+        if var.status == table.BUILD and var.name in os.environ:
+            print(f"hvdlite: {var.name} is set and has no effect: {var.note}", file=sys.stderr)
+
+
+report_horovod_build_variables()
 mpicc, mpi_source = find_mpicc()
 include_dirs, library_dirs, libraries, extra_link = mpi_flags(mpicc)
 if mpi_source == "wheel":

@@ -109,6 +109,11 @@ def test_tuning_flags_become_env(tmp_path: Path) -> None:
             "HOROVOD_OTHER", "PATH"} <= fwd
     assert "UNRELATED" not in fwd
     assert argv[-2:] == ["python", "x.py"]
+    # DYNAMIC is a mode, not a file name; --thread-affinity is the Horovod variable.
+    _, config = parse_args(["-np", "2", "--timeline-filename", "DYNAMIC", "--thread-affinity", "1,0", "true"])
+    _, env = _build(config, {"PATH": "/usr/bin", "HOROVOD_THREAD_AFFINITY": "7"})
+    assert env["HVDLITE_TIMELINE"] == "DYNAMIC"
+    assert env["HVDLITE_THREAD_AFFINITY"] == env["HOROVOD_THREAD_AFFINITY"] == "1,0"
 
 
 def test_remote_hosts_respect_slots() -> None:
@@ -124,9 +129,21 @@ def test_remote_hosts_respect_slots() -> None:
     assert argv.count("--oversubscribe") == 1
 
 
-def test_local_host_list_oversubscribes() -> None:
-    argv, _ = _build(LaunchConfig(num_proc=3, command=["true"], hosts="localhost:1"))
-    assert ("--host", "localhost:1") in _pairs(argv)
+def test_local_host_list_keeps_to_its_slots() -> None:
+    """-H localhost:1 -np 2 is an error that names the way out, not a silent
+    oversubscription (horovodrun's mpirun refuses it too); without -H the ranks run
+    here with as many slots as they need."""
+    argv, _ = _build(LaunchConfig(num_proc=3, command=["true"], hosts="localhost:3"))
+    assert ("--host", "localhost:3") in _pairs(argv)
+    with pytest.raises(LaunchError) as err:
+        _build(LaunchConfig(num_proc=2, command=["true"], hosts="localhost:1"))
+    message = str(err.value)
+    assert "-np 2 exceeds the 1 slot" in message and "localhost:1" in message
+    assert "-H localhost:2" in message and "--mpi-args=--oversubscribe" in message
+    argv, _ = _build(LaunchConfig(num_proc=2, command=["true"], hosts="localhost:1",
+                                  mpi_args=["--oversubscribe"]))
+    assert argv.count("--oversubscribe") == 1
+    argv, _ = _build(LaunchConfig(num_proc=8, command=["true"]))
     assert ("--map-by", ":OVERSUBSCRIBE") in _pairs(argv)
 
 
@@ -279,6 +296,22 @@ def test_horovodrun_options_map_to_mpirun(tmp_path: Path) -> None:
     assert env["HVDLITE_STALL_CHECK_DISABLE"] == "1"
     assert ("--output-filename", os.path.abspath("o")) in _pairs(argv)
     assert "--timestamp-output" in argv and "--output" not in argv
+    # horovodrun's --no-X options set the variable to 0, overriding the environment.
+    _, config = parse_args(["-np", "1", "--stall-check", "--no-hierarchical-allreduce",
+                            "--no-hierarchical-allgather", "--no-timeline-mark-cycles", "--tcp",
+                            "true"])
+    assert config is not None
+    _, env = _build(config, {"PATH": "/bin", "HOROVOD_STALL_CHECK_DISABLE": "1",
+                             "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
+    assert env["HVDLITE_STALL_CHECK_DISABLE"] == env["HOROVOD_STALL_CHECK_DISABLE"] == "0"
+    assert env["HVDLITE_HIERARCHICAL_ALLREDUCE"] == env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"
+    assert env["HVDLITE_HIERARCHICAL_ALLGATHER"] == "0"
+    assert env["HVDLITE_TIMELINE_MARK_CYCLES"] == "0"
+    assert env["NCCL_IB_DISABLE"] == "1"  # --tcp keeps NCCL off InfiniBand, as horovodrun does
+    # Without the options the variables are left alone.
+    _, env = _build(LaunchConfig(num_proc=1, command=["true"]))
+    assert not {"HVDLITE_STALL_CHECK_DISABLE", "HVDLITE_HIERARCHICAL_ALLREDUCE",
+                "HVDLITE_TIMELINE_MARK_CYCLES", "NCCL_IB_DISABLE"} & set(env)
     # ssh options given both ways are refused.
     with pytest.raises(LaunchError, match="ssh options given twice"):
         _build(LaunchConfig(num_proc=1, command=["true"], ssh_port=22,
@@ -346,12 +379,16 @@ def test_oversubscribed_sizes(nproc: int) -> None:
 
 
 def test_local_host_list_and_hostfile_run(tmp_path: Path) -> None:
-    proc = _hvdrun("-np", "3", "-H", "localhost:2", sys.executable, "-c", RANK_SCRIPT)
+    proc = _hvdrun("-np", "3", "-H", "localhost:3", sys.executable, "-c", RANK_SCRIPT)
     assert proc.returncode == 0, proc.stderr
     assert _ranks(proc.stdout) == [0, 1, 2]
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=1\n")
     proc = _hvdrun("-np", "3", "--hostfile", str(hostfile), sys.executable, "-c", RANK_SCRIPT)
+    assert proc.returncode == 2 and "-np 3 exceeds the 1 slot" in proc.stderr, proc.stderr
+    assert "--mpi-args=--oversubscribe" in proc.stderr
+    proc = _hvdrun("-np", "3", "--hostfile", str(hostfile), "--mpi-args=--oversubscribe",
+                   sys.executable, "-c", RANK_SCRIPT)
     assert proc.returncode == 0, proc.stderr
     assert _ranks(proc.stdout) == [0, 1, 2]
 
@@ -477,6 +514,13 @@ def test_check_build_imports_no_framework() -> None:
         # horovodrun options hvdlite-run does not implement say why.
         (["-np", "2", "--gloo", "true"], "no Gloo controller"),
         (["-np", "2", "--autotune", "true"], "no autotuner"),
+        (["-np", "2", "--autotune-log-file", "f", "true"], "no autotuner"),
+        (["-np", "2", "--num-nccl-streams", "2", "true"], "one NCCL stream"),
+        (["-np", "2", "--log-with-timestamp", "true"], "-prefix-timestamp"),
+        (["-np", "2", "--mpi-threads-disable", "true"], "thread support"),
+        (["-np", "2", "--config-file", "c.yaml", "true"], "config file"),
+        (["-np", "2", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "true"],
+         "not allowed with"),
         # Elastic options are supported now; inconsistent ones are usage errors
         # (more cases in test_runner_elastic.py).
         (["-np", "2", "--min-np", "3", "true"], "--min-np 3 is above -np 2"),
@@ -490,6 +534,61 @@ def test_bad_usage_exits_2(args: list[str], message: str) -> None:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "usage:" in proc.stderr
     assert message in proc.stderr
+
+
+# horovodrun 0.28.1's options (its --help), with a value where they take one.
+HOROVODRUN_OPTIONS: list[list[str]] = [
+    ["--disable-cache"], ["--start-timeout", "30"], ["--network-interfaces", "lo"],
+    ["--network-interface", "lo"], ["--output-filename", "out"], ["--verbose"],
+    ["--config-file", "c.yaml"], ["-p", "22"], ["--ssh-port", "22"], ["-i", "key"],
+    ["--ssh-identity-file", "key"], ["--fusion-threshold-mb", "32"], ["--cycle-time-ms", "2"],
+    ["--cache-capacity", "10"], ["--hierarchical-allreduce"], ["--no-hierarchical-allreduce"],
+    ["--hierarchical-allgather"], ["--no-hierarchical-allgather"], ["--autotune"],
+    ["--no-autotune"], ["--autotune-log-file", "a.csv"], ["--autotune-warmup-samples", "3"],
+    ["--autotune-steps-per-sample", "10"], ["--autotune-bayes-opt-max-samples", "20"],
+    ["--autotune-gaussian-process-noise", "0.8"], ["--min-np", "1"], ["--min-num-proc", "1"],
+    ["--max-np", "2"], ["--max-num-proc", "2"], ["--min-np", "1", "--slots-per-host", "2"],
+    ["--min-np", "1", "--elastic-timeout", "60"], ["--min-np", "1", "--reset-limit", "3"],
+    ["--min-np", "1", "--blacklist-cooldown-range", "10", "100"],
+    ["--timeline-filename", "t.json"], ["--timeline-mark-cycles"], ["--no-timeline-mark-cycles"],
+    ["--no-stall-check"], ["--stall-check"], ["--stall-check-warning-time-seconds", "60"],
+    ["--stall-check-shutdown-time-seconds", "120"], ["--mpi-threads-disable"],
+    ["--no-mpi-threads-disable"], ["--mpi-args=--bind-to none"], ["--tcp"],
+    ["--binding-args=--bind-to none"], ["--num-nccl-streams", "1"], ["--num-nccl-streams", "2"],
+    ["--thread-affinity", "0"], ["--gloo-timeout-seconds", "30"], ["--log-level", "INFO"],
+    ["--log-with-timestamp"], ["--log-without-timestamp"], ["-prefix-timestamp"],
+    ["--prefix-output-with-timestamp"], ["--log-hide-timestamp"], ["--no-log-hide-timestamp"],
+    ["-H", "localhost:2"], ["--hosts", "localhost:2"], ["-hostfile", "HOSTFILE"],
+    ["--hostfile", "HOSTFILE"], ["--host-discovery-script", "SCRIPT"], ["--gloo"], ["--mpi"],
+    ["--jsrun"],
+]
+
+
+def test_every_horovodrun_option_is_accepted_or_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hostfile = _write(tmp_path / "hosts", "localhost slots=2\n")
+    script = _write(tmp_path / "hosts.sh", "#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    refused = []
+    for option in HOROVODRUN_OPTIONS:
+        args = [{"HOSTFILE": str(hostfile), "SCRIPT": str(script)}.get(a, a) for a in option]
+        try:
+            _, config = parse_args(["-np", "2", *args, "true"])
+        except SystemExit as exc:
+            err = capsys.readouterr().err
+            assert exc.code == 2 and "unrecognized arguments" not in err, (option, err)
+            assert option[0].split("=")[0] in err, (option, err)  # names the option, says why
+            refused.append(option[0])
+            continue
+        assert config is not None and config.command == ["true"], option
+    # The refused ones: features hvdlite lacks (Gloo, jsrun, autotuning,
+    # a config file, MPI without threads, timestamps in its log lines, several NCCL streams).
+    assert sorted(refused) == sorted([
+        "--config-file", "--autotune", "--autotune-log-file", "--autotune-warmup-samples",
+        "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples",
+        "--autotune-gaussian-process-noise", "--mpi-threads-disable", "--num-nccl-streams",
+        "--gloo-timeout-seconds", "--log-with-timestamp",
+        "--no-log-hide-timestamp", "--gloo", "--jsrun"])
 
 
 def test_missing_mpirun_is_a_clear_error(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from hvdlite.common import gpu_libraries, mpi_lib, naming
+from hvdlite.common import gpu_libraries, horovod_env, mpi_lib, naming
 from hvdlite.common.exceptions import HvdliteError, NotInitializedError
 
 _core_module: Any = None
@@ -121,6 +121,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if c.is_initialized():
         os.environ[_OWNER_ENV] = _owner_mark(os.getpid())
         _end_job_on_uncaught_exceptions()
+        # No HOROVOD_* variable goes silently unheeded (rank 0 says so, once).
+        horovod_env.warn_unhonoured(c.rank())
         for after_init, _ in _lifecycle_hooks:
             after_init(process_sets)
 

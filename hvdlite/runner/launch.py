@@ -26,7 +26,9 @@ the workers' business, not the launcher's.
 
 The launcher turns its flags into one ``mpirun`` command line and a set of
 environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
-its exit status.  Inside a Slurm allocation, without ``-H``/``--hostfile``, the
+its exit status.  With Open MPI 5 it also writes the ranks' output itself, as it
+comes, so that a progress bar's redraws show live (:mod:`hvdlite.runner.output`,
+:func:`live_output`).  Inside a Slurm allocation, without ``-H``/``--hostfile``, the
 ranks go to the allocation's nodes (:mod:`hvdlite.runner.slurm`).  Everything that
 decides the command is in
 :func:`build_mpirun_command`, a pure function, so the exact command for given
@@ -52,7 +54,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from hvdlite.runner import discovery, slurm
+from hvdlite.runner import discovery, output, slurm
 from hvdlite.runner.check_build import check_build_report, hvdlite_version
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 
@@ -62,6 +64,7 @@ __all__ = [
     "build_mpirun_command",
     "elastic_settings",
     "find_mpirun",
+    "live_output",
     "mpirun_version",
     "parse_args",
     "parse_hosts",
@@ -89,6 +92,7 @@ LOG_LEVELS: tuple[str, ...] = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FA
 # the flag's value so the flag wins whatever precedence the core applies.
 _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_TIMELINE": "HOROVOD_TIMELINE",
+    "HVDLITE_THREAD_AFFINITY": "HOROVOD_THREAD_AFFINITY",
     "HVDLITE_FUSION_THRESHOLD": "HOROVOD_FUSION_THRESHOLD",
     "HVDLITE_CYCLE_TIME": "HOROVOD_CYCLE_TIME",
     "HVDLITE_CACHE_CAPACITY": "HOROVOD_CACHE_CAPACITY",
@@ -110,16 +114,18 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--gloo": (0, "hvdlite runs on MPI only (there is no Gloo controller); drop --gloo"),
     "--gloo-timeout-seconds": (1, "hvdlite runs on MPI only (there is no Gloo controller)"),
     "--jsrun": (0, "hvdlite-run starts jobs with mpirun only; start them with jsrun yourself"),
-    "--config-file": (1, "hvdlite-run reads no config file; give the options on the "
-                         "command line"),
+    "--config-file": (1, "hvdlite-run reads no YAML config file; give its settings as the "
+                         "horovodrun options they stand for, on the command line"),
     "--autotune": (0, _AUTOTUNE),
     "--autotune-log-file": (1, _AUTOTUNE),
     "--autotune-warmup-samples": (1, _AUTOTUNE),
     "--autotune-steps-per-sample": (1, _AUTOTUNE),
     "--autotune-bayes-opt-max-samples": (1, _AUTOTUNE),
     "--autotune-gaussian-process-noise": (1, _AUTOTUNE),
-    "--num-nccl-streams": (1, "hvdlite runs one NCCL stream of its own per GPU"),
-    "--thread-affinity": (1, "hvdlite does not pin its background thread"),
+    "--log-with-timestamp": (0, "hvdlite's log lines carry no timestamp; -prefix-timestamp "
+                                "stamps every line of output instead"),
+    "--no-log-hide-timestamp": (0, "hvdlite's log lines carry no timestamp; -prefix-timestamp "
+                                   "stamps every line of output instead"),
     "--mpi-threads-disable": (0, "hvdlite's engine and callers share MPI from two threads, "
                                  "so it always asks MPI for thread support"),
 }
@@ -139,6 +145,7 @@ class LaunchConfig:
     hosts: str | None = None
     hostfile: str | None = None
     timeline_filename: str | None = None
+    thread_affinity: str | None = None  # a core per local rank (HOROVOD_THREAD_AFFINITY)
     fusion_threshold_mb: float | None = None
     cycle_time_ms: float | None = None
     cache_capacity: int | None = None
@@ -147,11 +154,13 @@ class LaunchConfig:
     mpi_args: list[str] = dataclasses.field(default_factory=list)
     verbose: bool = False
     # horovodrun's further options.
-    timeline_mark_cycles: bool = False
-    hierarchical_allreduce: bool = False
-    hierarchical_allgather: bool = False
+    # These four: None leaves the variable alone, True/False sets it to 1/0 (horovodrun's
+    # --X and --no-X options, for --no-stall-check the other way round).
+    timeline_mark_cycles: bool | None = None
+    hierarchical_allreduce: bool | None = None
+    hierarchical_allgather: bool | None = None
     stall_shutdown_time: float | None = None
-    no_stall_check: bool = False
+    no_stall_check: bool | None = None
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     network_interfaces: list[str] = dataclasses.field(default_factory=list)
@@ -274,7 +283,8 @@ def elastic_settings(
 
     ``--min-np`` defaults to ``-np``, ``--max-np`` to ``-np`` (horovodrun's
     documented defaults), and ``min_np <= -np <= max_np`` must hold;
-    ``--elastic-timeout`` defaults to ``$HOROVOD_ELASTIC_TIMEOUT``, else 600 s.
+    ``--elastic-timeout`` defaults to ``$HOROVOD_ELASTIC_TIMEOUT`` (or
+    ``$HOROVOD_ELASTIC_START_TIMEOUT``, the elastic guide's name), else 600 s.
     Without a discovery script the hosts are fixed: ``host_list`` when given,
     else ``-H``/``--hostfile`` (a host without slots counts ``--slots-per-host``
     slots, else 1, as ``mpirun --host`` counts it), else the Slurm allocation's
@@ -313,13 +323,15 @@ def elastic_settings(
 
     timeout = config.elastic_timeout
     if timeout is None:
-        text = env.get("HOROVOD_ELASTIC_TIMEOUT", "").strip()
+        # horovodrun's name, then the one Horovod's elastic guide uses for the same wait.
+        name = next((n for n in ("HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_START_TIMEOUT")
+                     if env.get(n, "").strip()), "HOROVOD_ELASTIC_TIMEOUT")
+        text = env.get(name, "").strip()
         if text:
             try:
                 timeout = float(text)
             except ValueError:
-                raise LaunchError(f"HOROVOD_ELASTIC_TIMEOUT={text!r} is not a number of "
-                                  "seconds") from None
+                raise LaunchError(f"{name}={text!r} is not a number of seconds") from None
         else:
             timeout = discovery.DEFAULT_ELASTIC_TIMEOUT_S
     if not 0 <= timeout < float("inf"):
@@ -523,16 +535,24 @@ def build_mpirun_command(
     user_oversubscribes = _has_option(user_args, "--oversubscribe", "-oversubscribe") or any(
         "OVERSUBSCRIBE" in a.upper() for a in user_args
     )
-    if elastic is None and not local_only and not user_oversubscribes and host_list:
+    # Slots given (-H host:N, a hostfile's slots=N, Slurm's tasks) are a promise not to
+    # run more ranks there, on this machine too: as with horovodrun (whose mpirun
+    # refuses), more ranks than slots is an error unless oversubscription is asked for.
+    # Without -H or a hostfile the ranks run here with as many slots as they need.
+    if elastic is None and not user_oversubscribes and host_list:
         slots = [s for _, s in host_list]
         if all(s is not None for s in slots):
             total = sum(s for s in slots if s is not None)
             if config.num_proc > total:
                 given = ("Slurm allocation (SLURM_TASKS_PER_NODE)" if from_slurm
                          else "hosts given")
+                listed = ",".join(f"{h}:{s}" for h, s in host_list)
+                hint = (f"-H {host_list[0][0]}:{config.num_proc}, " if len(host_list) == 1
+                        and not from_slurm else "")
                 raise LaunchError(
-                    f"-np {config.num_proc} exceeds the {total} slots of the {given}; "
-                    "add slots, lower -np, or pass --mpi-args=--oversubscribe"
+                    f"-np {config.num_proc} exceeds the {total} slot{'s' * (total != 1)} of "
+                    f"the {given} ({listed}); add slots ({hint}a hostfile's slots=N), lower "
+                    "-np, or let ranks share slots with --mpi-args=--oversubscribe"
                 )
     if local_only and not user_oversubscribes:
         user_maps = _has_option(user_args, "--map-by", "-map-by")
@@ -565,6 +585,7 @@ def build_mpirun_command(
         env["NCCL_SOCKET_IFNAME"] = nics
     if config.tcp:
         argv += ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp"]
+        env["NCCL_IB_DISABLE"] = "1"  # NCCL over sockets too, as horovodrun sets it
     if elastic is not None:
         # ULFM: a worker's death becomes an error the survivors can handle instead of
         # the end of the job.  Measured here, Open MPI 5's runtime reports a dead local
@@ -586,7 +607,11 @@ def build_mpirun_command(
                 and not _mca_chosen(user_args, "btl_tcp_if_exclude")):
             argv += ["--mca", "btl_tcp_if_include", "lo"]
     path = None if config.output_filename is None else os.path.abspath(config.output_filename)
-    if ompi_major is not None and ompi_major >= 5:  # one --output with its qualifiers
+    if live_output(config, ompi_major, env):
+        # Each rank's output as it comes, tagged with its rank: launch() puts the lines
+        # back together and shows a progress bar's redraws live (hvdlite.runner.output).
+        argv += ["--output", "tag:raw"]
+    elif ompi_major is not None and ompi_major >= 5:  # one --output with its qualifiers
         qualifiers = ([f"dir={path}"] if path else []) + (["timestamp"] if config.prefix_timestamp else [])
         if qualifiers:
             argv += ["--output", ",".join(qualifiers)]
@@ -611,13 +636,17 @@ def build_mpirun_command(
             env[discovery.ENV_STATUS_FILE] = status_file
         if local_only and not user_oversubscribes:
             env[discovery.ENV_OVERSUBSCRIBED] = "1"
-        if "HOROVOD_ELASTIC_TIMEOUT" in env:
-            env["HOROVOD_ELASTIC_TIMEOUT"] = env[discovery.ENV_TIMEOUT]
+        for name in ("HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_START_TIMEOUT"):
+            if name in env:
+                env[name] = env[discovery.ENV_TIMEOUT]
 
     # Tunables -> environment.
     tunables: dict[str, str] = {}
     if config.timeline_filename is not None:
-        tunables["HVDLITE_TIMELINE"] = os.path.abspath(config.timeline_filename)
+        dynamic = config.timeline_filename.strip().upper() == "DYNAMIC"  # started at run time
+        tunables["HVDLITE_TIMELINE"] = "DYNAMIC" if dynamic else os.path.abspath(config.timeline_filename)
+    if config.thread_affinity is not None:
+        tunables["HVDLITE_THREAD_AFFINITY"] = config.thread_affinity
     if config.fusion_threshold_mb is not None:
         tunables["HVDLITE_FUSION_THRESHOLD"] = str(
             int(round(config.fusion_threshold_mb * 1024 * 1024))
@@ -630,14 +659,12 @@ def build_mpirun_command(
         tunables["HVDLITE_STALL_CHECK_TIME_SECONDS"] = _number_text(config.stall_check_time)
     if config.stall_shutdown_time is not None:
         tunables["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] = _number_text(config.stall_shutdown_time)
-    if config.no_stall_check:
-        tunables["HVDLITE_STALL_CHECK_DISABLE"] = "1"
-    if config.timeline_mark_cycles:
-        tunables["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
-    if config.hierarchical_allreduce:
-        tunables["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
-    if config.hierarchical_allgather:
-        tunables["HVDLITE_HIERARCHICAL_ALLGATHER"] = "1"
+    for name, switch in (("HVDLITE_STALL_CHECK_DISABLE", config.no_stall_check),
+                         ("HVDLITE_TIMELINE_MARK_CYCLES", config.timeline_mark_cycles),
+                         ("HVDLITE_HIERARCHICAL_ALLREDUCE", config.hierarchical_allreduce),
+                         ("HVDLITE_HIERARCHICAL_ALLGATHER", config.hierarchical_allgather)):
+        if switch is not None:
+            tunables[name] = "1" if switch else "0"
     if config.log_level is not None:
         tunables["HVDLITE_LOG_LEVEL"] = config.log_level.upper()
     for name, value in tunables.items():
@@ -660,6 +687,32 @@ def build_mpirun_command(
     argv += user_args
     argv += list(config.command)
     return argv, env
+
+
+#: mpirun options that shape the ranks' output: given in --mpi-args, they are left to
+#: mpirun and hvdlite-run forwards its output as it is.
+_OUTPUT_OPTIONS = ("--output", "-output", "--tag-output", "-tag-output", "--timestamp-output",
+                   "-timestamp-output", "--xml", "-xml", "--output-filename", "-output-filename",
+                   "--merge-stderr-to-stdout", "-merge-stderr-to-stdout")
+
+
+def live_output(config: LaunchConfig, ompi_major: int | None,
+                environ: Mapping[str, str] | None = None) -> bool:
+    """Whether hvdlite-run forwards the ranks' output itself, unfinished lines (a
+    progress bar's redraws) included, rather than leaving it to mpirun, which holds
+    each rank's output until a newline.
+
+    Needs Open MPI 5 (``--output tag:raw``); off when the output goes to files
+    (``--output-filename``), is timestamped line by line (``-prefix-timestamp``), when
+    ``--mpi-args`` choose an output option, or with ``HVDLITE_LIVE_OUTPUT=0``."""
+    env = os.environ if environ is None else environ
+    if env.get("HVDLITE_LIVE_OUTPUT", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if ompi_major is None or ompi_major < 5:
+        return False
+    if config.output_filename is not None or config.prefix_timestamp:
+        return False
+    return not _has_option(config.mpi_args, *_OUTPUT_OPTIONS)
 
 
 def _number_text(value: float) -> str:
@@ -737,7 +790,11 @@ def make_parser() -> argparse.ArgumentParser:
     hosts.add_argument("-hostfile", "--hostfile", dest="hostfile", metavar="FILE",
                        help="file with one 'host slots=N' line per host")
     parser.add_argument("--timeline-filename", metavar="FILE",
-                        help="write a Chrome/Perfetto timeline (HVDLITE_TIMELINE)")
+                        help="write a Chrome/Perfetto timeline (HVDLITE_TIMELINE); DYNAMIC: "
+                             "none until hvd.start_timeline()")
+    parser.add_argument("--thread-affinity", metavar="CORES",
+                        help="a core per local rank, comma-separated, to pin each rank's "
+                             "background thread to (HOROVOD_THREAD_AFFINITY)")
     parser.add_argument("--fusion-threshold-mb", type=_non_negative_float, metavar="MB",
                         help="tensor fusion buffer size in MiB (HVDLITE_FUSION_THRESHOLD, bytes)")
     parser.add_argument("--cycle-time-ms", type=_positive_float, metavar="MS",
@@ -760,25 +817,41 @@ def make_parser() -> argparse.ArgumentParser:
     hr = parser.add_argument_group(
         "horovodrun's options",
         "accepted with horovodrun's meaning, so that its command lines work unchanged")
-    hr.add_argument("--timeline-mark-cycles", action="store_true",
-                    help="mark the engine's cycles on the timeline (HVDLITE_TIMELINE_MARK_CYCLES)")
-    hr.add_argument("--hierarchical-allreduce", action="store_true",
+    marks = hr.add_mutually_exclusive_group()
+    marks.add_argument("--timeline-mark-cycles", action="store_const", const=True,
+                       help="mark the engine's cycles on the timeline "
+                            "(HVDLITE_TIMELINE_MARK_CYCLES)")
+    marks.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
+                       action="store_const", const=False,
+                       help="no cycle marks, whatever HOROVOD_TIMELINE_MARK_CYCLES says")
+    two_level_ar = hr.add_mutually_exclusive_group()
+    two_level_ag = hr.add_mutually_exclusive_group()
+    two_level_ar.add_argument("--hierarchical-allreduce", action="store_const", const=True,
                     help="allreduce host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLREDUCE=1; by default "
                          "allreduces of 64 KiB and more across hosts are two-level), and GPU "
                          "allreduces too: NCCL inside each host, MPI or NCCL across "
                          "(HVDLITE_HIERARCHICAL_CROSS; GPU allreduces are flat by default)")
-    hr.add_argument("--hierarchical-allgather", action="store_true",
+    two_level_ar.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce",
+                              action="store_const", const=False,
+                              help="never allreduce in two levels (HOROVOD_HIERARCHICAL_ALLREDUCE=0)")
+    two_level_ag.add_argument("--hierarchical-allgather", action="store_const", const=True,
                     help="allgather host memory in two levels, inside each host and then across "
                          "hosts, whatever the size (HOROVOD_HIERARCHICAL_ALLGATHER=1; by default "
                          "allgathers of 256 KiB and more across hosts are two-level)")
+    two_level_ag.add_argument("--no-hierarchical-allgather", dest="hierarchical_allgather",
+                              action="store_const", const=False,
+                              help="never allgather in two levels (HOROVOD_HIERARCHICAL_ALLGATHER=0)")
     hr.add_argument("--stall-check-warning-time-seconds", dest="stall_check_time",
                     type=_non_negative_float, metavar="S", help="same as --stall-check-time")
     hr.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_float,
                     metavar="S", help="seconds after which a stalled job is shut down with an "
                                       "error on every rank (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS)")
-    hr.add_argument("--no-stall-check", action="store_true",
-                    help="turn the stall warning and shutdown off (HVDLITE_STALL_CHECK_DISABLE)")
+    stall = hr.add_mutually_exclusive_group()
+    stall.add_argument("--no-stall-check", action="store_const", const=True,
+                       help="turn the stall warning and shutdown off (HVDLITE_STALL_CHECK_DISABLE)")
+    stall.add_argument("--stall-check", dest="no_stall_check", action="store_const", const=False,
+                       help="keep the stall check on, whatever HOROVOD_STALL_CHECK_DISABLE says")
     hr.add_argument("-p", "--ssh-port", type=_positive_int, metavar="PORT",
                     help="ssh port of the remote hosts")
     hr.add_argument("-i", "--ssh-identity-file", metavar="FILE",
@@ -801,6 +874,16 @@ def make_parser() -> argparse.ArgumentParser:
                          "could time out")
     hr.add_argument("--disable-cache", action="store_true",
                     help="accepted and unused: hvdlite-run keeps no cache of start-up checks")
+    hr.add_argument("--num-nccl-streams", type=_positive_int, metavar="N",
+                    help="accepted as 1 only: hvdlite runs one NCCL stream of its own per GPU")
+    # horovodrun's switches for what hvdlite always does or never does: accepted, no effect.
+    hr.add_argument("--no-autotune", action="store_true",
+                    help="accepted: hvdlite has no autotuner, so tuning is always off")
+    hr.add_argument("--no-mpi-threads-disable", action="store_true",
+                    help="accepted: hvdlite always initializes MPI with thread support")
+    hr.add_argument("--log-without-timestamp", "--log-hide-timestamp", action="store_true",
+                    dest="log_without_timestamp",
+                    help="accepted: hvdlite's log lines carry no timestamp")
     el = parser.add_argument_group(
         "elastic options (horovodrun's)",
         "elastic mode is on when --min-np, --max-np or --host-discovery-script is given: "
@@ -816,7 +899,8 @@ def make_parser() -> argparse.ArgumentParser:
                                       "':slots' (and of a -H/hostfile host without slots)")
     el.add_argument("--elastic-timeout", type=_non_negative_float, metavar="S",
                     help="seconds to wait for enough slots, at launch and after a "
-                         "rescaling (default: $HOROVOD_ELASTIC_TIMEOUT, else 600)")
+                         "rescaling (default: $HOROVOD_ELASTIC_TIMEOUT or "
+                         "$HOROVOD_ELASTIC_START_TIMEOUT, else 600)")
     el.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
                     help="most times the job may rescale before it fails (default: no limit)")
     el.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2,
@@ -878,6 +962,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
                              "or --host-discovery-script")
     if not command:
         parser.error("no command given: e.g. hvdlite-run -np 2 python train.py")
+    if ns.num_nccl_streams is not None and ns.num_nccl_streams != 1:
+        parser.error(f"--num-nccl-streams {ns.num_nccl_streams}: hvdlite runs one NCCL stream "
+                     "of its own per GPU; leave the option out (or give 1)")
     try:
         mpi_args = shlex.split(ns.mpi_args)
     except ValueError as exc:
@@ -905,6 +992,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         hosts=ns.hosts,
         hostfile=ns.hostfile,
         timeline_filename=ns.timeline_filename,
+        thread_affinity=ns.thread_affinity,
         fusion_threshold_mb=ns.fusion_threshold_mb,
         cycle_time_ms=ns.cycle_time_ms,
         cache_capacity=ns.cache_capacity,
@@ -993,7 +1081,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"hvdlite-run: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
     try:
-        returncode = _run_mpirun(argv, env)
+        returncode = _run_mpirun(argv, env, live=live_output(config, major, env_in))
     finally:
         finished = _read_status(status_dir)
     if returncode != 0 and finished:
@@ -1017,9 +1105,27 @@ def _read_status(status_dir: str | None) -> bool:
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
-def _run_mpirun(argv: list[str], env: dict[str, str]) -> int:
-    """Run mpirun, forwarding signals to it; its exit status (128 + N for signal N)."""
-    proc = subprocess.Popen(argv, env=env)
+def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int:
+    """Run mpirun, forwarding signals to it; its exit status (128 + N for signal N).
+
+    ``live``: mpirun was asked for tagged raw output (``--output tag:raw``), which is
+    read from pipes and written to this process's stdout and stderr by
+    :func:`hvdlite.runner.output.forward`."""
+    finish = None
+    if live:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = subprocess.Popen(argv, env=env, stdout=out_w, stderr=err_w)
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        os.close(out_w)
+        os.close(err_w)
+        finish = output.forward(out_r, err_r, sys.stdout, sys.stderr)
+    else:
+        proc = subprocess.Popen(argv, env=env)
     interrupts = 0
 
     def forward(signum: int, _frame: object) -> None:
@@ -1050,6 +1156,10 @@ def _run_mpirun(argv: list[str], env: dict[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if finish is not None:
+            # The pipes end when the last process holding them (mpirun, its daemons)
+            # has gone; a stray child of a rank may keep them open longer.
+            finish(5.0)
     if returncode < 0:
         return 128 - returncode
     return returncode

@@ -1,0 +1,237 @@
+"""Every ``HOROVOD_*`` environment variable Horovod documents, and what hvdlite does with it.
+
+One table (:data:`VARIABLES`), so that no Horovod variable is silently ignored: at
+``hvd.init()`` rank 0 warns once per process (:class:`HorovodVariableWarning`) for
+each variable that is set and that hvdlite does not honour with that value, saying why
+and what to use instead; a ``HOROVOD_*`` name that is in no table at all is reported
+too (a typo, or a variable of a Horovod feature hvdlite does not know).
+
+Why rank 0 only: the launchers (``hvdlite-run``, ``mpirun -x``, Slurm) hand every rank
+the same environment, so one copy of each warning says everything; a copy per rank
+would bury it.
+
+The names come from Horovod 0.28.1's documentation (installation, Tensor Fusion,
+Timeline, Autotune, MPI, GPU, oneCCL, XLA, process sets, elastic pages), the variables
+``horovodrun`` sets for its options, and the knobs its core reads.
+
+Statuses:
+
+* ``HONOURED``: hvdlite reads it with Horovod's meaning (``where`` says which part).
+* ``IGNORED``: it has no effect in hvdlite, by design; the note says why and what to
+  use instead.
+* ``NOT_YET``: it belongs to a feature hvdlite does not have *yet* (autotuning).
+  Whoever lands the
+  feature flips the entry to ``HONOURED`` (and the tests that name it).
+* ``BUILD``: read by Horovod's installer only. Horovod itself ignores them at run time,
+  and so does hvdlite (its build needs MPI alone); no warning at ``hvd.init()``.
+
+An entry may be honoured for some values only (``honoured_if``): ``HOROVOD_CPU_OPERATIONS=MPI``
+is what hvdlite does, ``=CCL`` is not.
+
+This module imports nothing else of hvdlite or of any framework, so that ``setup.py``
+and the launcher may load it on their own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Mapping
+
+__all__ = ["HONOURED", "IGNORED", "NOT_YET", "BUILD", "Variable", "VARIABLES",
+           "HorovodVariableWarning", "unhonoured", "warn_unhonoured"]
+
+HONOURED = "honoured"
+IGNORED = "ignored"
+NOT_YET = "not yet"
+BUILD = "build"
+
+
+class HorovodVariableWarning(UserWarning):
+    """A ``HOROVOD_*`` environment variable is set that hvdlite does not honour."""
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _falsy(value: str) -> bool:
+    return value.strip().lower() in ("", "0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One Horovod variable. ``status`` holds for every value unless ``honoured_if``
+    says that this value is honoured after all; ``note`` says why and what to use
+    (for honoured ones: what hvdlite does with it); ``where`` names the part of hvdlite
+    that reads an honoured variable."""
+
+    name: str
+    status: str
+    note: str
+    honoured_if: Callable[[str], bool] | None = None
+    where: str = ""
+
+    def honours(self, value: str) -> bool:
+        if self.status == HONOURED:
+            return True
+        return self.honoured_if is not None and self.honoured_if(value)
+
+
+def _core(name: str, note: str = "") -> Variable:
+    return Variable(name, HONOURED, note or "read by the engine at hvd.init()", where="core")
+
+
+_NO_AUTOTUNE = ("hvdlite has no autotuner yet; set HOROVOD_FUSION_THRESHOLD and "
+                "HOROVOD_CYCLE_TIME (hvdlite-run --fusion-threshold-mb, --cycle-time-ms) yourself")
+_NO_GLOO = "hvdlite runs on MPI only (there is no Gloo controller)"
+_NO_CCL = "hvdlite has no oneCCL backend: host-memory collectives run on MPI"
+_BUILD_NOTE = ("read by Horovod's installer only; hvdlite's build needs MPI alone "
+               "(NCCL and the CUDA runtime are found at run time: HVDLITE_NCCL_LIBRARY, "
+               "HVDLITE_CUDART_LIBRARY)")
+
+VARIABLES: tuple[Variable, ...] = (
+    # Tensor Fusion, response cache, timeline, stall check, logging: the engine reads them.
+    _core("HOROVOD_FUSION_THRESHOLD"),
+    _core("HOROVOD_CYCLE_TIME"),
+    _core("HOROVOD_CACHE_CAPACITY"),
+    _core("HOROVOD_TIMELINE", "a file for rank 0's timeline, or DYNAMIC: nothing until "
+          "hvd.start_timeline()"),
+    _core("HOROVOD_TIMELINE_MARK_CYCLES"),
+    _core("HOROVOD_STALL_CHECK_DISABLE"),
+    _core("HOROVOD_STALL_CHECK_TIME_SECONDS"),
+    _core("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
+    _core("HOROVOD_LOG_LEVEL"),
+    Variable("HOROVOD_LOG_HIDE_TIME", IGNORED,
+             "hvdlite's log lines carry no timestamp; hvdlite-run -prefix-timestamp stamps "
+             "every line of output instead", honoured_if=_truthy),
+    # Collective algorithms and placement.
+    _core("HOROVOD_HIERARCHICAL_ALLREDUCE"),
+    _core("HOROVOD_HIERARCHICAL_ALLGATHER"),
+    Variable("HOROVOD_TORUS_ALLREDUCE", IGNORED,
+             "hvdlite's two-level allreduce already runs as a torus (reduce-scatter inside "
+             "each host, allreduce across, allgather inside); HOROVOD_HIERARCHICAL_ALLREDUCE=1 "
+             "forces it, HVDLITE_HIERARCHICAL_ALGORITHM chooses the schedule",
+             honoured_if=_falsy),
+    _core("HOROVOD_GPU_OPERATIONS", "NCCL or MPI, read at run time (a build option in Horovod)"),
+    _core("HOROVOD_GPU_ALLREDUCE", "NCCL or MPI, read at run time (a build option in Horovod)"),
+    _core("HOROVOD_GPU_ALLGATHER", "NCCL or MPI, read at run time (a build option in Horovod)"),
+    _core("HOROVOD_GPU_BROADCAST", "NCCL or MPI, read at run time (a build option in Horovod)"),
+    _core("HOROVOD_GPU_ALLTOALL", "NCCL or MPI, read at run time (a build option in Horovod)"),
+    _core("HOROVOD_GPU_REDUCESCATTER", "NCCL or MPI, read at run time (a build option in Horovod)"),
+    Variable("HOROVOD_CPU_OPERATIONS", IGNORED,
+             "hvdlite's host-memory collectives run on MPI only (no Gloo, no oneCCL)",
+             honoured_if=lambda v: v.strip().upper() in ("", "MPI")),
+    Variable("HOROVOD_CONTROLLER", IGNORED, _NO_GLOO + "; drop the variable",
+             honoured_if=lambda v: v.strip().upper() in ("", "MPI")),
+    Variable("HOROVOD_MPI_THREADS_DISABLE", IGNORED,
+             "hvdlite's engine thread and the calling threads share MPI, so it always asks MPI "
+             "for thread support (MPI_THREAD_MULTIPLE, at least MPI_THREAD_SERIALIZED)",
+             honoured_if=_falsy),
+    Variable("HOROVOD_NUM_NCCL_STREAMS", IGNORED,
+             "hvdlite runs one NCCL stream of its own per GPU",
+             honoured_if=lambda v: v.strip() == "1"),
+    Variable("HOROVOD_BATCH_D2D_MEMCOPIES", IGNORED,
+             "hvdlite builds no CUDA kernels of its own, so there is no batched copy kernel "
+             "to switch; GPU tensors are copied into its fusion buffer by the CUDA runtime",
+             honoured_if=_falsy),
+    Variable("HOROVOD_DISABLE_GROUP_FUSION", IGNORED,
+             "hvdlite fuses a group of grouped_allreduce with other tensors ready at the same "
+             "time; there is no switch to keep groups apart", honoured_if=_falsy),
+    Variable("HOROVOD_DISABLE_NVTX_RANGES", IGNORED,
+             "hvdlite emits no NVTX ranges (hvdlite-run --timeline-filename records its "
+             "activity instead)", honoured_if=_truthy),
+    Variable("HOROVOD_ENABLE_XLA_OPS", IGNORED,
+             "hvdlite's TensorFlow collectives are tf.py_function ops, which XLA cannot "
+             "compile: keep hvdlite calls out of jit_compile=True functions",
+             honoured_if=_falsy),
+    Variable("HOROVOD_ENABLE_ASYNC_COMPLETION", IGNORED,
+             "hvdlite's TensorFlow ops have no XLA form, which this switch is for",
+             honoured_if=_falsy),
+    Variable("HOROVOD_CCL_CACHE", IGNORED, _NO_CCL, honoured_if=_falsy),
+    Variable("HOROVOD_CCL_BGT_AFFINITY", IGNORED,
+             _NO_CCL + "; use HOROVOD_THREAD_AFFINITY, Horovod's name for the same"),
+    Variable("HOROVOD_MLSL_BGT_AFFINITY", IGNORED,
+             "hvdlite has no MLSL backend; use HOROVOD_THREAD_AFFINITY, Horovod's later name "
+             "for the same"),
+    Variable("HOROVOD_GLOO_TIMEOUT_SECONDS", IGNORED, _NO_GLOO),
+    Variable("HOROVOD_GLOO_IFACE", IGNORED,
+             _NO_GLOO + "; choose MPI's interfaces with hvdlite-run --network-interface "
+             "(NCCL's with NCCL_SOCKET_IFNAME)"),
+    # Features still to come: flip these to HONOURED when they land.
+    Variable("HOROVOD_AUTOTUNE", NOT_YET, _NO_AUTOTUNE, honoured_if=_falsy),
+    Variable("HOROVOD_AUTOTUNE_LOG", NOT_YET, _NO_AUTOTUNE),
+    Variable("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", NOT_YET, _NO_AUTOTUNE),
+    Variable("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", NOT_YET, _NO_AUTOTUNE),
+    Variable("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", NOT_YET, _NO_AUTOTUNE),
+    Variable("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", NOT_YET, _NO_AUTOTUNE),
+    Variable("HOROVOD_ADASUM_MPI_CHUNK_SIZE", IGNORED,
+             "hvdlite's Adasum sends each tensor's halves whole (docs/adasum.md); there is no "
+             "chunk size to set"),
+    Variable("HOROVOD_DYNAMIC_PROCESS_SETS", HONOURED,
+             "allows hvd.add_process_set / hvd.remove_process_set after init", where="front ends"),
+    _core("HOROVOD_THREAD_AFFINITY", "a core per local rank for its background thread"),
+    # The launcher's.
+    Variable("HOROVOD_ELASTIC", HONOURED, "set by hvdlite-run for an elastic job's workers",
+             where="launcher"),
+    Variable("HOROVOD_ELASTIC_TIMEOUT", HONOURED,
+             "default of hvdlite-run --elastic-timeout", where="launcher"),
+    Variable("HOROVOD_ELASTIC_START_TIMEOUT", HONOURED,
+             "the elastic documentation's name of HOROVOD_ELASTIC_TIMEOUT, which wins when "
+             "both are set", where="launcher"),
+    Variable("HOROVOD_START_TIMEOUT", IGNORED,
+             "hvdlite-run runs no start-up checks (ssh probes, interface discovery) that could "
+             "time out; mpirun reports an unreachable host itself"),
+    # Build time only.
+    *(Variable(name, BUILD, _BUILD_NOTE) for name in (
+        "HOROVOD_WITH_TENSORFLOW", "HOROVOD_WITHOUT_TENSORFLOW", "HOROVOD_WITH_PYTORCH",
+        "HOROVOD_WITHOUT_PYTORCH", "HOROVOD_WITH_MXNET", "HOROVOD_WITHOUT_MXNET",
+        "HOROVOD_WITH_MPI", "HOROVOD_WITHOUT_MPI", "HOROVOD_WITH_GLOO", "HOROVOD_WITHOUT_GLOO",
+        "HOROVOD_CUDA_HOME", "HOROVOD_CUDA_INCLUDE", "HOROVOD_CUDA_LIB", "HOROVOD_ROCM_HOME",
+        "HOROVOD_NCCL_HOME", "HOROVOD_NCCL_INCLUDE", "HOROVOD_NCCL_LIB", "HOROVOD_NCCL_LINK",
+        "HOROVOD_GPU", "HOROVOD_ALLOW_MIXED_GPU_IMPL", "HOROVOD_BUILD_ARCH_FLAGS",
+        "HOROVOD_BUILD_CUDA_CC_LIST", "HOROVOD_DEBUG", "HOROVOD_CMAKE", "HOROVOD_MPICXX_SHOW",
+    )),
+)
+
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+def unhonoured(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(name, message)`` for every ``HOROVOD_*`` variable set in ``environ`` (default
+    ``os.environ``) that hvdlite does not honour with its value, in name order.
+    Build-time variables are left out (Horovod ignores them at run time too)."""
+    env = os.environ if environ is None else environ
+    found: list[tuple[str, str]] = []
+    for name in sorted(k for k in env if k.startswith("HOROVOD_")):
+        value = env[name]
+        entry = _BY_NAME.get(name)
+        if entry is None:
+            found.append((name, f"{name} is not a variable hvdlite knows (nor one Horovod "
+                                "documents): it has no effect; check its spelling"))
+        elif entry.status == BUILD or entry.honours(value):
+            continue
+        elif entry.status == NOT_YET:
+            found.append((name, f"{name}={value!s} is not honoured: not yet supported by "
+                                f"hvdlite: {entry.note}"))
+        else:
+            found.append((name, f"{name}={value!s} is not honoured: {entry.note}"))
+    return found
+
+
+_warned: set[str] = set()
+
+
+def warn_unhonoured(rank: int, environ: Mapping[str, str] | None = None) -> list[str]:
+    """On rank 0, warn once per process for each variable :func:`unhonoured` finds;
+    returns the names warned about now."""
+    if rank != 0:
+        return []
+    names = []
+    for name, message in unhonoured(environ):
+        if name in _warned:
+            continue
+        _warned.add(name)
+        names.append(name)
+        warnings.warn(message, HorovodVariableWarning, stacklevel=3)
+    return names
