@@ -15,11 +15,11 @@ CASES = ["allreduce_matches_formula", "reducescatter_keeps_its_share", "optimize
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_adasum_matches_the_formula(n: int) -> None:
-    out = run_ranks(n, "adasum_worker.py", timeout=200, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    out = run_ranks(n, "adasum_worker.py", *CASES, timeout=200, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     assert_passed(out, n, CASES)
 
 
 @pytest.mark.timeout(240)
 def test_adasum_refuses_a_world_that_is_not_a_power_of_two() -> None:
-    out = run_ranks(3, "adasum_worker.py", timeout=200)
+    out = run_ranks(3, "adasum_worker.py", "not_a_power_of_two", timeout=200)
     assert_passed(out, 3, ["not_a_power_of_two"])

@@ -3,16 +3,13 @@
 same tree (ranks 0+1, 2+3, then the two results). Prints ``PASS <case> rank <r>``."""
 from __future__ import annotations
 
-import sys
-import traceback
-
 import numpy as np
 import torch
 
 import hvdlite as hnp
 import hvdlite.torch as hvd
+from _wcommon import case, run_cases
 
-torch.set_num_threads(1)
 hvd.init()
 me, n = hvd.rank(), hvd.size()
 
@@ -36,6 +33,7 @@ def data(r: int, shape: tuple[int, ...] = (37, 3), seed: int = 0) -> np.ndarray:
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-2}
 
 
+@case
 def allreduce_matches_formula() -> None:
     for dt, tol in TOL.items():
         x = torch.from_numpy(data(me)).to(dt)
@@ -55,6 +53,7 @@ def allreduce_matches_formula() -> None:
     assert np.allclose(got.ravel(), reference([2 * data(r, seed=1) for r in range(n)]) * 0.5)
 
 
+@case
 def reducescatter_keeps_its_share() -> None:
     x = torch.from_numpy(data(me, (4 * n, 2), seed=2))
     got = hvd.reducescatter(x, op=hvd.Adasum, name="adasum.rs")
@@ -62,6 +61,7 @@ def reducescatter_keeps_its_share() -> None:
     assert np.allclose(got.numpy(), full[4 * me:4 * me + 4])
 
 
+@case
 def optimizer_combines_the_updates() -> None:
     """DistributedOptimizer(op=Adasum): each rank steps on its own gradients, and the
     Adasum of the updates is applied from the common start."""
@@ -86,6 +86,7 @@ def optimizer_combines_the_updates() -> None:
         assert np.allclose(p.detach().numpy().ravel(), want, atol=1e-10), (k, p, want)
 
 
+@case
 def on_a_process_set() -> None:
     if n < 4:
         return
@@ -95,6 +96,7 @@ def on_a_process_set() -> None:
             assert np.allclose(got.numpy().ravel(), reference([data(r, seed=4) for r in ps.ranks]))
 
 
+@case
 def refused_where_it_cannot_run() -> None:
     # Integers: refused on every rank, naming the dtype; the next collective works.
     try:
@@ -105,6 +107,7 @@ def refused_where_it_cannot_run() -> None:
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="adasum.after").item() == n
 
 
+@case
 def not_a_power_of_two() -> None:
     try:
         hvd.allreduce(torch.ones(3), op=hvd.Adasum, name="adasum.three")
@@ -114,18 +117,5 @@ def not_a_power_of_two() -> None:
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="three.after").item() == n
 
 
-CASES = [not_a_power_of_two] if n & (n - 1) else [
-    allreduce_matches_formula, reducescatter_keeps_its_share, optimizer_combines_the_updates, on_a_process_set,
-    refused_where_it_cannot_run]
-failed = 0
-for case in CASES:
-    try:
-        case()
-        print(f"PASS {case.__name__} rank {me}", flush=True)
-    except Exception:  # noqa: BLE001 - reported and counted
-        failed += 1
-        traceback.print_exc()
-        print(f"FAIL {case.__name__} rank {me}", flush=True)
-hvd.barrier()
-hvd.shutdown()
-sys.exit(1 if failed else 0)
+# The cases named on the command line (the test picks them by the number of ranks).
+run_cases()
