@@ -209,6 +209,16 @@ class _NoGradHandle(_TorchHandle):
             return super()._run_finish()
 
 
+class _CallableHandle(_NoGradHandle):
+    """Horovod's ``sparse_allreduce_async`` returns a function that finishes the
+    reduction when called; this handle is such a function too (and a handle)."""
+
+    __slots__ = ()
+
+    def __call__(self) -> Any:
+        return self.wait()
+
+
 def poll(handle: Handle) -> bool:
     """True if the asynchronous operation behind ``handle`` has finished, so that
     :func:`synchronize` will return without blocking."""
@@ -494,7 +504,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
             return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
                                            check_invariants=False)
 
-        return _NoGradHandle([idx, val], finish, name)
+        return _CallableHandle([idx, val], finish, name)
 
 
 # ---------------------------------------------------------------------------------------

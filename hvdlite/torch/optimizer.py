@@ -135,6 +135,11 @@ class _DistributedOptimizer:
             for p in all_params:
                 self._hvd_hook(p)
 
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """Each parameter's allreduce name (the attribute Horovod's optimizer has)."""
+        return self._hvd_names
+
     def _hvd_default_name(self, gi: int, j: int) -> str:
         """Name of the allreduce of parameter ``j`` of group ``gi`` when no names were
         given; includes this optimizer's index so that several optimizers can have
@@ -370,10 +375,10 @@ class _DistributedOptimizer:
         allreduces, so every evaluation -- one for SGD or Adam, several per step for
         LBFGS -- sees gradients averaged across ranks."""
         if self._hvd_should_sync and self._hvd_synchronized:
-            warnings.warn("optimizer.step() was called after optimizer.synchronize() "
-                          "outside optimizer.skip_synchronize(); the gradients are reduced "
-                          "a second time, which is slow. Wrap step() in "
-                          "`with optimizer.skip_synchronize():`.", stacklevel=2)
+            warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                          "optimizer.synchronize(): the gradients are reduced a second time, "
+                          "which is slow. Wrap step() in `with optimizer.skip_synchronize():`.",
+                          stacklevel=2)
         try:
             if closure is None:
                 if self._hvd_should_sync:
