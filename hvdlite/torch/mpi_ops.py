@@ -780,8 +780,10 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
 @_keeps_process_set
 class _ReducescatterFn(torch.autograd.Function):
     """Reducescatter of one tensor or of a group: the backward pass gathers each output's
-    gradient from every rank (all submitted before any is waited for) and scales it as
-    the forward pass scaled."""
+    gradient from every rank (all submitted before any is waited for) and scales it by
+    Horovod's convention: the forward's pre- and postscale, times the number of ranks for
+    Sum (so with Average, by the scales alone) -- the same factor Horovod's gradient has,
+    in line with allreduce's gradient summing over the ranks."""
 
     @staticmethod
     def forward(ctx: Any, name: str | None, op: int, pre: float, post: float,
@@ -796,7 +798,7 @@ class _ReducescatterFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         handles = [allgather_async(g.contiguous(), name=n) for g, n in zip(grads, ctx.grad_names)]
-        scale = ctx.pre * ctx.post / (_ops.current_size() if ctx.op == Average else 1)
+        scale = ctx.pre * ctx.post * (1 if ctx.op == Average else _ops.current_size())
         gathered = [synchronize(h) for h in handles]
         return (None, None, None, None, *[g * scale if scale != 1.0 else g for g in gathered])
 

@@ -119,19 +119,21 @@ def reducescatter_grad() -> None:
     counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
     xs = all_ranks((rows, 2), seed=10)
     ws = [rank_data(k, (counts[k], 2), seed=11) for k in range(n)]
-    for op, scale in [(hvd.Sum, 1.0), (hvd.Average, 1.0 / n)]:
+    # Horovod's convention: the gathered gradient times the number of ranks for Sum, the
+    # gathered gradient for Average (their forward differs by that factor).
+    for op, scale, gscale in [(hvd.Sum, 1.0, float(n)), (hvd.Average, 1.0 / n, 1.0)]:
         x = leaf(xs[r])
         y = hvd.reducescatter(x, op=op, name=f"g.rs.{op}")
         start = sum(counts[:r])
         ref = np.sum(xs, 0) * scale
         check_close(y, ref[start:start + counts[r]], f"reducescatter op={op} forward")
         (y * torch.from_numpy(ws[r])).sum().backward()
-        check_close(x.grad, np.concatenate(ws) * scale, f"reducescatter op={op} gradient")
+        check_close(x.grad, np.concatenate(ws) * gscale, f"reducescatter op={op} gradient")
 
     # Grouped: each input's gradient is its own output gradient gathered from every rank.
     ys = all_ranks((n, 3), seed=12)
     vs = [rank_data(k, (1, 3), seed=13) for k in range(n)]
-    for op, scale in [(hvd.Sum, 1.0), (hvd.Average, 1.0 / n)]:
+    for op, scale in [(hvd.Sum, float(n)), (hvd.Average, 1.0)]:
         x, z = leaf(xs[r]), leaf(ys[r])
         gx, gz = hvd.grouped_reducescatter([x, z], name=f"g.grs.{op}", op=op,
                                            prescale_factor=2.0)
