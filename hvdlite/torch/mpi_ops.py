@@ -676,16 +676,36 @@ def _splits_list(splits: Any) -> list[int] | None:
         return None
     try:
         if isinstance(splits, torch.Tensor):
+            if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
+                raise ValueError(f"splits must hold integers (int32 or int64), not {splits.dtype}")
             return [int(s) for s in splits.reshape(-1).tolist()]
         return [int(s) for s in splits]
     except (TypeError, ValueError) as exc:
         raise ValueError(f"splits must be a sequence of integers, got {splits!r} ({exc})") from None
 
 
+def _stage_alltoall(t: torch.Tensor, splits: Any) -> tuple[_Stage, list[int] | None]:
+    """The tensor staged and its splits checked here, where Horovod checks them (a
+    ValueError, refused on every rank): integers, one per rank, none negative, adding
+    up to no more than the first dimension; without splits, a first dimension that the
+    number of ranks divides."""
+    sp = _splits_list(splits)
+    n = _ops.current_size()
+    rows = t.shape[0] if t.dim() > 0 else 1
+    if sp is None:
+        if rows % n:
+            raise ValueError(f"alltoall without splits divides the first dimension evenly among the "
+                             f"{n} ranks, but it is {rows}; pass splits")
+    elif len(sp) != n or any(s < 0 for s in sp) or sum(sp) > rows:
+        raise ValueError(f"splits {sp} must have one non-negative entry per rank ({n}) adding up to "
+                         f"at most the first dimension ({rows})")
+    return _stage_move(t), sp
+
+
 def _alltoall_impl(tensor: torch.Tensor, splits: Any, name: str | None) -> Handle:
     nm = name if name is not None else _ops.auto_name("alltoall")
     [(st, sp)] = _ops.stage_or_refuse(_ops.ALLTOALL, [nm], [tensor],
-                                      lambda t: (_stage_move(t), _splits_list(splits)))
+                                      lambda t: _stage_alltoall(t, splits))
     part = _ops.submit(_ops.ALLTOALL, st.raw(), name=nm, splits=sp, keepalive=st)
 
     def finish(parts: list[_ops.Request]) -> tuple[torch.Tensor, torch.Tensor]:
