@@ -30,7 +30,7 @@ from hvdlite.common.codes import (  # noqa: F401
     ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, CPU_DEVICE, DTYPE_NAMES, DTYPES,
     ENGINE_OUTPUT, ITEMSIZE, JOIN, KIND_NAMES, NAME_OF_NP_DTYPE, OP_NAMES, REDUCESCATTER,
     SUPPORTED_OPS, Adasum, Average, Max, Min, Product, Sum)
-from hvdlite.common.exceptions import (HvdliteError, HvdliteNotImplementedError, HvdliteTypeError,
+from hvdlite.common.exceptions import (HvdliteError, HvdliteTypeError,
                                        HvdliteValueError, refusal_error_for)
 from hvdlite.common.handles import Handle, Refusal, Request, _orphans, _reap_orphans  # noqa: F401
 from hvdlite.common import naming as _naming

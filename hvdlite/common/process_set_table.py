@@ -165,11 +165,6 @@ def resolve(process_set: Any, root_rank: int = -1) -> tuple[int, int]:
     return pid, root_rank
 
 
-def check_process_set(process_set: Any) -> None:
-    """Raise unless `process_set` is usable here (see :func:`resolve`)."""
-    resolve(process_set)
-
-
 def set_size(process_set: Any) -> int:
     """Number of ranks a collective on `process_set` involves."""
     pid, _ = resolve(process_set)

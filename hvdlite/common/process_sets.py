@@ -29,7 +29,7 @@ from hvdlite.common import basics, objects
 from hvdlite.common.basics import _load_core, rank, size
 from hvdlite.common.exceptions import HvdliteValueError
 from hvdlite.common.process_set_table import (  # noqa: F401 - the public names live here too
-    ProcessSet, check_process_set, global_process_set, id_of, members, process_set_by_id, process_sets,
+    ProcessSet, global_process_set, id_of, process_set_by_id, process_sets,
     record, reset, resolve)
 from hvdlite.common import process_set_table as _table
 
