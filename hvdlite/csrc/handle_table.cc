@@ -11,6 +11,7 @@ int64_t HandleTable::Create() {
 
 void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out,
                            std::shared_ptr<ReadyEvent> ready) {
+  std::function<void()> on_done;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = states_.find(h);
@@ -20,8 +21,22 @@ void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::un
     it->second.error = error;
     it->second.out = std::move(out);
     it->second.ready = std::move(ready);
+    on_done.swap(it->second.on_done);
   }
   cv_.notify_all();
+  if (on_done) on_done();
+}
+
+void HandleTable::WhenDone(int64_t h, std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = states_.find(h);
+    if (it != states_.end() && !it->second.done) {
+      it->second.on_done = std::move(callback);
+      return;
+    }
+  }
+  callback();
 }
 
 bool HandleTable::Poll(int64_t h) {
@@ -66,6 +81,7 @@ void HandleTable::Release(int64_t h) {
 }
 
 void HandleTable::FailAll(const std::string& error) {
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [h, s] : states_) {
@@ -73,9 +89,14 @@ void HandleTable::FailAll(const std::string& error) {
       s.done = true;
       s.ok = false;
       s.error = error;
+      if (s.on_done) {
+        callbacks.emplace_back();
+        callbacks.back().swap(s.on_done);
+      }
     }
   }
   cv_.notify_all();
+  for (auto& callback : callbacks) callback();
 }
 
 }  // namespace hvdlite
