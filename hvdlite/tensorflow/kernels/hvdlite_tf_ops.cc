@@ -17,9 +17,10 @@
 //   HvdliteWait         completes when the tickets' requests have finished and
 //                       outputs their results.
 // The asynchronous ones register a callback for every handle and return; the last
-// callback (on the engine's thread) hands the op to a completion thread of this
-// library, which copies the engine's outputs into TensorFlow tensors and calls the
-// op's done callback. So TensorFlow's executor never waits in an hvdlite op: collectives
+// callback (on the engine's thread) finishes the op: there, when the results are
+// already in the op's outputs (allreduce, broadcast), else on a completion thread of
+// this library, which copies the engine's outputs into TensorFlow tensors first. So
+// TensorFlow's executor never waits in an hvdlite op: collectives
 // that TensorFlow runs in different orders on different ranks are all in flight at
 // once, and the engine matches them by name.
 //
@@ -330,6 +331,26 @@ absl::Status OutputResult(tf::OpKernelContext* ctx, const Item& item, const Hvdl
 
 int OutputsOf(int64_t kind) { return kind == HVDLITE_ALLTOALL ? 2 : 1; }
 
+// Whether finishing `items` copies an engine-allocated output (allgather, alltoall,
+// reducescatter). If not (allreduce, broadcast, barrier, join), the op is finished on
+// the thread that completed its last request, the engine's, without a hand-off to the
+// completion thread: only a few small tensors are written and TensorFlow's done
+// callback queues what follows on its own threads. Copies go to the completion
+// thread, so that the engine does not wait for them.
+bool CopiesOutputs(const std::vector<Item>& items) {
+  for (const Item& item : items)
+    if (item.handle != 0 && (item.kind == HVDLITE_ALLGATHER || item.kind == HVDLITE_ALLTOALL ||
+                             item.kind == HVDLITE_REDUCESCATTER))
+      return true;
+  return false;
+}
+
+// Runs `finish` now, or on the completion thread when `items` need copies.
+void FinishOp(const std::vector<Item>& items, std::function<void()> finish) {
+  if (CopiesOutputs(items)) CompletionThread::Get().Post(std::move(finish));
+  else finish();
+}
+
 const HvdliteCoreApi* CoreOrFail(tf::OpKernelContext* ctx) {
   const HvdliteCoreApi* core = g_core.load();
   if (!core)
@@ -350,10 +371,14 @@ absl::Status SubmitBatch(tf::OpKernelContext* ctx, const HvdliteCoreApi* core, c
   items->resize(n);
   std::vector<std::string> problems(n);
   std::vector<int> codes(n, 0);
+  const auto writes_output = [](int64_t kind) { return kind == HVDLITE_ALLREDUCE || kind == HVDLITE_BROADCAST; };
   for (size_t i = 0; i < n; ++i) {
     Item& item = (*items)[i];
     item.kind = spec.kinds[i];
-    if (spec.input_index[i] >= 0) item.input = ctx->input(static_cast<int>(spec.input_index[i]));
+    // Allreduce and broadcast keep the input only once their output exists: a reference
+    // held now would stop TensorFlow from handing the input's buffer to the output.
+    if (spec.input_index[i] >= 0 && !writes_output(item.kind))
+      item.input = ctx->input(static_cast<int>(spec.input_index[i]));
     if (spec.splits_index[i] >= 0) {
       const tf::Tensor& s = ctx->input(static_cast<int>(spec.splits_index[i]));
       const auto* p = reinterpret_cast<const int32_t*>(s.tensor_data().data());
@@ -385,15 +410,19 @@ absl::Status SubmitBatch(tf::OpKernelContext* ctx, const HvdliteCoreApi* core, c
     std::string problem = problems[i];
     int code = codes[i];
     if (problem.empty() && g >= 0 && failed.count(g)) std::tie(problem, code) = failed[g];
-    if (problem.empty() && (item.kind == HVDLITE_ALLREDUCE || item.kind == HVDLITE_BROADCAST)) {
-      absl::Status made = make_output(i, item.input, &item.output);
-      if (!made.ok()) {
-        problem = std::string(made.message());
-        code = static_cast<int>(made.code());
-      } else if (item.kind == HVDLITE_BROADCAST && item.output.tensor_data().data() != item.input.tensor_data().data()) {
-        std::memcpy(const_cast<char*>(item.output.tensor_data().data()), item.input.tensor_data().data(),
-                    item.input.tensor_data().size());
+    if (writes_output(item.kind)) {
+      const tf::Tensor& in = ctx->input(static_cast<int>(spec.input_index[i]));
+      if (problem.empty()) {
+        absl::Status made = make_output(i, in, &item.output);
+        if (!made.ok()) {
+          problem = std::string(made.message());
+          code = static_cast<int>(made.code());
+        } else if (item.kind == HVDLITE_BROADCAST && item.output.tensor_data().data() != in.tensor_data().data()) {
+          std::memcpy(const_cast<char*>(item.output.tensor_data().data()), in.tensor_data().data(),
+                      in.tensor_data().size());
+        }
       }
+      item.input = in;  // what the engine reads: the output's own buffer when forwarded
     }
     SubmitItem(core, spec, i, problem, code, g >= 0 ? group_id[g] : -1, g >= 0 ? group_size[g] : 0, &item);
   }
@@ -484,7 +513,7 @@ class CollectivesOp : public tf::AsyncOpKernel {
       return done();
     }
     Countdown::Start(core, *items, [ctx, core, items, done = std::move(done)]() mutable {
-      CompletionThread::Get().Post([ctx, core, items, done = std::move(done)]() {
+      FinishOp(*items, [ctx, core, items, done = std::move(done)]() {
         absl::Status s = Collect(ctx, core, *items, 0, /*outputs_allocated=*/true);
         items->clear();  // the engine is done with every tensor
         if (!s.ok()) ctx->SetStatus(s);
@@ -661,7 +690,14 @@ class WaitOp : public tf::AsyncOpKernel {
     auto remaining = std::make_shared<std::atomic<int>>(static_cast<int>(tickets->size()) + 1);
     auto finish = [ctx, core, tickets, remaining, done = std::move(done)]() {
       if (remaining->fetch_sub(1) != 1) return;
-      CompletionThread::Get().Post([ctx, core, tickets, done]() {
+      std::vector<Item> all;  // what finishing needs to know: kinds and handles
+      for (auto& t : *tickets)
+        for (const Item& item : t->items) {
+          all.emplace_back();
+          all.back().kind = item.kind;
+          all.back().handle = item.handle;
+        }
+      FinishOp(all, [ctx, core, tickets, done]() {
         absl::Status first = absl::OkStatus();
         int out = 0;
         for (auto& t : *tickets) {
