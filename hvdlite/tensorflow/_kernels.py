@@ -182,6 +182,17 @@ def _compile(cxx: str, compile_flags: list[str], link_flags: list[str], target: 
     return seconds
 
 
+def _remove_stale_temporaries(folder: Path) -> None:
+    """Delete what builds that were killed left behind (older than a build may take)."""
+    now = time.time()
+    for p in folder.glob(f".{LIBRARY_NAME}.*.tmp"):
+        try:
+            if now - p.stat().st_mtime > BUILD_TIMEOUT_S:
+                p.unlink()
+        except OSError:
+            pass
+
+
 def _load_or_build() -> KernelLibrary:
     cxx, compile_flags, link_flags, key = _build_inputs()
     folder = cache_root() / "tf-ops" / key
@@ -199,6 +210,7 @@ def _load_or_build() -> KernelLibrary:
             except OSError:
                 pass  # no locks here: each builds, the rename keeps the file whole
             if not target.exists():
+                _remove_stale_temporaries(folder)
                 seconds = _compile(cxx, compile_flags, link_flags, target)
                 built = True
                 info = {"tensorflow": tf.version.VERSION, "compiler": cxx,
