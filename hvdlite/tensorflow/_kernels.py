@@ -81,11 +81,13 @@ def enabled_by_environment() -> bool:
 
 def library() -> KernelLibrary | None:
     """The ops, built or loaded on the first call; None (after one warning) where they
-    cannot be, or when ``HVDLITE_TF_KERNEL=0``."""
+    cannot be, or while ``HVDLITE_TF_KERNEL=0`` (read each time a graph is traced)."""
     global _library, _unavailable
+    if not enabled_by_environment():
+        return None
     if _library is not None:
         return _library
-    if _unavailable is not None or not enabled_by_environment():
+    if _unavailable is not None:
         return None
     with _lock:
         if _library is None and _unavailable is None:

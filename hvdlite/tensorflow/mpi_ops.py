@@ -54,7 +54,9 @@ Limits that follow from this design:
   when the one before it has completed; collectives that should travel together belong
   in one call (``grouped_allreduce``, ``grouped_allgather``, ...). In a ``Session`` graph
   no order is imposed, and none is needed.
-* Tensors travel through host memory.
+* Tensors travel through host memory. hvdlite's ops have CPU kernels only: TensorFlow 2
+  places them there by itself (soft placement), a TF1 ``Session`` that puts them on a
+  GPU with ``tf.device`` needs ``ConfigProto(allow_soft_placement=True)``.
 * A failed collective raises ``tf.errors.FailedPreconditionError`` (ranks disagreed, or
   another rank refused its input), ``InvalidArgumentError`` or ``UnimplementedError`` on
   the rank that refused its own input as a bad value or as something hvdlite lacks, and
