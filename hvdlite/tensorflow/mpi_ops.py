@@ -1124,9 +1124,15 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
     else:
         names = [_op_name("broadcast", f"{base}.{i}") for i in range(len(values))]
     new = _run([_Spec(_ops.BROADCAST, n, root=int(root_rank)) for n in names], values)
-    for v, x in zip(variables, new):
-        v.assign(x)
-    return new
+    assigned = [v.assign(x) for v, x in zip(variables, new)]
+    if _executing_eagerly():
+        return new
+    # In a TF1 graph nothing runs an op that nothing needs: the values returned depend
+    # on the assignments (inside tf.function they run anyway, as stateful ops).
+    deps = [a if isinstance(a, tf.Operation) else a.op for a in assigned
+            if isinstance(a, tf.Operation) or isinstance(getattr(a, "op", None), tf.Operation)]
+    with tf.control_dependencies(deps):
+        return [tf.identity(x) for x in new]
 
 
 @_no_autograph

@@ -37,6 +37,7 @@ CHECKS = [
     "session_independent_allreduces_do_not_deadlock",
     "function_independent_allreduces",
     "session_mixed_collectives_in_one_graph",
+    "session_broadcast_global_variables",
     "graph_errors_are_typed_and_recoverable",
     "graph_collective_fails_with_unknown_error_when_the_engine_stops",
 ]

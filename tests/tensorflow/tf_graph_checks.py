@@ -32,17 +32,16 @@ def session_config(inter_op_threads=1):
                                     intra_op_parallelism_threads=1)
 
 
-def run_steps(graph, fetches, steps=1, inter_op_threads=1):
-    """Runs `fetches` of `graph` `steps` times in one new Session, on a thread watched for
-    STEP_TIMEOUT_S; returns the last step's values. Raises Deadlocked if it does not
-    finish (the stuck step fails once hvdlite shuts down)."""
+def in_session(graph, work, inter_op_threads=1):
+    """Returns `work(sess)` for a new Session on `graph`, run on a thread watched for
+    STEP_TIMEOUT_S. Raises Deadlocked if it does not finish (the stuck step fails once
+    hvdlite shuts down)."""
     result = {}
 
     def target():
         try:
             with tf.compat.v1.Session(graph=graph, config=session_config(inter_op_threads)) as sess:
-                for _ in range(steps):
-                    result["value"] = sess.run(fetches)
+                result["value"] = work(sess)
         except BaseException as e:  # noqa: BLE001 - re-raised on the check's thread
             result["error"] = e
     thread = threading.Thread(target=target, daemon=True)
@@ -53,6 +52,12 @@ def run_steps(graph, fetches, steps=1, inter_op_threads=1):
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def run_steps(graph, fetches, steps=1, inter_op_threads=1):
+    """Runs `fetches` of `graph` `steps` times in one new Session (see in_session);
+    returns the last step's values."""
+    return in_session(graph, lambda sess: [sess.run(fetches) for _ in range(steps)][-1], inter_op_threads)
 
 
 def run_session(graph, fetches, inter_op_threads=1):
@@ -202,6 +207,49 @@ def session_mixed_collectives_in_one_graph():
     # d/dx sum(allgather(x)^2): this rank's rows of 2*allgather, averaged over ranks
     # (Horovod's rule: the gradient is averaged, then split) -> 2 * x.
     expect_close(got["gather_grad"], 2 * ag[R].astype(np.float32), "gradient of allgather")
+
+
+@check
+def session_broadcast_global_variables():
+    """Horovod's TF1 start: variables initialised differently on each rank, then
+    hvd.broadcast_global_variables(root) run by the Session gives every rank the root's
+    values, in one batch of asynchronous broadcasts; the variables then train in step
+    (an allreduce of a gradient-like value added to them)."""
+    if not require_graph_ops("broadcast_global_variables"):
+        return
+    root = N - 1
+    init = {name: [data(r, shape, np.float32, seed=400 + k) for r in range(N)]
+            for k, (name, shape) in enumerate([("w", (3, 2)), ("b", (2,)), ("step", ())])}
+    g = tf.Graph()
+    with g.as_default():
+        variables = {name: tf.compat.v1.Variable(vals[R], name=name) for name, vals in init.items()}
+        bcast = hvd.broadcast_global_variables(root)
+        update = variables["w"].assign_add(hvd.allreduce(tf.fill([3, 2], float(R)), op=hvd.Sum,
+                                                         name="tf1.update"))
+        init_op = tf.compat.v1.global_variables_initializer()
+
+    def work(sess):
+        sess.run(init_op)
+        before = sess.run(variables)
+        sess.run(bcast)
+        after = sess.run(variables)
+        sess.run(update)
+        return before, after, sess.run(variables["w"])
+    try:
+        before, after, trained = in_session(g, work)
+    except Deadlocked as e:
+        FAILURES.append(str(e))
+        return
+    for name, vals in init.items():
+        expect_close(before[name], vals[R], f"{name} before the broadcast")
+        expect_close(after[name], vals[root], f"{name} after the broadcast from rank {root}")
+    expect_close(trained, init["w"][root] + sum(range(N)), "w after an update from an allreduce")
+    # Eagerly TensorFlow 2 has no collection of global variables: Horovod's error.
+    try:
+        hvd.broadcast_global_variables(root)
+        FAILURES.append("broadcast_global_variables did not raise eagerly")
+    except RuntimeError as e:
+        expect("broadcast_variables" in str(e), f"eager broadcast_global_variables: {e}")
 
 
 def expect_graph_error(e, code_class, what, needles):
