@@ -174,6 +174,12 @@ def session_mixed_collectives_in_one_graph():
             "sparse": lambda: hvd.allreduce(tf.IndexedSlices(tf.constant(sl[R]), tf.constant([R], tf.int64),
                                                              dense_shape=tf.constant([N, 3], tf.int64)),
                                             op=hvd.Sum, name="mixed.sparse").values,
+            # Horovod's grouped allreduce of IndexedSlices (with a dense member)
+            "grouped_sparse": lambda: [
+                r.values if isinstance(r, tf.IndexedSlices) else r for r in hvd.grouped_allreduce(
+                    [tf.IndexedSlices(tf.constant(2 * sl[R]), tf.constant([R], tf.int64),
+                                      dense_shape=tf.constant([N, 3], tf.int64)), tf.constant(ar[R])],
+                    op=hvd.Sum, name="mixed.grouped_sparse")],
             "gather_grad": lambda: tf.gradients(tf.reduce_sum(hvd.allgather(x_grad, name="mixed.gg") ** 2),
                                                 x_grad)[0],
         }
@@ -204,6 +210,8 @@ def session_mixed_collectives_in_one_graph():
     expect_close(got["grouped_reducescatter"][1], 2 * np.mean(rs, 0)[start:start + counts[R]],
                  "grouped reducescatter", rtol=1e-5)
     expect_close(got["sparse"], np.concatenate(sl), "IndexedSlices allreduce (values)")
+    expect_close(got["grouped_sparse"][0], 2 * np.concatenate(sl), "grouped allreduce: IndexedSlices member")
+    expect_close(got["grouped_sparse"][1], np.sum(ar, 0), "grouped allreduce: dense member", rtol=1e-5)
     # d/dx sum(allgather(x)^2): this rank's rows of 2*allgather, averaged over ranks
     # (Horovod's rule: the gradient is averaged, then split) -> 2 * x.
     expect_close(got["gather_grad"], 2 * ag[R].astype(np.float32), "gradient of allgather")
