@@ -35,6 +35,10 @@ each in fresh processes with one TensorFlow intra-op and one inter-op thread:
 * ``hvdlite_overlap``: ``hvdlite`` with ``HVDLITE_TF_OVERLAP=1``, gradients submitted in
   buckets while the backward pass runs (``hvdlite/tensorflow/overlap.py``), which the
   default leaves off with a single inter-op thread;
+* ``hvdlite_pyfunc`` (not in the default list): ``hvdlite`` with ``HVDLITE_TF_KERNEL=0``,
+  collectives inside graphs as blocking ``tf.py_function`` ops, the design before
+  hvdlite's asynchronous graph ops (``hvdlite/tensorflow/_kernels.py``), for comparing
+  the two side by side (``hvdlite/pyfunc`` in the table);
 * ``mwms``: TensorFlow's own ``tf.distribute.MultiWorkerMirroredStrategy`` on 2 worker
   processes joined over loopback (``TF_CONFIG`` with localhost ports), ring collectives.
 
@@ -102,7 +106,9 @@ PARAMS = {"mlp": 9_557_110, "resnet": 2_777_674}
 HOSTS: Any = None
 LAYOUT: list[int] = []
 # Modes whose ranks talk to each other: the ones --hosts spreads over the hosts.
-ACROSS_HOSTS = ("hvdlite", "lockstep", "hvdlite_overlap", "mwms")
+ACROSS_HOSTS = ("hvdlite", "lockstep", "hvdlite_overlap", "hvdlite_pyfunc", "mwms")
+# hvdlite run with extra environment: the same worker code as "hvdlite".
+HVDLITE_VARIANTS = {"hvdlite_overlap": {"HVDLITE_TF_OVERLAP": "1"}, "hvdlite_pyfunc": {"HVDLITE_TF_KERNEL": "0"}}
 _mwms_port = 23400
 MODES = ("single", "hvdlite", "single_tuned", "independent", "lockstep", "hvdlite_overlap",
          "mwms")  # the two compared most, back to back
@@ -238,9 +244,9 @@ def worker(args: argparse.Namespace) -> None:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
         nranks = strategy.num_replicas_in_sync
-    elif mode in ("hvdlite", "lockstep", "hvdlite_overlap"):
-        if mode == "hvdlite_overlap":
-            mode = "hvdlite"  # the same code; run_mode set HVDLITE_TF_OVERLAP=1
+    elif mode in ("hvdlite", "lockstep", *HVDLITE_VARIANTS):
+        if mode in HVDLITE_VARIANTS:
+            mode = "hvdlite"  # the same code; run_mode set the variant's environment
         import hvdlite.tensorflow as hvd
         import hvdlite.tensorflow.keras as hvdk
         hvd.init()
@@ -473,8 +479,7 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
         env.update(HVDLITE_MALLOC_ENV)
         cmd_tail = [sys.executable] + worker_args(args, "single", "")
     else:
-        if mode == "hvdlite_overlap":
-            env["HVDLITE_TF_OVERLAP"] = "1"
+        env.update(HVDLITE_VARIANTS.get(mode, {}))
         cmd_tail = [sys.executable] + worker_args(args, mode, "" if mode == "lockstep" else verify_dir)
     if mode in ("single", "single_tuned"):
         procs = [subprocess.Popen(cmd_tail, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
@@ -484,7 +489,7 @@ def run_mode(mode: str, args: argparse.Namespace, verify_dir: str) -> list[dict]
                                   env=dict(env, HVDLITE_BENCH_PROCESSES=str(args.ranks), HVDLITE_BENCH_INDEX=str(i)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i in range(args.ranks)]
-    elif mode in ("hvdlite", "lockstep", "hvdlite_overlap"):
+    elif mode in ("hvdlite", "lockstep", *HVDLITE_VARIANTS):
         hosts = []
         if HOSTS is not None:
             hosts = ["-H", HOSTS.host_spec(LAYOUT)]
@@ -536,7 +541,7 @@ def check_verification(verify_dir: str, apis: list[str]) -> dict[str, float]:
     errors = {}
     for api in apis:
         ref = np.load(Path(verify_dir) / f"single_{api}.npy")
-        for mode in ("hvdlite", "hvdlite_overlap", "mwms"):
+        for mode in ("hvdlite", *HVDLITE_VARIANTS, "mwms"):
             f = Path(verify_dir) / f"{mode}_{api}.npy"
             if not f.exists():
                 continue
@@ -639,7 +644,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
     head = (f"{'model':7} {'api':5} {'single/s':>9} {'tuned/s':>8} {'hvdlite/s':>10} {'MWMS/s':>9} "
             f"{'hvdlite/MWMS':>13} {'eff hvdlite':>12} {'vs tuned':>9} {'ceiling':>8} {'of ceiling':>11} "
             f"{'lockstep':>9} {'of lockstep':>12} {'lock+AR':>8} {'of lock+AR':>11} {'overlap/lock':>13} "
-            f"{'eff MWMS':>9} {'target':>7}")
+            f"{'eff MWMS':>9} {'target':>7} {'hvd/pyfunc':>11}")
     print(head)
     print("-" * len(head))
     table = []
@@ -650,6 +655,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
             s, h, w = med.get("single"), med.get("hvdlite"), med.get("mwms")
             st, ind, lock = med.get("single_tuned"), med.get("independent"), med.get("lockstep")
             lpa, ov = med.get("lockstep_plus_allreduce"), med.get("hvdlite_overlap")
+            pyf = med.get("hvdlite_pyfunc")
             row = {"model": model, "api": api, "single": s, "single_tuned": st, "hvdlite": h, "mwms": w,
                    **({"hosts": HOSTS.host_spec(LAYOUT), "rate": args.rate} if HOSTS is not None else {}),
                    "hvdlite_over_mwms": h / w if h and w else None,
@@ -668,7 +674,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
                    "hvdlite_overlap": ov,
                    "hvdlite_overlap_over_lockstep": ov / lock if ov and lock else None,
                    "efficiency_mwms": w / (args.ranks * s) if w and s else None,
-                   "target": TARGET[model]}
+                   "target": TARGET[model],
+                   "hvdlite_pyfunc": pyf,
+                   "hvdlite_over_pyfunc": h / pyf if h and pyf else None}
             table.append(row)
 
             def fmt(v, spec):
@@ -681,7 +689,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
                   f"{fmt(row['lockstep_plus_allreduce_over_lockstep'], '8.3f')} "
                   f"{fmt(row['hvdlite_over_lockstep_plus_allreduce'], '11.3f')} "
                   f"{fmt(row['hvdlite_overlap_over_lockstep'], '13.3f')} "
-                  f"{fmt(row['efficiency_mwms'], '9.3f')} {TARGET[model]:7.2f}")
+                  f"{fmt(row['efficiency_mwms'], '9.3f')} {TARGET[model]:7.2f} "
+                  f"{fmt(row['hvdlite_over_pyfunc'], '11.3f')}")
             print(json.dumps({"summary": row}), flush=True)
     print(f"\n(samples/s over all ranks, median of {args.rounds} round(s) x {args.windows} windows of "
           f"{args.steps} steps; 1 intra-op + 1 inter-op thread per process; "
@@ -691,7 +700,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
           f"{args.ranks} ranks kept in step but not sharing gradients, as an efficiency; 'of lockstep': "
           f"hvdlite / that; 'lock+AR': lockstep with its step lengthened by one allreduce of the "
           f"gradients timed alone, over lockstep; 'of lock+AR': hvdlite / that; 'overlap/lock': "
-          f"hvdlite with HVDLITE_TF_OVERLAP=1 over lockstep)")
+          f"hvdlite with HVDLITE_TF_OVERLAP=1 over lockstep; 'hvd/pyfunc': hvdlite over hvdlite_pyfunc, "
+          f"its collectives in graphs as blocking py_function ops)")
     if HOSTS is not None:
         print(f"({', '.join(m for m in modes if m in ACROSS_HOSTS)} on {args.hosts} emulated hosts, "
               f"{HOSTS.host_spec(LAYOUT)}, links {args.rate}; every host shares this machine's cores)")

@@ -24,6 +24,7 @@
 
 #include "backends/mpi/reduce_ops.h"
 #include "backends/nccl/nccl_library.h"
+#include "core_api.h"
 #include "dlpack_export.h"
 #include "engine.h"
 #include "gpu/cuda_runtime.h"
@@ -39,8 +40,14 @@ namespace {
 
 HandleTable g_handles;             // outlives engines, so old handles still report
 // Shared so that a thread waiting in Engine::Wait keeps its engine alive while another
-// thread shuts down. Read and replaced only with the GIL held.
+// thread shuts down. Read and replaced with the GIL held; the C interface (c_api.h),
+// which TensorFlow's threads call without the GIL, also reads it, so every
+// replacement goes through SetEngine/TakeEngine and that reader through EngineForC.
 std::shared_ptr<Engine> g_engine;
+
+void SetEngine(std::shared_ptr<Engine> engine) { std::atomic_store(&g_engine, std::move(engine)); }
+std::shared_ptr<Engine> TakeEngine() { return std::atomic_exchange(&g_engine, std::shared_ptr<Engine>()); }
+std::shared_ptr<Engine> EngineForC() { return std::atomic_load(&g_engine); }
 bool g_mpi_owned = false;          // we called MPI_Init, so we call MPI_Finalize
 // The communicator hvdlite's world is made from: a duplicate of what init() was given,
 // and after a peer failed, the survivors' (membership.h). Owned here; every engine
@@ -198,15 +205,15 @@ Handle HandleFromNumber(uintptr_t number) {
 
 // Makes `engine` this process's (called with the GIL held).
 void Install(std::shared_ptr<Engine> engine) {
-  g_engine = std::move(engine);
   g_engine_pid = getpid();
+  SetEngine(std::move(engine));
 }
 
 void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
   RaiseIfForkedCopy();
   if (g_engine && g_engine->Running()) return;
   if (g_engine) {
-    std::shared_ptr<Engine> old = std::move(g_engine);  // stopped by a remote shutdown
+    std::shared_ptr<Engine> old = TakeEngine();  // stopped by a remote shutdown
     py::gil_scoped_release nogil;
     old.reset();
   }
@@ -325,7 +332,7 @@ void Rebuild() {
   RaiseIfForkedCopy();
   if (g_base == MPI_COMM_NULL) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
   DropProcessSets(/*revoke=*/true);  // their members are renumbered, or gone
-  std::shared_ptr<Engine> old = std::move(g_engine);
+  std::shared_ptr<Engine> old = TakeEngine();
   Parameters params = Parameters::FromEnvironment();
   std::shared_ptr<Engine> engine;
   {
@@ -377,7 +384,7 @@ void Grow(const std::string& command, const std::vector<std::string>& args, cons
   // The engine may have stopped already: the first rank here stops every rank's.
   if (!g_engine) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
   DropProcessSets(/*revoke=*/false);
-  std::shared_ptr<Engine> old = std::move(g_engine);
+  std::shared_ptr<Engine> old = TakeEngine();
   Parameters params = Parameters::FromEnvironment();
   std::shared_ptr<Engine> engine;
   std::string error;
@@ -401,7 +408,7 @@ void Grow(const std::string& command, const std::vector<std::string>& args, cons
 
 void Shutdown() {
   if (!g_forked) DropProcessSets(/*revoke=*/false);
-  std::shared_ptr<Engine> e = std::move(g_engine);
+  std::shared_ptr<Engine> e = TakeEngine();
   if (!e) return;
   if (g_forked) {
     // The parent's engine: stopping it would join a thread this process does not
@@ -824,6 +831,12 @@ PYBIND11_MODULE(_core, m) {
   m.attr("REDUCE_OPS") = reduce_ops;
   m.attr("REQUEST_TYPES") = request_types;
   m.attr("CPU_DEVICE") = kCpuDevice;
+
+  // The engine's C interface (c_api.h) for libraries built apart from this module
+  // (hvdlite's TensorFlow kernels): the address of its table of functions.
+  static const HvdliteCoreApi* c_api = InstallCoreApi(CoreAccess{
+      &EngineForC, &g_handles, [] { return ForkedCopy() ? ForkedMessage() : std::string(); }});
+  m.def("c_api_address", [] { return reinterpret_cast<uintptr_t>(c_api); });
 
   m.def("shutdown", &Shutdown);
   m.def("finalize", &Finalize);

@@ -19,6 +19,7 @@ int32_t HandleTable::OwnerOf(int64_t h) {
 
 void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out,
                            std::shared_ptr<ReadyEvent> ready) {
+  std::function<void()> on_done;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = states_.find(h);
@@ -28,8 +29,22 @@ void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::un
     it->second.error = error;
     it->second.out = std::move(out);
     it->second.ready = std::move(ready);
+    on_done.swap(it->second.on_done);
   }
   cv_.notify_all();
+  if (on_done) on_done();
+}
+
+void HandleTable::WhenDone(int64_t h, std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = states_.find(h);
+    if (it != states_.end() && !it->second.done) {
+      it->second.on_done = std::move(callback);
+      return;
+    }
+  }
+  callback();
 }
 
 bool HandleTable::Poll(int64_t h) {

@@ -76,6 +76,11 @@ class HandleTable {
   bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
+  // Runs `callback` once `h` is done: at once, on this thread, if it is done already
+  // (or unknown), else on the thread that completes it, after the table's lock is
+  // released. One callback per handle. For waiters that must not block a thread
+  // (hvdlite's TensorFlow kernels, through c_api.h).
+  void WhenDone(int64_t h, std::function<void()> callback);
   // Installs (or, with nullptr, removes) the waiter hook of `owner`'s handles. The
   // hook runs under the table's lock, so once this returns an old hook is never
   // called again.
@@ -91,6 +96,7 @@ class HandleTable {
     std::unique_ptr<OutputBuffer> out;
     std::shared_ptr<ReadyEvent> ready;
     int32_t owner = 0;
+    std::function<void()> on_done;  // WhenDone's callback
   };
   std::mutex mu_;
   std::condition_variable cv_;

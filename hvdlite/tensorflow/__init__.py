@@ -1,10 +1,13 @@
 """hvdlite for TensorFlow 2: ``import hvdlite.tensorflow as hvd`` in place of
 ``import horovod.tensorflow as hvd``.
 
-Works with the TensorFlow installed (tested with ``tensorflow-cpu==2.21.0``) without
-compiling anything against it: collectives reach hvdlite's engine from Python, eagerly
-or through ``tf.py_function`` inside graphs (see :mod:`hvdlite.tensorflow.mpi_ops` for the
-limits this implies, notably: no XLA ``jit_compile`` around hvdlite collectives).
+Works with the TensorFlow installed (tested with ``tensorflow-cpu==2.21.0``); installing
+hvdlite compiles nothing against it. Eagerly, collectives reach hvdlite's engine from
+Python; inside graphs (``tf.function``, Keras ``fit``, TensorFlow 1 graphs run by a
+``tf.compat.v1.Session``) they are asynchronous ops of a small library that is compiled
+against the installed TensorFlow on first use and cached (see
+:mod:`hvdlite.tensorflow.mpi_ops` and :mod:`hvdlite.tensorflow._kernels` for how, and for the
+limits, notably: no XLA ``jit_compile`` around hvdlite collectives).
 
 Typical custom training loop::
 

@@ -33,12 +33,21 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     return tf.group(*new)
 
 
-def broadcast_global_variables(root_rank: int) -> None:
-    """Horovod's TensorFlow 1 call. TensorFlow 2 keeps no collection of global variables
-    to broadcast, so (as Horovod does under eager execution) this raises
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Horovod's TensorFlow 1 call: while a TensorFlow 1 graph is being built (``with
+    tf.Graph().as_default():``, run by ``tf.compat.v1.Session``), returns an op that
+    assigns ``root_rank``'s values to every variable of the graph's global variables
+    collection (one batch of broadcasts). Eagerly and inside ``tf.function`` TensorFlow 2
+    keeps no such collection, so (as Horovod does under eager execution) this raises
     ``RuntimeError`` naming what to use instead: :func:`broadcast_variables` on the
     model's and the optimizer's variables, or, with Keras,
     ``hvd.callbacks.BroadcastGlobalVariablesCallback``."""
+    graph = tf.compat.v1.get_default_graph()
+    if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
+        variables = tf.compat.v1.global_variables()
+        if not variables:
+            return tf.no_op(name="broadcast_global_variables")
+        return broadcast_variables(variables, root_rank)
     raise RuntimeError(
         f"hvd.broadcast_global_variables({root_rank!r}): TensorFlow 2 has no global variable "
         "collection to broadcast; call hvd.broadcast_variables(model.variables, root_rank) and "

@@ -59,9 +59,10 @@ def bucket_bytes() -> int:
 
     Default with a single inter-op thread: 4 MiB where buckets are submitted during the
     backward pass (:func:`hvdlite.tensorflow.overlap.enabled`), each bucket costing a
-    ``py_function`` on the thread that computes (0.2-0.3 ms on the 2-core test host);
-    otherwise 0, since that thread's executor would run every submit after the backward
-    pass anyway and each extra ``py_function`` would only cost time. With more inter-op
+    submit op on the thread that computes (0.2-0.3 ms as a ``py_function`` on the 2-core
+    test host; hvdlite's own ``HvdliteSubmit`` op costs less); otherwise 0, since that
+    thread's executor would run every submit after the backward pass anyway and each
+    extra op would only cost time. With more inter-op
     threads, 1 MiB: an idle thread runs a bucket's submit as soon as it is ready."""
     value = os.environ.get("HVDLITE_TF_BUCKET_BYTES")
     if value is not None:

@@ -1,44 +1,79 @@
-"""Collectives on TensorFlow tensors, eagerly and inside ``tf.function``.
+"""Collectives on TensorFlow tensors: eagerly, inside ``tf.function`` (and Keras
+``model.fit``), and in TensorFlow 1 graphs run by ``tf.compat.v1.Session``.
 
-hvdlite compiles nothing against TensorFlow. A collective reaches the engine from
-Python: eagerly the tensor's host memory is handed to the engine directly (no copy);
-inside a graph (``tf.function``, Keras ``model.fit``) the same Python code runs inside a
-``tf.py_function`` op. Several collectives can share one such op -- they are all
-submitted before any is waited for -- so the engine sees them in flight together and
-fuses them. ``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` can go one
-step further inside graphs: gradients are submitted in buckets (``HVDLITE_TF_BUCKET_BYTES``;
-0 = one bucket), last layer first, each by a small op, and a single op at the end waits
-for all of them. ``hvdlite.tensorflow.overlap`` adds control edges that make TensorFlow
-run each submit as soon as its bucket's gradients exist, before the rest of the backward
-pass, so that communication overlaps it; by default only where a rank has a core to
-spare for communication and TensorFlow several inter-op threads, elsewhere the whole
-step's gradients go out in one batch after the backward pass (see
-``gradients.bucket_bytes`` and ``overlap.enabled``).
-Results land in buffers that TensorFlow takes over without a copy (DLPack).
+Eagerly a collective reaches the engine from Python: the tensor's host memory is handed
+to the engine directly (no copy), and results land in buffers that TensorFlow takes over
+without a copy (DLPack).
+
+Inside a graph a collective is an op of hvdlite's own, ``HvdliteCollectives``, from a
+small library that is compiled against the installed TensorFlow the first time a
+process needs it and then cached (:mod:`hvdlite.tensorflow._kernels`; installing hvdlite
+compiles nothing against TensorFlow). The op is asynchronous: it submits its requests
+to the engine and returns, and it completes from a callback once the engine has
+finished them, without ever blocking one of TensorFlow's threads. That matters because
+TensorFlow runs independent ops in whatever order its executor picks, differently on
+each rank: a graph of 20 independent allreduces run by a ``Session`` with one inter-op
+thread used to deadlock at once on 2 ranks when each collective blocked its thread (each
+rank waited in a different one). Now all of them are in flight together and the engine
+matches them by name. Several collectives of one call (a grouped allreduce, the two
+allgathers of an ``IndexedSlices``) share one op, so the engine sees them together and
+fuses them. Allreduce results are written straight into the op's output (in place when
+TensorFlow lets the input go); allgather, alltoall and reducescatter results, whose size
+is known only after negotiation, are copied once into the output. The op fails with
+TensorFlow's error codes, as Horovod's ops do (see :class:`_TFError`, :func:`_tf_code`).
+
+``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` can go one step
+further inside graphs: gradients are submitted in buckets (``HVDLITE_TF_BUCKET_BYTES``; 0 =
+one bucket), last layer first, each by a small ``HvdliteSubmit`` op that returns a ticket
+at once, and a single asynchronous ``HvdliteWait`` op at the end collects all of them.
+``hvdlite.tensorflow.overlap`` adds control edges that make TensorFlow run each submit as
+soon as its bucket's gradients exist, before the rest of the backward pass, so that
+communication overlaps it; by default only where a rank has a core to spare for
+communication and TensorFlow several inter-op threads, elsewhere the whole step's
+gradients go out in one batch after the backward pass (see ``gradients.bucket_bytes`` and
+``overlap.enabled``).
+
+Where the library cannot be built (no C++ compiler, no TensorFlow headers) or
+``HVDLITE_TF_KERNEL=0`` is set, graphs fall back to the earlier design, with one warning:
+the same Python code runs inside a blocking ``tf.py_function`` op. That works in
+``tf.function`` (collectives run in program order there), but a ``Session`` graph with
+several independent collectives can deadlock, and a failed collective arrives as
+``tf.errors.UnknownError``.
 
 Limits that follow from this design:
 
-* XLA cannot compile ``py_function``: do not use ``jit_compile=True`` on a function (or a
-  Keras ``model.compile``) that contains hvdlite collectives. Keras 3's default
-  ``jit_compile="auto"`` picks no XLA on CPU-only machines, and hvdlite makes it pick no
-  XLA on GPU machines too when the optimizer is a ``DistributedOptimizer``.
+* XLA cannot compile hvdlite's ops (nor ``py_function``): do not use ``jit_compile=True`` on
+  a function (or a Keras ``model.compile``) that contains hvdlite collectives. Keras 3's
+  default ``jit_compile="auto"`` picks no XLA on CPU-only machines, and hvdlite makes it
+  pick no XLA on GPU machines too when the optimizer is a ``DistributedOptimizer``.
 * A graph containing hvdlite collectives can not be exported with ``tf.saved_model``
-  for serving on a machine without hvdlite (a ``py_function`` is not serializable);
-  save the Keras model or its weights instead.
+  for serving on a machine without hvdlite (its ops live in hvdlite's library); save
+  the Keras model or its weights instead.
 * Collectives inside one ``tf.function`` run in program order (they are stateful ops),
-  which is what keeps every rank's sequence of collectives identical.
-* Tensors travel through host memory.
-* A failed collective raises ``tf.errors.FailedPreconditionError`` eagerly, as Horovod's
-  ops do, but ``tf.errors.UnknownError`` inside a graph: TensorFlow gives a Python
-  exception of a ``py_function`` that code (see :class:`_TFError`).
+  so every rank must issue them in the same order, as with Horovod. Each is submitted
+  when the one before it has completed; collectives that should travel together belong
+  in one call (``grouped_allreduce``, ``grouped_allgather``, ...). In a ``Session`` graph
+  no order is imposed, and none is needed.
+* Tensors travel through host memory. hvdlite's ops have CPU kernels only: TensorFlow 2
+  places them there by itself (soft placement), a TF1 ``Session`` that puts them on a
+  GPU with ``tf.device`` needs ``ConfigProto(allow_soft_placement=True)``.
+* A failed collective raises ``tf.errors.FailedPreconditionError`` (ranks disagreed, or
+  another rank refused its input), ``InvalidArgumentError`` or ``UnimplementedError`` on
+  the rank that refused its own input as a bad value or as something hvdlite lacks, and
+  ``UnknownError`` once the engine has stopped; eagerly these are also
+  :class:`HvdliteError` (and the TypeError, ValueError or NotImplementedError Horovod
+  raises for such input), inside graphs they are TensorFlow's own classes. The message
+  names the tensor and the ranks.
 * Input that only this rank cannot use (a dtype that cannot be reduced, a 0-d tensor to
-  gather, an op Horovod refuses) is refused on every rank, not raised here alone: the
-  other ranks run the same batch and would wait for it (see :func:`_submit`).
+  gather, an op Horovod refuses, alltoall splits that do not fit) is refused on every
+  rank, not raised here alone: the other ranks run the same batch and would wait for it
+  (see :func:`_submit`, and ``RuntimeProblem`` in the graph op).
 """
 from __future__ import annotations
 
 import itertools
 import re
+import struct
 import sys
 import threading
 import weakref
@@ -72,13 +107,15 @@ class _TFError:
 
     Horovod's TensorFlow ops fail with TensorFlow's errors: a collective whose ranks
     disagree with ``FailedPreconditionError``, one that meets a stopped engine with
-    ``UnknownError``. hvdlite's TF front end raises the same codes, so scripts written
-    for Horovod catch what they expect, and ``except hvd.HvdliteError`` still works.
-    That holds eagerly. Inside a graph (``tf.function``, Keras ``fit``) TensorFlow turns
-    a Python exception of a ``py_function`` into ``UnknownError`` carrying the message
-    (``InvalidArgumentError`` for a TypeError or ValueError, ``UnimplementedError`` for a
-    NotImplementedError), so there a failed collective is an ``UnknownError`` (Horovod's
-    own kernels give ``FailedPreconditionError`` there)."""
+    ``UnknownError``, input its own checks refuse (alltoall splits that do not fit) with
+    ``InvalidArgumentError``. hvdlite's TF front end raises the same codes (see
+    :func:`_tf_code`), so scripts written for Horovod catch what they expect, and
+    ``except hvd.HvdliteError`` still works eagerly. Inside a graph hvdlite's ops (see
+    :mod:`hvdlite.tensorflow._kernels`) fail with the same codes, but as TensorFlow's
+    own error classes, which are not HvdliteErrors. Only the ``py_function`` fallback
+    cannot choose the code: TensorFlow turns its Python exceptions into
+    ``UnknownError`` (``InvalidArgumentError`` for a TypeError or ValueError,
+    ``UnimplementedError`` for a NotImplementedError)."""
 
     _code: int  # TensorFlow's error code
 
@@ -98,6 +135,20 @@ class HvdliteFailedPreconditionError(_TFError, HvdliteError, tf.errors.FailedPre
 class HvdliteUnknownError(_TFError, HvdliteError, tf.errors.UnknownError):
     """A collective failed because the engine stopped (shut down, a peer failed)."""
     _code = tf.errors.UNKNOWN
+
+
+class HvdliteInvalidArgumentError(_TFError, HvdliteError, tf.errors.InvalidArgumentError):
+    """This rank refused its own input as a bad value or type (alltoall splits that do
+    not fit, splits that are not integers, ...); the other ranks' collective failed
+    with :class:`HvdliteFailedPreconditionError`."""
+    _code = tf.errors.INVALID_ARGUMENT
+
+
+class HvdliteUnimplementedError(_TFError, HvdliteError, tf.errors.UnimplementedError):
+    """This rank asked for something hvdlite does not implement (Adasum, a reducescatter
+    with Max, ...); the other ranks' collective failed with
+    :class:`HvdliteFailedPreconditionError`."""
+    _code = tf.errors.UNIMPLEMENTED
 
 
 _PYTHON_TYPES = (NotImplementedError, TypeError, ValueError)
@@ -124,14 +175,37 @@ def _tf_error_class(code_class: type, python_type: type | None) -> type:
     return cls
 
 
+def _tf_code(error: type[BaseException] | None) -> int:
+    """TensorFlow's error code for a collective this rank refused with `error` (an
+    :class:`HvdliteError` class) while the engine runs: ``INVALID_ARGUMENT`` for a
+    ValueError or TypeError (a bad value, as Horovod's checks of alltoall's splits
+    report), ``UNIMPLEMENTED`` for a NotImplementedError, else ``FAILED_PRECONDITION``,
+    the code of every collective whose ranks disagreed. The same rule serves eagerly
+    (:func:`_as_tf_error`) and in graphs (the codes handed to hvdlite's ops)."""
+    if error is not None and issubclass(error, (ValueError, TypeError)):
+        return tf.errors.INVALID_ARGUMENT
+    if error is not None and issubclass(error, NotImplementedError):
+        return tf.errors.UNIMPLEMENTED
+    return tf.errors.FAILED_PRECONDITION
+
+
+_CLASS_OF_CODE = {tf.errors.INVALID_ARGUMENT: HvdliteInvalidArgumentError,
+                  tf.errors.UNIMPLEMENTED: HvdliteUnimplementedError,
+                  tf.errors.FAILED_PRECONDITION: HvdliteFailedPreconditionError}
+
+
 def _as_tf_error(exc: BaseException) -> BaseException:
     """`exc` with TensorFlow's error code when it is a failed collective. The engine
     marks itself stopped before it fails what it still holds, so a stopped engine
     means the failure was the stop."""
     if not isinstance(exc, HvdliteError) or isinstance(exc, tf.errors.OpError):
         return exc
-    cls = HvdliteFailedPreconditionError if _basics.is_initialized() else HvdliteUnknownError
-    cls = _tf_error_class(cls, next((t for t in _PYTHON_TYPES if isinstance(exc, t)), None))
+    python_type = next((t for t in _PYTHON_TYPES if isinstance(exc, t)), None)
+    if _basics.is_initialized():
+        cls = _CLASS_OF_CODE[_tf_code(python_type)]
+    else:
+        cls = HvdliteUnknownError
+    cls = _tf_error_class(cls, python_type)
     converted = cls(str(exc))
     converted.__cause__ = exc.__cause__
     converted.__traceback__ = exc.__traceback__
@@ -189,10 +263,12 @@ def _rows_as_bytes(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(arr.shape[0], -1).view(np.uint8)
 
 
-def _problem(spec: _Spec, arr: np.ndarray | None) -> tuple[str, type[HvdliteError]] | None:
-    """Why this rank cannot make request `spec` on `arr`, and the error to raise; None if
-    it can. Only this rank may see the problem (its own tensor), so it is refused on
-    every rank, not raised."""
+def _problem(spec: _Spec, arr: np.ndarray | None,
+             splits: np.ndarray | None = None) -> tuple[str, type[HvdliteError]] | None:
+    """Why this rank cannot make request `spec` on `arr` (with alltoall's `splits`), and
+    the error to raise; None if it can. Only this rank may see the problem (its own
+    tensor), so it is refused on every rank, not raised. hvdlite's graph ops make the
+    same checks (``RuntimeProblem`` in ``kernels/hvdlite_tf_ops.cc``)."""
     if spec.problem is not None:
         return spec.problem, spec.error
     kind = spec.kind
@@ -209,6 +285,26 @@ def _problem(spec: _Spec, arr: np.ndarray | None) -> tuple[str, type[HvdliteErro
             return why
     if kind in (_ops.REDUCESCATTER, _ops.ALLGATHER, _ops.ALLTOALL) and arr.ndim == 0:
         return "needs a tensor of rank >= 1", HvdliteError
+    if kind == _ops.ALLTOALL:
+        return _alltoall_splits_problem(arr.shape[0], splits)
+    return None
+
+
+def _alltoall_splits_problem(rows: int, splits: np.ndarray | None
+                             ) -> tuple[str, type[HvdliteError]] | None:
+    """Whether alltoall's `splits` (None or empty: an even split) fit a first dimension
+    of `rows`: Horovod checks this on each rank and raises InvalidArgumentError
+    (a ValueError here, see :func:`_tf_code`)."""
+    world = _basics.size()
+    if splits is None or np.size(splits) == 0:
+        if rows % world:
+            return (f"first dimension {rows} does not divide evenly among {world} ranks; "
+                    "pass splits", HvdliteValueError)
+        return None
+    values = [int(v) for v in np.asarray(splits).reshape(-1)]
+    if len(values) != world or min(values) < 0 or sum(values) != rows:
+        return (f"splits [{', '.join(map(str, values))}] must be {world} non-negative counts "
+                f"summing to the first dimension {rows}", HvdliteValueError)
     return None
 
 
@@ -230,7 +326,8 @@ def _submit(specs: Sequence[_Spec], arrays: Sequence[np.ndarray | None],
             group_members[s.group] = group_members.get(s.group, 0) + 1
     group_ids = {g: _ops.new_group_id() for g in sorted(group_members)}
     # Every problem is found before anything is submitted: one member's refuses its group.
-    problems = [_problem(spec, arrays[i]) for i, spec in enumerate(specs)]
+    problems = [_problem(spec, arrays[i], None if splits is None else splits[i])
+                for i, spec in enumerate(specs)]
     failed_groups: dict[int, tuple[str, type[HvdliteError]]] = {}
     for i, (spec, problem) in enumerate(zip(specs, problems)):
         if problem is not None and spec.group >= 0 and spec.group not in failed_groups:
@@ -454,6 +551,127 @@ def _tensor_of(x: Any) -> tf.Tensor:
     return tf.convert_to_tensor(x)
 
 
+# ----------------------------------------------------------------------------
+# Graph level: hvdlite's own ops (see hvdlite.tensorflow._kernels).
+# ----------------------------------------------------------------------------
+
+# Element types hvdlite's graph ops take (the engine's, and others moved as bytes by
+# allgather, alltoall and broadcast). Anything else goes through the py_function path.
+_KERNEL_DTYPES = frozenset((tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.uint8,
+                            tf.int16, tf.uint16, tf.int32, tf.uint32, tf.int64, tf.uint64,
+                            tf.bool, tf.complex64, tf.complex128))
+
+
+def _graph_ops(tensors: Sequence[tf.Tensor | None]) -> Any:
+    """hvdlite's graph ops, if they can take `tensors`; None for the py_function path."""
+    if any(t is not None and t.dtype not in _KERNEL_DTYPES for t in tensors):
+        return None
+    from hvdlite.tensorflow import _kernels
+    return _kernels.library()
+
+
+def _float_bits(x: float) -> int:
+    """A float64 as the int64 with the same bits: TensorFlow's float attributes are
+    float32, and a scale factor must reach the engine exactly as eagerly."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _static_problem(spec: _Spec, t: tf.Tensor | None) -> tuple[str, int]:
+    """What :func:`_problem` finds when the graph is traced (the dtype, the op, a rank
+    that is known), as the problem and TensorFlow's error code; ("", 0) if nothing. The
+    graph op checks what only the running tensor shows (``RuntimeProblem``)."""
+    if spec.problem is not None:
+        return spec.problem, _tf_code(spec.error)
+    kind = spec.kind
+    if kind in (_ops.BARRIER, _ops.JOIN) or t is None:
+        return "", 0
+    if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
+        dname = t.dtype.name
+        if dname not in _REDUCIBLE:
+            return (f"dtype {dname} cannot be reduced; supported: {', '.join(_ops.DTYPES)}",
+                    _tf_code(HvdliteError))
+        why = _ops.op_problem(spec.op)
+        if why is not None:
+            return why[0], _tf_code(why[1])
+    if kind in (_ops.REDUCESCATTER, _ops.ALLGATHER, _ops.ALLTOALL) and t.shape.rank == 0:
+        return "needs a tensor of rank >= 1", _tf_code(HvdliteError)
+    return "", 0
+
+
+def _batch_attrs(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor | None]) -> dict[str, Any]:
+    """The attributes that describe a batch of requests to hvdlite's graph ops."""
+    problems = [_static_problem(spec, t) for spec, t in zip(specs, tensors)]
+    return {
+        "kinds": [s.kind for s in specs],
+        "names": [s.name for s in specs],
+        "reduce_ops": [int(s.op) if _ops.op_problem(s.op) is None else -1 for s in specs],
+        "scale_bits": [b for s in specs for b in (_float_bits(s.prescale), _float_bits(s.postscale))],
+        "roots": [s.root for s in specs],
+        "groups": [s.group for s in specs],
+        "dtype_codes": [-1 if t is None else _ops.DTYPES.get(t.dtype.name, -1) for t in tensors],
+        "problems": [p for p, _ in problems],
+        "problem_codes": [c for _, c in problems],
+    }
+
+
+def _set_result_shapes(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor | None],
+                       outs: Sequence[tf.Tensor]) -> list[Any]:
+    """The results of a batch from the graph op's outputs, with the shapes known when
+    the graph is traced (see :func:`_run`)."""
+    results: list[Any] = []
+    k = 0
+    for spec, t in zip(specs, tensors):
+        if spec.kind in (_ops.BARRIER, _ops.JOIN):
+            o = outs[k]
+            o.set_shape([])
+            results.append(o if spec.kind == _ops.JOIN else None)
+            k += 1
+        elif spec.kind == _ops.ALLTOALL:
+            o, rs = outs[k], outs[k + 1]
+            o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+            rs.set_shape([None])
+            results.append((o, rs))
+            k += 2
+        else:
+            o = outs[k]
+            if spec.kind in (_ops.ALLREDUCE, _ops.BROADCAST):
+                o.set_shape(t.shape)
+            else:
+                o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+            results.append(o)
+            k += 1
+    return results
+
+
+def _run_in_graph_op(lib: Any, specs: Sequence[_Spec], tensors: Sequence[tf.Tensor | None],
+                     splits: Sequence[tf.Tensor | None] | None) -> list[Any]:
+    """A batch of requests as one ``HvdliteCollectives`` op (asynchronous: it submits
+    every request and finishes when all have, without holding a TensorFlow thread)."""
+    inputs: list[tf.Tensor] = []
+    input_index: list[int] = []
+    splits_index: list[int] = []
+    for i, t in enumerate(tensors):
+        input_index.append(-1 if t is None else len(inputs))
+        if t is not None:
+            inputs.append(t)
+        s = None if splits is None else splits[i]
+        splits_index.append(-1 if s is None else len(inputs))
+        if s is not None:
+            inputs.append(tf.cast(s, tf.int32))
+    tout: list[tf.DType] = []
+    for spec, t in zip(specs, tensors):
+        if spec.kind in (_ops.BARRIER, _ops.JOIN):
+            tout.append(tf.int32)
+        elif spec.kind == _ops.ALLTOALL:
+            tout.extend([t.dtype, tf.int32])
+        else:
+            tout.append(t.dtype)
+    outs = lib.ops.hvdlite_collectives(inputs, Tout=tout, input_index=input_index,
+                                       splits_index=splits_index, name="hvdlite_collectives",
+                                       **_batch_attrs(specs, tensors))
+    return _set_result_shapes(specs, tensors, list(outs))
+
+
 @_no_autograph
 def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
          splits: Sequence[tf.Tensor | None] | None = None) -> list[Any]:
@@ -467,8 +685,12 @@ def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
         results = _execute(specs, arrays, split_arrays)
         return [_result_to_tf(spec, r) for spec, r in zip(specs, results)]
 
-    # Graph mode: one py_function for the whole batch.
     _check_not_xla()
+    lib = _graph_ops(tensors)
+    if lib is not None:
+        return _run_in_graph_op(lib, specs, tensors, splits)
+
+    # Fallback: one py_function for the whole batch.
     inputs: list[tf.Tensor] = []
     input_index: list[int | None] = []
     split_index: list[int | None] = []
@@ -575,6 +797,9 @@ def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]],
     if _executing_eagerly():
         return [_run(specs, tensors) for specs, tensors in buckets]
     _check_not_xla()
+    lib = _graph_ops([t for _, tensors in buckets for t in tensors])
+    if lib is not None:
+        return _run_buckets_in_graph_ops(lib, buckets, order)
     tickets = []
     for specs, tensors in buckets:
         def submit_body(*ts, specs=specs):
@@ -626,6 +851,25 @@ def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]],
                 o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
             part.append(o)
         results.append(part)
+    return results
+
+
+def _run_buckets_in_graph_ops(lib: Any, buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]],
+                              order: Callable[[Sequence[Sequence[tf.Tensor]], Sequence[Any]], Any] | None
+                              ) -> list[list[tf.Tensor]]:
+    """:func:`_run_buckets` with hvdlite's graph ops: an ``HvdliteSubmit`` op per bucket
+    (it submits and returns a ticket at once) and one asynchronous ``HvdliteWait``."""
+    tickets = [lib.ops.hvdlite_submit(list(tensors), name="hvdlite_submit", **_batch_attrs(specs, tensors))
+               for specs, tensors in buckets]
+    if order is not None:  # e.g. overlap.submit_during_backward
+        order([tensors for _, tensors in buckets], [t.op for t in tickets])
+    tout = [t.dtype for _, tensors in buckets for t in tensors]
+    outs = list(lib.ops.hvdlite_wait(tickets, Tout=tout, name="hvdlite_wait"))
+    results: list[list[tf.Tensor]] = []
+    k = 0
+    for specs, tensors in buckets:
+        results.append(_set_result_shapes(specs, tensors, outs[k:k + len(specs)]))
+        k += len(specs)
     return results
 
 
@@ -880,9 +1124,15 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
     else:
         names = [_op_name("broadcast", f"{base}.{i}") for i in range(len(values))]
     new = _run([_Spec(_ops.BROADCAST, n, root=int(root_rank)) for n in names], values)
-    for v, x in zip(variables, new):
-        v.assign(x)
-    return new
+    assigned = [v.assign(x) for v, x in zip(variables, new)]
+    if _executing_eagerly():
+        return new
+    # In a TF1 graph nothing runs an op that nothing needs: the values returned depend
+    # on the assignments (inside tf.function they run anyway, as stateful ops).
+    deps = [a if isinstance(a, tf.Operation) else a.op for a in assigned
+            if isinstance(a, tf.Operation) or isinstance(getattr(a, "op", None), tf.Operation)]
+    with tf.control_dependencies(deps):
+        return [tf.identity(x) for x in new]
 
 
 @_no_autograph

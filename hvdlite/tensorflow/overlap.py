@@ -9,15 +9,15 @@ it) in its work queue, which it serves last in, first out, once the chain ends. 
 submit then runs after the last gradient exists. Something else holds a submit back
 too: TensorFlow's automatic control dependencies, added when tracing ends, chain every
 stateful op without a resource input in program order, so each submit would also wait
-for every such op made before it (the ``py_function`` of a collective or of any Python
-code in a layer's gradient, which the backward pass may reach last).
+for every such op made before it (the op of a collective, or the ``py_function`` of any
+Python code in a layer's gradient, which the backward pass may reach last).
 
 :func:`submit_during_backward` orders the graph instead:
 
 * The submit ops leave that chain of stateful ops: they are ordered among themselves
   (through a token that automatic control dependencies treat as a resource they all
-  write), and otherwise only by their inputs. They never block, so the blocking
-  collectives, the final wait among them, keep one order on every rank, and so does the
+  write), and otherwise only by their inputs. They never wait, so the collectives that
+  do, the final wait among them, keep one order on every rank, and so does the
   sequence of submits.
 * With a single inter-op thread it also ranks every op that the gradients need by the
   first bucket that needs it, and makes the ops that start the work of bucket ``k``

@@ -72,3 +72,11 @@ def np_data(r, shape, dtype_name, seed=0, **kw):
 MODES = {"eager": lambda f: f, "function": lambda f: tf.function(f)}
 
 
+def graph_ops_available():
+    """Whether graphs use hvdlite's own ops (compiled on first use; where no C++ compiler
+    exists, graphs fall back to py_function ops, whose errors TensorFlow reports as
+    UnknownError, InvalidArgumentError or UnimplementedError by the Python type)."""
+    from hvdlite.tensorflow import _kernels
+    return _kernels.library() is not None
+
+

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_checks_common import (MODES, N, R, FAILURES, as_tf, check, data, expect, expect_close,
-                              hvd, np_data)
+                              graph_ops_available, hvd, np_data)
 
 @check
 def allreduce_ops_and_dtypes():
@@ -382,8 +382,11 @@ def errors_are_raised_and_recoverable():
         try:
             bad_in_graph(tf.ones([R + 2]))
             FAILURES.append("mismatched allreduce in tf.function did not raise")
-        except tf.errors.UnknownError as e:  # any py_function exception, in a graph
-            expect("mismatched_in_graph" in str(e), f"graph error does not name the tensor: {str(e)[:300]}")
+        except tf.errors.OpError as e:  # hvdlite's graph op fails with Horovod's code
+            want = tf.errors.FailedPreconditionError if graph_ops_available() else tf.errors.UnknownError
+            expect(isinstance(e, want), f"graph shape mismatch raised {type(e).__mro__[:2]}, not {want.__name__}")
+            expect("mismatched_in_graph" in str(e) and f"rank {N - 1}" in str(e),
+                   f"graph error does not name the tensor and the ranks: {str(e)[:300]}")
     try:
         hvd.allreduce(tf.constant([True, False]))
         FAILURES.append("allreduce of bool did not raise")
@@ -399,25 +402,35 @@ def errors_are_raised_and_recoverable():
     expect_close(got, [2.0 * N], "allreduce after errors")
 
 
+# The tf.errors class of a collective refused on the rank that refused it, by the
+# Python type of its problem (Horovod: InvalidArgumentError for a bad value); every
+# other rank's collective failed because of that rank: FailedPreconditionError.
+REFUSED_ERROR = {ValueError: tf.errors.InvalidArgumentError, TypeError: tf.errors.InvalidArgumentError,
+                 NotImplementedError: tf.errors.UnimplementedError, None: tf.errors.FailedPreconditionError}
+
+
 def expect_refused_everywhere(mode, what, fn, needles, bad_type=None):
     """`fn` fails on every rank, naming the last rank (which passed the bad input) and
-    the problem; eagerly with FailedPreconditionError + HvdliteError, and on the bad rank
-    also as `bad_type`. The next collectives, named and unnamed, still work."""
+    the problem, with FailedPreconditionError; on the bad rank with the error of
+    REFUSED_ERROR for `bad_type`, eagerly also an instance of `bad_type`. Eagerly every
+    error is also an HvdliteError. The next collectives, named and unnamed, still work."""
     bad = N - 1
     try:
         fn()
         FAILURES.append(f"{mode} {what}: rank {R} raised nothing")
-    except Exception as e:  # in a graph, TensorFlow re-raises it as an OpError
+    except Exception as e:  # in a graph, TensorFlow raises its own OpError class
         msg = str(e)
         expect(f"rank {bad}: " in msg, f"{mode} {what}: error does not name rank {bad}: {msg[:400]}")
         for needle in needles:
             expect(needle in msg, f"{mode} {what}: {needle!r} missing from the error: {msg[:400]}")
+        want = REFUSED_ERROR[bad_type if R == bad else None]
+        if mode != "eager" and not graph_ops_available():
+            want = tf.errors.OpError  # the py_function fallback cannot choose the code
+        expect(isinstance(e, want), f"{mode} {what}: raised {type(e).__mro__[:3]}, not {want.__name__}")
         if mode == "eager":
-            expect_failed_precondition(e, f"{what}")
+            expect(isinstance(e, hvd.HvdliteError), f"{what}: raised {type(e).__mro__}, not an HvdliteError")
             if R == bad and bad_type is not None:
                 expect(isinstance(e, bad_type), f"{what}: raised {type(e).__mro__}, not {bad_type}")
-        else:
-            expect(isinstance(e, tf.errors.OpError), f"{mode} {what}: raised {type(e).__mro__}")
     got = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name=f"after.{mode}.{what}")
     expect_close(got, [float(N)], f"{mode} named allreduce after {what}")
     got = hvd.allreduce(tf.constant([float(R)]), op=hvd.Sum)
@@ -608,7 +621,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
     import keras
 
     import hvdlite.tensorflow.keras as hvdk
-    from hvdlite.tensorflow import mpi_ops
+    from hvdlite.tensorflow import _kernels, mpi_ops
 
     L, D, B_ = 4, 6, 5
     rng = np.random.default_rng(77)
@@ -618,7 +631,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
 
     def marker(i):
         def record(dy):
-            events.append(f"layer {i}")
+            events.append((time.monotonic_ns(), f"layer {i}"))
             return dy
 
         @tf.custom_gradient
@@ -633,9 +646,16 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
     marks = [marker(i) for i in range(L)]
     real_submit = mpi_ops._submit
 
-    def recording_submit(specs, *args, **kwargs):
-        events.append("submit " + ",".join(sp.name.rsplit(".", 1)[-1] for sp in specs))
+    def recording_submit(specs, *args, **kwargs):  # the py_function fallback's submits
+        events.append((time.monotonic_ns(), "submit " + ",".join(sp.name.rsplit(".", 1)[-1] for sp in specs)))
         return real_submit(specs, *args, **kwargs)
+
+    def ordered_events():
+        """Markers and submits in the order they ran. hvdlite's graph ops record their
+        submits in C++, with the clock of time.monotonic_ns()."""
+        submits = [(ns, "submit " + ",".join(n.rsplit(".", 1)[-1] for n in names))
+                   for ns, names in _kernels.take_submit_trace()]
+        return [e for _, e in sorted(events + submits)]
 
     def forward(ws, h):
         for i, w in enumerate(ws):
@@ -653,6 +673,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
     def check_order(what):
         # variable i's gradient is submitted before the marker of layer i (which the
         # gradients of the layers below it need) runs
+        events = ordered_events()
         for i in range(1, L):
             sub = [k for k, e in enumerate(events) if e.startswith("submit") and str(i) in e.split(" ")[1].split(",")]
             mark = [k for k, e in enumerate(events) if e == f"layer {i}"]
@@ -682,17 +703,21 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
         if inter_op_threads is not None and N > 1:
             # no edges into the backward pass; the submits follow no marker (stateful op)
             graph_ops = traced.graph.get_operations()
+            # hvdlite's graph ops, or where they cannot be built the py_function fallback
+            submit_type, wait_type = (("HvdliteSubmit", "HvdliteWait") if _kernels.library() is not None
+                                      else ("EagerPyFunc", "EagerPyFunc"))
             submits = [op for op in graph_ops
-                       if op.name.startswith("hvdlite_submit") and op.type == "EagerPyFunc"]
+                       if op.name.startswith("hvdlite_submit") and op.type == submit_type]
             expect(len(submits) == L, f"{len(submits)} submit ops, expected {L}")
             for op in submits:
                 users = ({c.type for c in graph_ops if op in c.control_inputs}
                          | {c.type for o in op.outputs for c in o.consumers()})
-                expect(users <= {"EagerPyFunc", "NoOp"},
+                expect(users <= {submit_type, wait_type, "NoOp"},
                        f"with {inter_op_threads} inter-op threads, {op.name} gates {users}")
                 waits_for = [c.name for c in op.control_inputs if not c.name.startswith("hvdlite_submit")]
                 expect(not waits_for, f"{op.name} waits for {waits_for}")
         events.clear()
+        _kernels.take_submit_trace()
         step(tf.constant(x))
         return [w.numpy() for w in ws]
 
@@ -709,10 +734,12 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
         model.compile(optimizer=opt, loss=lambda y, p: tf.reduce_mean(p ** 2, axis=-1))
         with environment({"HVDLITE_TF_BUCKET_BYTES": "8", "HVDLITE_TF_OVERLAP": overlap}):
             events.clear()
+            _kernels.take_submit_trace()
             model.fit(x, np.zeros((B_, D), np.float32), batch_size=B_, shuffle=False, verbose=0)
         return model.get_weights()
 
     mpi_ops._submit = recording_submit
+    _kernels.trace_submits(True)
     try:
         for overlap in ("1", "0", "more threads"):
             for what, run in (("custom loop", loop_step), ("fit", fit_step)):
@@ -730,6 +757,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
                     check_order(label)
     finally:
         mpi_ops._submit = real_submit
+        _kernels.trace_submits(False)
 
 
 @check

@@ -178,7 +178,7 @@ def _keep_auto_xla_off() -> None:
 
     Keras resolves "auto" to XLA on any machine with a GPU, and to no XLA only on
     CPU-only machines and under its own ``tf.distribute`` strategies. hvdlite's
-    collectives are ``py_function`` ops, which XLA cannot compile, so without this a
+    collectives are ops XLA cannot compile (hvdlite's own, or ``py_function``), so without this a
     Horovod-style ``model.fit`` script would fail at its first step on a GPU machine.
     This treats hvdlite's optimizer as Keras treats its own strategies. An explicit
     ``jit_compile=True`` is left alone and gets the clear error of
