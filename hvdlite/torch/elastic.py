@@ -25,7 +25,6 @@ sampler reshards the epoch's remaining samples (see :mod:`hvdlite.common.elastic
 from __future__ import annotations
 
 import copy
-import math
 import random
 from typing import Any, Callable, Iterator
 
@@ -33,6 +32,7 @@ import torch
 
 from hvdlite.common.basics import rank, size
 from hvdlite.common.elastic import ObjectState, State, run_fn, sync_root
+from hvdlite.torch import uneven
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 
@@ -52,10 +52,19 @@ class ElasticSampler(torch.utils.data.Sampler):
     committed state does not repeat them.
 
     Each epoch the indices not yet processed are shuffled (``seed + epoch``, the same on
-    every rank) when ``shuffle``; padded by repeating the first ones until every rank
-    gets the same number; and rank ``r`` takes every ``size()``-th one starting at ``r``.
+    every rank) when ``shuffle``, and rank ``r`` takes every ``size()``-th one starting
+    at ``r``: every sample goes to exactly one rank, so shares differ by at most one.
     Call ``record_batch(batch_idx, batch_size)`` after each batch (or ``record_indices``)
     and ``set_epoch(epoch)`` when a new epoch starts.
+
+    Unlike Horovod's sampler, which pads the shorter shares with repeated samples, no
+    sample is trained twice in an epoch. When the one extra sample would give some
+    ranks one more batch than the others, each of the others gets a one-sample padding
+    batch so that all ranks run the same steps; ``DistributedOptimizer`` gives that
+    batch's gradient no weight (the step averages over the ranks with real data,
+    :mod:`hvdlite.torch.uneven`), and ``record_batch`` does not count it. The batch size
+    is learnt from the first ``record_batch``; before it, each shorter share is padded
+    with one sample, which the first ``record_batch`` takes back unless it is needed.
     """
 
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
@@ -65,7 +74,13 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.epoch = 0
         self.processed_indices: set[int] = set()
         self.indices: list[int] = []
+        self.batch_size: int | None = None  # learnt from record_batch
+        self._real = 0          # indices[:_real] are this rank's share, the rest padding
+        self._handed_out = 0    # how many indices the current iteration has yielded
+        self._tail: tuple[int, int] | None = None  # (padding batch, ranks with data in it)
+        self._step_base = 0
         self.reset()
+        uneven.register(self)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch``: nothing is processed yet, and the order is reshuffled."""
@@ -75,22 +90,28 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Mark this rank's ``batch_idx``-th batch of ``batch_size`` samples as processed."""
+        if self.batch_size != batch_size:
+            self.batch_size = int(batch_size)
+            self._place_padding()
         self.record_indices(self.get_indices(batch_idx, batch_size))
 
     def record_indices(self, indices: Any) -> None:
         self.processed_indices.update(int(i) for i in indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
-        """This rank's dataset indices of its ``batch_idx``-th batch of ``batch_size``."""
+        """This rank's dataset indices of its ``batch_idx``-th batch of ``batch_size``
+        (without the padding sample, which is not processed)."""
         start = batch_idx * batch_size
-        return self.indices[start:start + batch_size]
+        return self.indices[start:min(start + batch_size, self._real)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices),
+                "batch_size": self.batch_size}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.epoch = state_dict["epoch"]
         self.processed_indices = set(state_dict["processed_indices"])
+        self.batch_size = state_dict.get("batch_size", self.batch_size)
         self.reset()
 
     def reset(self) -> None:
@@ -101,18 +122,48 @@ class ElasticSampler(torch.utils.data.Sampler):
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(remaining)
         self.remaining_indices = remaining
-        self.num_samples = math.ceil(len(remaining) / self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
-        padded = list(remaining)
-        while padded and len(padded) < self.total_size:
-            padded += padded[:self.total_size - len(padded)]
-        self.indices = padded[self.rank:self.total_size:self.num_replicas]
+        self.indices = remaining[self.rank::self.num_replicas]
+        self._real = len(self.indices)
+        self._handed_out = 0
+        self._step_base = uneven.steps()
+        self._place_padding()
+
+    def _place_padding(self) -> None:
+        """Pad this rank's share with one sample when other ranks have one batch more
+        (or, batch size unknown, one sample more); take back a padding no longer needed
+        if the current iteration has not handed it out yet."""
+        total, n = len(self.remaining_indices), self.num_replicas
+        q, longer = divmod(total, n)  # ranks 0..longer-1 have q + 1 samples, the rest q
+        b = self.batch_size
+        needed = longer > 0 and (b is None or q % b == 0)
+        self._tail = (q // b, longer) if needed and b is not None else None
+        padded = len(self.indices) > self._real
+        if needed and self.rank >= longer and not padded:
+            self.indices.append(self.remaining_indices[self.rank if q else 0])
+        elif padded and not (needed and self.rank >= longer) and self._handed_out <= self._real:
+            del self.indices[self._real:]
+
+    def step_weight(self, steps_taken: int) -> tuple[float, int] | None:
+        """:mod:`hvdlite.torch.uneven`: this rank's weight in the step now running and how
+        many ranks have data in it, for the padding batch's step; None for the others."""
+        if self._tail is None or steps_taken - self._step_base != self._tail[0]:
+            return None
+        return (1.0 if self.rank < self._tail[1] else 0.0), self._tail[1]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
+        # By position, so that padding placed or taken back by the first record_batch
+        # applies to an iteration already under way.
+        self._handed_out = 0
+        while self._handed_out < len(self.indices):
+            self._handed_out += 1
+            yield self.indices[self._handed_out - 1]
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self.indices)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.indices)
 
 
 class _Handler:
@@ -155,6 +206,17 @@ class _SamplerHandler(_Handler):
         if size() > 1:
             state["processed_indices"] = set().union(*allgather_object(state["processed_indices"]))
         self._saved = copy.deepcopy(state)
+
+    def sync(self) -> None:
+        # Every rank's processed samples of the sync root's epoch: after a restore they
+        # are the commits' (a subset of the root's), but after workers were added the
+        # samplers were not restored and each holds only what its own rank processed.
+        state = self.value.state_dict()
+        if size() > 1:
+            gathered = allgather_object((state["epoch"], state["processed_indices"]))
+            epoch = gathered[sync_root()][0]
+            state["processed_indices"] = set().union(*(p for e, p in gathered if e == epoch))
+        self.value.load_state_dict(broadcast_object(state, root_rank=sync_root()))
 
 
 _LRScheduler = getattr(torch.optim.lr_scheduler, "LRScheduler",

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from hvdlite.common import ops as _ops
+from hvdlite.common.process_set_table import resolve as _process_set_id
+from hvdlite.torch import uneven
 from hvdlite.torch.compression import Compression, Compressor
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
                                    allreduce_async, allreduce_async_, sparse_allreduce_async,
@@ -231,6 +233,10 @@ class _DistributedOptimizer:
                 # Another rank has a gradient for p in this step: contribute zeros.
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
+        scale = self._hvd_uneven_scale()
+        if scale != 1.0:
+            for g in grads:
+                g.mul_(scale)
         name = self._hvd_names[unit[0]]
         pre, post = self._hvd_prescale, self._hvd_postscale
         if len(unit) == 1 and grads[0].is_sparse:
@@ -259,6 +265,21 @@ class _DistributedOptimizer:
             pending = _Pending(unit, handle, [c for _, c in pairs], sent, "dense")
         self._hvd_pending[unit] = pending
         self._hvd_submitted.update(unit)
+
+    def _hvd_uneven_scale(self) -> float:
+        """What this rank's gradient is multiplied by in a step where only some ranks have
+        data (an ``ElasticSampler``'s padding batch, :mod:`hvdlite.torch.uneven`): 0 on a
+        padding rank, and with ``Average`` the engine's division by the number of ranks
+        becomes a division by the ranks with data. 1 in every other step."""
+        if _process_set_id(self._hvd_process_set)[0] != 0:
+            return 1.0  # the sampler's shares are over the whole world
+        w = uneven.weight()
+        if w is None:
+            return 1.0
+        mine, with_data = w
+        if self.op == Average and with_data > 0:
+            return mine * _ops.current_size() / with_data
+        return mine
 
     # -- step ------------------------------------------------------------------------------
 
@@ -394,6 +415,7 @@ class _DistributedOptimizer:
             return super().step(averaged_closure)  # type: ignore[misc]
         finally:
             self._hvd_synchronized = False
+            uneven.step_taken()
 
     step.hooked = True  # type: ignore[attr-defined]  # torch wraps the wrapped class's step already
 
@@ -472,12 +494,14 @@ class _DistributedAdasumOptimizer(_DistributedOptimizer):
             return loss
         with torch.no_grad(), _ops.process_set_scope(self._hvd_process_set):
             sent = []
+            scale = self._hvd_uneven_scale()  # 0 on a rank whose batch was padding
             for p, p0 in zip(params, start):
-                delta, ctx = self._hvd_compression.compress(p.detach() - p0)
+                delta, ctx = self._hvd_compression.compress((p.detach() - p0) * scale)
                 handle = allreduce_async_(delta, name=f"adasum.{self._hvd_names[p]}", op=Adasum)
                 sent.append((p, p0, handle, ctx))
             for p, p0, handle, ctx in sent:
                 p.copy_(p0 + self._hvd_compression.decompress(synchronize(handle), ctx))
+        uneven.step_taken()
         return loss
 
     step.hooked = True  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ committed as processed (none lost to the reshard).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,20 @@ def _check_survivors(proc, results: list[dict], n: int, dead: set[int], samples:
     for epoch, per_rank in results[0]["epoch_samples"].items():
         seen = set(i for part in per_rank for i in part)
         assert seen == set(range(samples)), f"epoch {epoch}: {samples - len(seen)} sample(s) never processed"
+    _check_each_sample_trained_once(results[0], samples)
     # Training went somewhere (the loss of the initial model is ~1-3 on this data).
     assert results[0]["loss"] < 0.5, results[0]["loss"]
+
+
+def _check_each_sample_trained_once(result: dict, samples: int) -> None:
+    """In every epoch's committed steps, each sample was trained exactly once, over all
+    ranks and across the reshards that losing or adding workers caused."""
+    assert result["epoch_trained"], "no epoch finished"
+    for epoch, trained in result["epoch_trained"].items():
+        counts = Counter(trained)
+        repeated = sorted(i for i, c in counts.items() if c > 1)
+        lost = sorted(set(range(samples)) - set(counts))
+        assert not repeated and not lost, f"epoch {epoch}: repeated {repeated}, lost {lost}"
 
 
 @pytest.mark.timeout(300)
@@ -161,6 +174,7 @@ def test_a_worker_joins_when_a_slot_is_offered(tmp_path: Path) -> None:
     assert sorted(len(r["resets"]) for r in results) == [0, 1, 1]
     for epoch, per_rank in results[0]["epoch_samples"].items():
         assert set(i for part in per_rank for i in part) == set(range(480)), f"epoch {epoch}"
+    _check_each_sample_trained_once(results[0], 480)
 
 
 @pytest.mark.timeout(600)

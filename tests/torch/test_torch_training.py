@@ -26,7 +26,8 @@ FUNCTION_CASES = ["broadcast_parameters_forms", "optimizer_state_makes_fresh_ran
 SYNCBN_CASES = ["syncbn_1d", "syncbn_2d", "syncbn_float32_and_convert"]
 ELASTIC_CASES = ["run_syncs_rank0_state_then_trains_like_global_batch",
                  "commit_and_restore_return_to_the_committed_state",
-                 "restored_sampler_skips_what_any_rank_processed", "errors_propagate_without_retry"]
+                 "restored_sampler_skips_what_any_rank_processed", "uneven_shares_train_each_sample_once",
+                 "errors_propagate_without_retry"]
 
 
 @pytest.mark.timeout(300)

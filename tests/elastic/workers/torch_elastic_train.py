@@ -16,7 +16,9 @@ writes it. What it adds for the tests:
   lines) to FILE, which the test's discovery script prints: more slots on offer;
 * at the end each surviving process writes ``OUT/<pid>.json``: its first and last
   rank and size, a hash of the final parameters, the samples of every epoch that were
-  committed as processed, the steps, resets, and the times at which steps completed.
+  committed as processed, every sample trained in the epoch's committed steps (each
+  once, if none is lost or repeated), the steps, resets, and the times at which steps
+  completed.
 """
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ def main() -> None:
                                    named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=7)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, steps=0,
-                                   committed=[])
+                                   committed=[], trained=())
     resets = []
     die_in_reset = os.environ.get("HVDLITE_TEST_KILL_IN_RESET") == str(first_rank)
 
@@ -89,6 +91,7 @@ def main() -> None:
     state.register_reset_callbacks([on_reset])
     completed = []
     epoch_samples: dict[int, list[int]] = {}
+    epoch_trained: dict[int, list[int]] = {}
 
     @hvd.elastic.run
     def train(state):
@@ -106,6 +109,10 @@ def main() -> None:
                 F.mse_loss(state.model(xb), yb).backward()
                 state.optimizer.step()
                 state.sampler.record_batch(idx, args.batch)
+                # Every rank's samples trained in this step (a padding batch has none);
+                # part of the state, so a step rolled back by a restore is forgotten.
+                state.trained += tuple(i for part in hvd.allgather_object(
+                    state.sampler.get_indices(idx, args.batch)) for i in part)
                 state.steps += 1
                 completed.append(time.time())
                 time.sleep(args.step_sleep)
@@ -115,6 +122,8 @@ def main() -> None:
             state.batch = 0
             state.commit()  # the epoch's processed samples, every rank's, are in the commit
             epoch_samples[state.epoch] = hvd.allgather_object(sorted(state.sampler.processed_indices))
+            epoch_trained[state.epoch] = list(state.trained)
+            state.trained = ()
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()
@@ -129,6 +138,7 @@ def main() -> None:
         "params_sha": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
         "loss": loss, "steps": state.steps, "resets": resets,
         "completed": completed, "epoch_samples": epoch_samples,
+        "epoch_trained": epoch_trained,
     }
     with open(os.path.join(args.out, f"{os.getpid()}.json"), "w") as f:
         json.dump(result, f)

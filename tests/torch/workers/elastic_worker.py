@@ -139,10 +139,16 @@ def restored_sampler_skips_what_any_rank_processed() -> None:
     sampler = hvd.elastic.ElasticSampler(items, shuffle=False)
     state = hvd.elastic.TorchState(sampler=sampler, batch=0)
     share = list(iter(sampler))
-    total = -(-20 // n) * n  # padded with the first items so that every rank gets as many
-    assert share == (items + items)[hvd.rank():total:n], f"rank {hvd.rank()}'s share {share}"
+    exact = items[hvd.rank()::n]
+    # Batch size not known yet: a shorter share is padded with one of its own samples.
+    padded = exact + ([exact[0]] if len(exact) < -(-20 // n) else [])
+    assert share == padded, f"rank {hvd.rank()}'s share {share}"
     for b in range(2):
         sampler.record_batch(b, 2)
+    # Now it is: padding stays only where the others have a batch more (q % 2 == 0).
+    needs_pad = 20 % n and (20 // n) % 2 == 0 and hvd.rank() >= 20 % n
+    assert list(iter(sampler)) == exact + ([exact[0]] if needs_pad else []), list(iter(sampler))
+    share = exact
     state.commit()  # the union of every rank's processed samples
     sampler.record_batch(2, 2)  # not committed: forgotten by restore()
     state.restore()
@@ -153,7 +159,45 @@ def restored_sampler_skips_what_any_rank_processed() -> None:
     assert not set(rest) & committed, f"rank {hvd.rank()} would repeat {sorted(set(rest) & committed)}"
     everyone = set().union(*hvd.allgather_object(set(rest)))
     assert everyone | committed == set(items), "some samples would never be seen"
-    assert len(sampler) == len(rest) == -(-(20 - len(committed)) // n)
+    # This rank's real samples are exactly its share of what is left (padding aside).
+    assert sampler.get_indices(0, len(rest)) == sampler.remaining_indices[hvd.rank()::n], rest
+    assert len(sampler) == len(rest)
+
+
+@case
+def uneven_shares_train_each_sample_once() -> None:
+    """Shares that differ by one sample across a batch boundary: the shorter ranks get a
+    padding batch, so every rank runs the same steps, and that batch weighs nothing --
+    each step's update is the average gradient of the ranks that had real samples."""
+    n, r = hvd.size(), hvd.rank()
+    batch = 2
+    for total in (n * batch * 2 + 1, n * 3 + 1):  # a padding batch needed; not needed
+        x = torch.arange(1.0, total + 1, dtype=torch.float64).unsqueeze(1)
+        data = torch.utils.data.TensorDataset(x)
+        w = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0),
+                                       named_parameters=[(f"uneven.w{total}", w)])
+        sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=3)
+        loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=sampler)
+        steps = 0
+        for idx, (xb,) in enumerate(loader):
+            before = w.detach().clone()
+            opt.zero_grad()
+            (w * xb).sum().backward()  # gradient: the sum of the batch's values
+            opt.step()
+            sampler.record_batch(idx, batch)
+            # Every rank's real samples of this step, and the expected averaged update.
+            real = hvd.allgather_object(sampler.get_indices(idx, batch))
+            with_data = [sum(i + 1.0 for i in part) for part in real if part]
+            expected = before - sum(with_data) / len(with_data)
+            assert torch.allclose(w.detach(), expected), (total, idx, w, expected, real)
+            steps += 1
+        assert len(set(hvd.allgather_object(steps))) == 1, "ranks ran different numbers of steps"
+        done = hvd.allgather_object(sorted(sampler.processed_indices))
+        flat = [i for part in done for i in part]
+        assert sorted(flat) == list(range(total)), f"{total}: processed {sorted(flat)}"
+        if total == n * batch * 2 + 1 and n > 1:
+            assert steps == 3 and (len(sampler) == 2 * batch + 1), (steps, len(sampler))
 
 
 @case
