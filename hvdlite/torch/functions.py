@@ -128,6 +128,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     with _ops.process_set_scope(process_set):
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ValueError("cannot broadcast torch.optim.LBFGS state")
+        if not optimizer.state_dict()["state"]:
+            _zero_missing_gradients(optimizer)
         base = _ops.auto_name("broadcast_optimizer_state")
         if rank() == root_rank:
             sd = optimizer.state_dict()
@@ -157,6 +159,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             synchronize(h)
         if rank() != root_rank:
             optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+
+
+def _zero_missing_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """What Horovod's broadcast_optimizer_state leaves on an optimizer that has no state
+    yet: every trainable parameter without a gradient gets a zero one. (Horovod then
+    takes a local step on them to create the state; hvdlite broadcasts the root's state
+    whatever shape it has, so it skips that step and the changes it makes: weight decay
+    moving the parameters and entering the momentum buffers, Adam counting a step.)"""
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",

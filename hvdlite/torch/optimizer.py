@@ -121,8 +121,12 @@ class _DistributedOptimizer:
         weakref.finalize(self, _remove_hooks, self._hvd_hooks)
         self._hvd_synchronized = False
         self._hvd_should_sync = True
-        with _ops.process_set_scope(process_set):
-            self._hvd_active = _ops.current_size() > 1
+        if process_set is not None and getattr(process_set, "included", lambda: True)() is False:
+            # As in Horovod: a rank outside the set trains locally, reducing nothing.
+            self._hvd_active = False
+        else:
+            with _ops.process_set_scope(process_set):
+                self._hvd_active = _ops.current_size() > 1
 
         # Groups: units of parameters reduced together as one grouped allreduce.
         self._hvd_unit_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
@@ -543,7 +547,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         sparse_as_dense: reduce sparse gradients (e.g. of ``nn.Embedding(sparse=True)``)
             as dense tensors instead of gathering their indices and values.
         process_set: the :class:`~hvdlite.common.process_sets.ProcessSet` whose ranks
-            average the gradients (default: all ranks); this process must be a member.
+            average the gradients (default: all ranks). On a rank outside the set the
+            optimizer reduces nothing and trains on its own gradients, as in Horovod.
 
     The arguments are in Horovod's order, so positional calls written for Horovod bind
     the same way.
@@ -552,7 +557,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     gradient allreduces are still in flight raises :class:`GradientsInFlightError` (an
     ``AssertionError``, as in Horovod, and a ``RuntimeError``).
     """
-    _ops.process_set_scope(process_set)  # checks it: registered, and this process a member
+    if process_set is not None and getattr(process_set, "included", lambda: True)() is not False:
+        _ops.process_set_scope(process_set)  # checks it: registered (a non-member trains locally)
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     if op not in (Average, _ops.Sum, Adasum):

@@ -128,6 +128,15 @@ def optimizer_state_cleared_when_root_has_none() -> None:
         train_plain(model, opt, 1)  # non-roots have state, the root has none
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     assert len(opt.state_dict()["state"]) == 0, "state not cleared to match the root"
+    # As in Horovod, an optimizer without state leaves with zero gradients on its
+    # trainable parameters (and None on the others).
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    opt = torch.optim.SGD([*make_model(seed=2).parameters(), frozen], lr=0.1, weight_decay=0.5)
+    before = [p.detach().clone() for p in opt.param_groups[0]["params"]]
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    params = opt.param_groups[0]["params"]
+    assert frozen.grad is None and all(torch.equal(p.grad, torch.zeros_like(p)) for p in params[:-1])
+    assert all(torch.equal(p, b) for p, b in zip(params, before)), "parameters moved"
 
 
 @case

@@ -21,6 +21,7 @@ import hvdlite.torch as hvd
 from _wcommon import rank_data, to_np
 
 MODE = sys.argv[1]
+EVEN = ODD = None  # the static sets
 torch.set_num_threads(1)
 
 
@@ -117,6 +118,21 @@ def case_optimizer_on_a_set(mine: hvd.ProcessSet) -> None:
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=1e-6), (p, q)
     hvd.broadcast_parameters(model.state_dict(), root_rank=mine.ranks[0], process_set=mine)
+    # On the other set's optimizer this rank is not a member: as in Horovod, it builds
+    # and trains on its own gradients, reducing nothing.
+    other = next(ps for ps in (EVEN, ODD) if ps is not mine)
+    local = torch.nn.Linear(3, 1)
+    alone = torch.nn.Linear(3, 1)
+    alone.load_state_dict(local.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(local.parameters(), lr=0.5),
+                                   named_parameters=local.named_parameters(), process_set=other)
+    local(inputs[hvd.rank()]).pow(2).sum().backward()
+    opt.step()
+    alone_opt = torch.optim.SGD(alone.parameters(), lr=0.5)
+    alone(inputs[hvd.rank()]).pow(2).sum().backward()
+    alone_opt.step()
+    for p, q in zip(local.parameters(), alone.parameters()):
+        assert torch.equal(p, q), (p, q)
 
 
 def case_errors(mine: hvd.ProcessSet, other: hvd.ProcessSet) -> None:
@@ -143,8 +159,9 @@ def case_errors(mine: hvd.ProcessSet, other: hvd.ProcessSet) -> None:
 
 def static() -> None:
     n = 4 if len(sys.argv) < 3 else int(sys.argv[2])
-    even = hvd.ProcessSet(range(0, n, 2))
-    odd = hvd.ProcessSet(range(1, n, 2))
+    global EVEN, ODD
+    even = EVEN = hvd.ProcessSet(range(0, n, 2))
+    odd = ODD = hvd.ProcessSet(range(1, n, 2))
     hvd.init(process_sets=[even, odd])
     assert hvd.size() == n
     assert (even.process_set_id, odd.process_set_id) == (1, 2)
