@@ -9,6 +9,11 @@ class HvdliteError(RuntimeError):
     works as usual.
     """
 
+    # Exception's own constructor (the same behaviour as RuntimeError's): TensorFlow's
+    # AutoGraph re-raises an error from a traced function as its own type only when the
+    # type is built that way, and would otherwise turn it into a StagingError.
+    __init__ = Exception.__init__
+
 
 # Horovod's name for the same thing, so ``except hvd.HorovodInternalError`` keeps working.
 HorovodInternalError = HvdliteError

@@ -77,12 +77,32 @@ struct ProcessSetEntry {
 };
 std::map<int32_t, ProcessSetEntry> g_sets;
 int32_t g_next_set_id = 1;
+// g_sets changes only with the GIL held; this lock also keeps it whole for the C
+// interface (c_api.h), which TensorFlow's threads call without the GIL.
+std::mutex g_sets_mu;
+
+// For the C interface: the engine of process set `id` (0: the world's), or null and why.
+std::shared_ptr<Engine> SetEngineForC(int32_t id, std::string* why) {
+  if (id == 0) return EngineForC();
+  std::lock_guard<std::mutex> lk(g_sets_mu);
+  auto it = g_sets.find(id);
+  if (it == g_sets.end()) {
+    *why = "hvdlite: process set " + std::to_string(id) + " is not registered (it was removed, or never added)";
+    return nullptr;
+  }
+  if (!it->second.engine) *why = "hvdlite: this process is not in process set " + std::to_string(id);
+  return it->second.engine;
+}
 
 // Stops every process set's engine and forgets the sets (shutdown, or a new world).
 // With `revoke`, their communicators are revoked first: a member may be dead.
 void DropProcessSets(bool revoke) {
-  std::map<int32_t, ProcessSetEntry> sets = std::move(g_sets);
-  g_sets.clear();
+  std::map<int32_t, ProcessSetEntry> sets;
+  {
+    std::lock_guard<std::mutex> lk(g_sets_mu);
+    sets = std::move(g_sets);
+    g_sets.clear();
+  }
   py::gil_scoped_release nogil;
   for (auto& [id, entry] : sets) {
     if (!entry.engine) continue;
@@ -302,7 +322,10 @@ int32_t AddProcessSet(const std::vector<int>& ranks) {
     entry.engine = std::make_shared<Engine>(comm, params, &g_handles, id);
     MPI_Comm_free(&comm);  // the engine works on duplicates of its own
   }
-  g_sets.emplace(id, std::move(entry));
+  {
+    std::lock_guard<std::mutex> lk(g_sets_mu);
+    g_sets.emplace(id, std::move(entry));
+  }
   return id;
 }
 
@@ -312,8 +335,12 @@ bool RemoveProcessSet(int32_t id) {
   RaiseIfForkedCopy();
   auto it = g_sets.find(id);
   if (it == g_sets.end()) return false;
-  std::shared_ptr<Engine> engine = std::move(it->second.engine);
-  g_sets.erase(it);
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lk(g_sets_mu);
+    engine = std::move(it->second.engine);
+    g_sets.erase(it);
+  }
   if (engine) {
     py::gil_scoped_release nogil;
     engine->Stop();
@@ -835,7 +862,7 @@ PYBIND11_MODULE(_core, m) {
   // The engine's C interface (c_api.h) for libraries built apart from this module
   // (hvdlite's TensorFlow kernels): the address of its table of functions.
   static const HvdliteCoreApi* c_api = InstallCoreApi(CoreAccess{
-      &EngineForC, &g_handles, [] { return ForkedCopy() ? ForkedMessage() : std::string(); }});
+      &SetEngineForC, &g_handles, [] { return ForkedCopy() ? ForkedMessage() : std::string(); }});
   m.def("c_api_address", [] { return reinterpret_cast<uintptr_t>(c_api); });
 
   m.def("shutdown", &Shutdown);

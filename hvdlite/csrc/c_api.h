@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define HVDLITE_C_API_VERSION 1
+#define HVDLITE_C_API_VERSION 2
 
 /* Request kinds and element types: the engine's codes (common.h; checked there). */
 enum {
@@ -53,6 +53,7 @@ typedef struct HvdliteRequest {
   int32_t nsplits;
   int32_t group_id; /* grouped allreduce: shared id and member count; -1/0: none */
   int32_t group_size;
+  int32_t process_set; /* Horovod's process set id; 0: the global set. `root` is a rank of the set */
 } HvdliteRequest;
 
 /* What a finished handle left. `error` and the output stay valid until free_result. */
@@ -82,7 +83,7 @@ typedef struct HvdliteCoreApi {
   /* A request this rank cannot take part in (see hvdlite.common.ops.refusal): it
    * fails on every rank with "rank R: <kind> '<name>': <problem>". */
   int64_t (*refuse)(int32_t type, const char* name, const char* problem, int32_t group_id, int32_t group_size,
-                    char* error, int64_t error_size);
+                    int32_t process_set, char* error, int64_t error_size);
   /* Calls `callback(arg)` once, when `handle` is done (at once if it already is). */
   void (*when_done)(int64_t handle, HvdliteDoneCallback callback, void* arg);
   /* For a done handle: fills `result` and forgets the handle. */
@@ -91,6 +92,9 @@ typedef struct HvdliteCoreApi {
   /* The world (-1 when hvdlite is not initialized). */
   int32_t (*rank)(void);
   int32_t (*size)(void);
+  /* The number of ranks of a process set (0: the world); -1 when this process has no
+   * such set or is not in it. */
+  int32_t (*set_size)(int32_t process_set);
 } HvdliteCoreApi;
 
 #ifdef __cplusplus

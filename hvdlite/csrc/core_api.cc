@@ -49,23 +49,23 @@ void CopyError(const std::string& message, char* error, int64_t error_size) {
   error[n] = '\0';
 }
 
-// The running engine, or null with the reason in `why`.
-std::shared_ptr<Engine> EngineOrWhy(std::string* why) {
+// The engine of `process_set`, or null with the reason in `why`.
+std::shared_ptr<Engine> EngineOrWhy(int32_t process_set, std::string* why) {
   const std::string unusable = g_access.unusable ? g_access.unusable() : std::string();
   if (!unusable.empty()) {
     *why = unusable;
     return nullptr;
   }
-  std::shared_ptr<Engine> e = g_access.engine();
+  std::shared_ptr<Engine> e = g_access.engine(process_set, why);
   // A stopped engine still takes requests and fails them with its reason.
-  if (!e) *why = "hvdlite has not been initialized; call hvd.init() first";
+  if (!e && why->empty()) *why = "hvdlite has not been initialized; call hvd.init() first";
   return e;
 }
 
 int64_t Enqueue(const HvdliteRequest* q, char* error, int64_t error_size) {
   try {
     std::string why;
-    std::shared_ptr<Engine> e = EngineOrWhy(&why);
+    std::shared_ptr<Engine> e = EngineOrWhy(q->process_set, &why);
     if (!e) {
       CopyError(why, error, error_size);
       return 0;
@@ -103,10 +103,10 @@ int64_t Enqueue(const HvdliteRequest* q, char* error, int64_t error_size) {
 }
 
 int64_t Refuse(int32_t type, const char* name, const char* problem, int32_t group_id, int32_t group_size,
-               char* error, int64_t error_size) {
+               int32_t process_set, char* error, int64_t error_size) {
   try {
     std::string why;
-    std::shared_ptr<Engine> e = EngineOrWhy(&why);
+    std::shared_ptr<Engine> e = EngineOrWhy(process_set, &why);
     if (!e) {
       CopyError(why, error, error_size);
       return 0;
@@ -134,10 +134,12 @@ void WhenDone(int64_t h, HvdliteDoneCallback callback, void* arg) {
 
 void TakeResult(int64_t h, HvdliteResult* result) {
   auto held = std::make_unique<HeldResult>();
+  const int32_t owner = g_access.handles->OwnerOf(h);
   const bool ok = g_access.handles->Wait(h, &held->error);
   held->out = g_access.handles->TakeOutput(h);
   g_access.handles->Release(h);
-  std::shared_ptr<Engine> e = g_access.engine();
+  std::string why;
+  std::shared_ptr<Engine> e = g_access.engine(owner < 0 ? 0 : owner, &why);
   *result = HvdliteResult{};
   result->ok = ok ? 1 : 0;
   // The engine marks itself stopped before it fails what it holds.
@@ -161,14 +163,18 @@ void FreeResult(HvdliteResult* result) {
 }
 
 int32_t Rank() {
-  std::shared_ptr<Engine> e = g_access.engine();
+  std::string why;
+  std::shared_ptr<Engine> e = g_access.engine(0, &why);
   return e ? e->rank() : -1;
 }
 
-int32_t Size() {
-  std::shared_ptr<Engine> e = g_access.engine();
+int32_t SetSize(int32_t process_set) {
+  std::string why;
+  std::shared_ptr<Engine> e = g_access.engine(process_set, &why);
   return e ? e->size() : -1;
 }
+
+int32_t Size() { return SetSize(0); }
 
 }  // namespace
 
@@ -183,6 +189,7 @@ const HvdliteCoreApi* InstallCoreApi(const CoreAccess& access) {
   g_api.free_result = &FreeResult;
   g_api.rank = &Rank;
   g_api.size = &Size;
+  g_api.set_size = &SetSize;
   return &g_api;
 }
 

@@ -15,7 +15,10 @@ class HandleTable;
 
 // How the table reaches the process's state, which bindings.cc owns.
 struct CoreAccess {
-  std::shared_ptr<Engine> (*engine)() = nullptr;  // the current engine, or null; callable without the GIL
+  // The engine of a process set (0: the world's), or null with the reason in `why`
+  // where there is one (an unknown set, a set without this process); callable
+  // without the GIL.
+  std::shared_ptr<Engine> (*engine)(int32_t process_set, std::string* why) = nullptr;
   HandleTable* handles = nullptr;                 // outlives every engine
   // Non-empty when no collective can run in this process, and why (a forked copy).
   std::string (*unusable)() = nullptr;

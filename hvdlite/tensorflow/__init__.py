@@ -57,7 +57,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          device_sparse="", compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True):
+                         process_set=None, scale_local_gradients=True):
     """Horovod's ``hvd.DistributedOptimizer`` of the TensorFlow module, with its arguments
     in its order: for a Keras 3 optimizer this is
     :func:`hvdlite.tensorflow.keras.DistributedOptimizer`. ``use_locking`` belonged to

@@ -8,14 +8,14 @@ import tensorflow as tf
 from hvdlite.common import objects as _objects
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.tensorflow import mpi_ops as _mpi
-from hvdlite.tensorflow.mpi_ops import global_process_set
+from hvdlite.common import ops as _ops
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
 
 
 @_no_autograph
 def broadcast_variables(variables: Sequence[Any], root_rank: int,
-                        process_set: Any = global_process_set, inplace: bool = False) -> Any:
+                        process_set: Any = None, inplace: bool = False) -> Any:
     """Give every rank ``root_rank``'s values of ``variables`` (``tf.Variable`` or Keras
     variables, in the same order on every rank). All values travel in one batch.
 
@@ -23,11 +23,11 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     ``tf.function`` the assignments are ops of the graph (also returned, grouped).
     ``inplace`` is accepted for compatibility with Horovod.
     """
-    _mpi.check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return None
-    new = _mpi.broadcast_(variables, root_rank, name=None if tf.executing_eagerly() else "broadcast_variables")
+    new = _mpi.broadcast_(variables, root_rank, name=None if tf.executing_eagerly() else "broadcast_variables",
+                          process_set=process_set)
     if tf.executing_eagerly():
         return None
     return tf.group(*new)
@@ -57,13 +57,13 @@ def broadcast_global_variables(root_rank: int) -> Any:
 
 @_no_autograph
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
-                     name: str | None = None, process_set: Any = global_process_set) -> Any:
+                     name: str | None = None, process_set: Any = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (any picklable Python object;
     cloudpickle is used, so lambdas work; the root gets its own object back). Runs
     eagerly; call it outside ``tf.function``. ``session`` is accepted for compatibility."""
-    _mpi.check_process_set(process_set)
     try:
-        return _objects.broadcast_object(obj, root_rank, name)
+        with _ops.process_set_scope(process_set):
+            return _objects.broadcast_object(obj, root_rank, name)
     except HvdliteError as exc:
         error = exc
     raise _mpi._as_tf_error(error)  # TensorFlow's error code, as the other collectives
@@ -71,7 +71,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
 
 @_no_autograph
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
-                        process_set: Any = global_process_set):
+                        process_set: Any = None):
     """A function ``fn(obj)`` that broadcasts ``obj`` from ``root_rank`` (Horovod API)."""
     def fn(obj: Any) -> Any:
         return broadcast_object(obj, root_rank, session, name, process_set)
@@ -80,12 +80,12 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | Non
 
 @_no_autograph
 def allgather_object(obj: Any, session: Any = None, name: str | None = None,
-                     process_set: Any = global_process_set) -> list[Any]:
+                     process_set: Any = None) -> list[Any]:
     """Return the list of every rank's ``obj`` in rank order (any picklable object).
     Runs eagerly; call it outside ``tf.function``."""
-    _mpi.check_process_set(process_set)
     try:
-        return _objects.allgather_object(obj, name)
+        with _ops.process_set_scope(process_set):
+            return _objects.allgather_object(obj, name)
     except HvdliteError as exc:
         error = exc
     raise _mpi._as_tf_error(error)

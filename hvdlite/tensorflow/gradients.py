@@ -13,7 +13,7 @@ from hvdlite.common import ops as _ops
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow import overlap as _overlap
 from hvdlite.tensorflow.compression import Compression, Compressor
-from hvdlite.tensorflow.mpi_ops import Average, Sum, global_process_set
+from hvdlite.tensorflow.mpi_ops import Average, Sum
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
 
@@ -47,7 +47,7 @@ def _group_index(n_dense: int, dense_vars: Sequence[Any] | None, groups: Any) ->
     return out
 
 
-_GRADIENT_OPS = (Average, Sum, _ops.Min, _ops.Max, _ops.Product)
+_GRADIENT_OPS = (Average, Sum, _ops.Min, _ops.Max, _ops.Product, _ops.Adasum)
 
 _DEFAULT_BUCKET_BYTES = 1 << 20
 _OVERLAP_BUCKET_BYTES = 4 << 20
@@ -135,7 +135,10 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op == Average")
     grads = list(grads)
-    if _basics.size() == 1:
+    if op == _ops.Adasum and not sparse_as_dense and any(isinstance(g, tf.IndexedSlices) for g in grads):
+        raise ValueError("Adasum cannot combine sparse gradients (tf.IndexedSlices); "
+                         "pass sparse_as_dense=True")
+    if _ops.current_size() == 1:
         return [tf.convert_to_tensor(g) if (sparse_as_dense and isinstance(g, tf.IndexedSlices)) else g
                 for g in grads]
     prescale = 1.0 / gradient_predivide_factor
@@ -198,7 +201,7 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
             for j, o in zip(b, part):
                 outs[j] = o
     result: list[Any] = []
-    sparse_scale = prescale * postscale / (_basics.size() if op == Average else 1)
+    sparse_scale = prescale * postscale / (_ops.current_size() if op == Average else 1)
     for kind, k, ctx in plan:
         if kind == "none":
             result.append(None)
@@ -251,11 +254,18 @@ class LocalVariables:
 @_no_autograph
 def reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any] | None,
                                   local: LocalVariables | None, scale_local_gradients: bool,
-                                  **options: Any) -> list[Any]:
+                                  process_set: Any = None, **options: Any) -> list[Any]:
     """:func:`allreduce_gradients` for the gradients of every variable that is not in
     ``local``; the gradients of local variables are not communicated, only divided by
     the number of ranks when ``scale_local_gradients`` (as Horovod does, so that they
-    keep the scale of the averaged ones)."""
+    keep the scale of the averaged ones). On ``process_set``'s ranks (None: all)."""
+    with _ops.process_set_scope(process_set):
+        return _reduce_gradients_except_local(grads, variables, local, scale_local_gradients, **options)
+
+
+def _reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any] | None,
+                                   local: LocalVariables | None, scale_local_gradients: bool,
+                                   **options: Any) -> list[Any]:
     grads = list(grads)
     if not local or variables is None or len(variables) != len(grads):
         return allreduce_gradients(grads, variables, **options)
@@ -266,7 +276,7 @@ def reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any]
                                   **options)
     for i, g in zip(shared, reduced):
         grads[i] = g
-    n = _basics.size()
+    n = _ops.current_size()
     if scale_local_gradients and n > 1:
         for i, loc in enumerate(is_local):
             g = grads[i]
@@ -302,7 +312,7 @@ class _DistributedGradientTapeMixin:
             o["local_sources"], o["scale_local_gradients"],
             op=o["op"], compression=o["compression"], sparse_as_dense=o["sparse_as_dense"],
             gradient_predivide_factor=o["gradient_predivide_factor"], groups=o["groups"],
-            name="DistributedGradientTape")
+            process_set=o["process_set"], name="DistributedGradientTape")
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
 
 
@@ -314,12 +324,9 @@ def check_reduction_options(op: int, gradient_predivide_factor: float, num_group
     """Validate the options that DistributedGradientTape and the Keras
     DistributedOptimizer share; returns ``groups`` (``num_groups`` is its older name)."""
     _mpi.check_process_set(process_set)
-    if op == _ops.Adasum:
-        raise ValueError("op=Adasum is not supported by hvdlite; use Average (the default) "
-                         "or Sum, Min, Max, Product")
     if op not in _GRADIENT_OPS:
-        raise ValueError(f"unsupported op {op!r} for gradients; use Average, Sum, Min, Max "
-                         f"or Product")
+        raise ValueError(f"unsupported op {op!r} for gradients; use Average, Sum, Adasum, "
+                         f"Min, Max or Product")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op == Average")
     if groups is None and num_groups:
@@ -335,7 +342,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             compression: type[Compressor] = Compression.none,
                             sparse_as_dense: bool = False, op: int = Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                            groups: Any = None, process_set: Any = global_process_set,
+                            groups: Any = None, process_set: Any = None,
                             scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wrap a ``tf.GradientTape`` so that ``gradient()`` returns gradients averaged (``op``)
     over all ranks.
@@ -372,7 +379,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     options = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                    gradient_predivide_factor=gradient_predivide_factor, groups=groups,
                    scale_local_gradients=bool(scale_local_gradients),
-                   local_sources=LocalVariables())
+                   local_sources=LocalVariables(), process_set=process_set)
     object.__setattr__(tape, "_hvd_options", options)
     return tape
 
@@ -396,7 +403,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    compression: type[Compressor] = Compression.none,
                                    sparse_as_dense: bool = False, op: int = Average,
                                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                                   groups: Any = None, process_set: Any = global_process_set,
+                                   groups: Any = None, process_set: Any = None,
                                    local_layers: Any = None,
                                    scale_local_gradients: bool = True) -> tf.GradientTape:
     """:func:`DistributedGradientTape` whose gradients for the trainable weights of

@@ -88,6 +88,7 @@ from hvdlite.common import codes as _codes
 from hvdlite.common import ops as _ops
 from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - Horovod's constants
 from hvdlite.common.handles import Handle
+from hvdlite.common import process_set_table as _process_set_table
 from hvdlite.common.process_sets import global_process_set, resolve as _resolve_process_set
 from hvdlite.common.exceptions import HvdliteError, HvdliteNotImplementedError, HvdliteValueError
 from hvdlite.tensorflow.compression import Compression, Compressor
@@ -295,7 +296,7 @@ def _alltoall_splits_problem(rows: int, splits: np.ndarray | None
     """Whether alltoall's `splits` (None or empty: an even split) fit a first dimension
     of `rows`: Horovod checks this on each rank and raises InvalidArgumentError
     (a ValueError here, see :func:`_tf_code`)."""
-    world = _basics.size()
+    world = _ops.current_size()
     if splits is None or np.size(splits) == 0:
         if rows % world:
             return (f"first dimension {rows} does not divide evenly among {world} ranks; "
@@ -601,12 +602,18 @@ def _static_problem(spec: _Spec, t: tf.Tensor | None) -> tuple[str, int]:
 def _batch_attrs(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor | None]) -> dict[str, Any]:
     """The attributes that describe a batch of requests to hvdlite's graph ops."""
     problems = [_static_problem(spec, t) for spec, t in zip(specs, tensors)]
+    process_set = _ops.current_process_set()
+    pid = 0 if process_set is None else _resolve_process_set(process_set)[0]
+    # Roots are world ranks (Horovod's); the engine of a set counts its own ranks.
+    roots = [s.root if pid == 0 or s.root < 0 else _resolve_process_set(process_set, s.root)[1]
+             for s in specs]
     return {
+        "process_set": pid,
         "kinds": [s.kind for s in specs],
         "names": [s.name for s in specs],
         "reduce_ops": [int(s.op) if _ops.op_problem(s.op) is None else -1 for s in specs],
         "scale_bits": [b for s in specs for b in (_float_bits(s.prescale), _float_bits(s.postscale))],
-        "roots": [s.root for s in specs],
+        "roots": roots,
         "groups": [s.group for s in specs],
         "dtype_codes": [-1 if t is None else _ops.DTYPES.get(t.dtype.name, -1) for t in tensors],
         "problems": [p for p, _ in problems],
@@ -718,10 +725,13 @@ def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
         else:
             tout.append(tensors[i].dtype)
 
+    process_set = _ops.current_process_set()  # the py_function runs later, outside the scope
+
     def body(*ts):
         arrays = [None if k is None else _to_numpy(ts[k]) for k in input_index]
         split_arrays = [None if k is None else _to_numpy(ts[k]) for k in split_index]
-        results = _execute(specs, arrays, split_arrays)
+        with _ops.process_set_scope(process_set):
+            results = _execute(specs, arrays, split_arrays)
         flat: list[tf.Tensor] = []
         for spec, r in zip(specs, results):
             if spec.kind == _ops.BARRIER:
@@ -801,9 +811,11 @@ def _run_buckets(buckets: Sequence[tuple[Sequence[_Spec], Sequence[tf.Tensor]]],
     if lib is not None:
         return _run_buckets_in_graph_ops(lib, buckets, order)
     tickets = []
+    process_set = _ops.current_process_set()  # the py_functions run later, outside the scope
     for specs, tensors in buckets:
         def submit_body(*ts, specs=specs):
-            pending = _submit(specs, [_to_numpy(t) for t in ts])
+            with _ops.process_set_scope(process_set):
+                pending = _submit(specs, [_to_numpy(t) for t in ts])
             if pending.submit_error is not None:
                 _drain_tickets()
                 _finish(pending)  # raises the submit error after the rest completed
@@ -916,10 +928,21 @@ def _allreduce_dense(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int
             gnames = [_op_name("allreduce", f"{_plain(nm)}_grad") for nm in names]
             return _allreduce_dense(dys, gnames, op, prescale, postscale, grouped)
 
-        return ys, grad
+        return ys, _keeps_process_set(grad)
 
     out = fn(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _keeps_process_set(grad: Callable[..., Any]) -> Callable[..., Any]:
+    """A custom gradient's function, run on the process set its forward ran on (the
+    gradient is built later, outside the caller's ``process_set_scope``)."""
+    process_set = _ops.current_process_set()
+
+    def on_set(*dys: Any) -> Any:
+        with _ops.process_set_scope(process_set):
+            return grad(*dys)
+    return on_set
 
 
 def _plain(name: str) -> str:
@@ -932,7 +955,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
               device_sparse: str = "", compression: type[Compressor] = Compression.none,
               op: int | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None,
-              process_set: Any = global_process_set, ignore_name_scope: bool = False) -> Any:
+              process_set: Any = None, ignore_name_scope: bool = False) -> Any:
     """Reduce ``tensor`` over all ranks; every rank gets the result.
 
     ``op`` is ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
@@ -943,16 +966,16 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     ``tf.function``; differentiable (the gradient is the same allreduce of the gradient).
     ``device_*`` are accepted for compatibility; tensors travel through host memory.
     """
-    check_process_set(process_set)
-    op = _resolve_op(op, average)
-    if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name,
-                                         ignore_name_scope)
-    t = _tensor_of(tensor)
-    compressed, ctx = compression.compress(t)
-    nm = _op_name("allreduce", name, ignore_name_scope)
-    reduced = _allreduce_dense([compressed], [nm], op, prescale_factor, postscale_factor, False)[0]
-    return compression.decompress(reduced, ctx)
+    with _ops.process_set_scope(process_set):
+        op = _resolve_op(op, average)
+        if isinstance(tensor, tf.IndexedSlices):
+            return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name,
+                                             ignore_name_scope)
+        t = _tensor_of(tensor)
+        compressed, ctx = compression.compress(t)
+        nm = _op_name("allreduce", name, ignore_name_scope)
+        reduced = _allreduce_dense([compressed], [nm], op, prescale_factor, postscale_factor, False)[0]
+        return compression.decompress(reduced, ctx)
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale: float,
@@ -970,7 +993,7 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale: float
                        ignore_name_scope=ignore_name_scope)
     indices = allgather(slices.indices, name=f"{base}.indices" if name else None,
                         ignore_name_scope=ignore_name_scope)
-    scale = prescale * postscale / (_basics.size() if op == Average else 1)
+    scale = prescale * postscale / (_ops.current_size() if op == Average else 1)
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -981,286 +1004,287 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       device_dense: str = "", device_sparse: str = "",
                       compression: type[Compressor] = Compression.none, op: int | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: Any = global_process_set, ignore_name_scope: bool = False,
+                      process_set: Any = None, ignore_name_scope: bool = False,
                       name: str | None = None) -> list[Any]:
     """Allreduce a list of tensors as one group: the engine negotiates and fuses them
     together. Same arguments (in Horovod's order) and result per tensor as
     :func:`allreduce`."""
-    check_process_set(process_set)
-    op = _resolve_op(op, average)
-    tensors = list(tensors)
-    if not tensors:
-        return []
-    results: list[Any] = [None] * len(tensors)
-    dense_idx = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
-    base = name or "grouped_allreduce"
-    for i, t in enumerate(tensors):
-        if isinstance(t, tf.IndexedSlices):
-            results[i] = _allreduce_indexed_slices(t, op, prescale_factor, postscale_factor,
-                                                   f"{base}.{i}" if name else None, ignore_name_scope)
-    if dense_idx:
-        comp = [compression.compress(_tensor_of(tensors[i])) for i in dense_idx]
-        if _executing_eagerly():
-            stem = name if name is not None else _ops.auto_name("grouped_allreduce")
-            names = [f"{stem}.{k}" for k in range(len(dense_idx))]
-        else:
-            names = [_op_name("allreduce", f"{base}.{k}", ignore_name_scope)
-                     for k in range(len(dense_idx))]
-        reduced = _allreduce_dense([c for c, _ in comp], names, op, prescale_factor,
-                                   postscale_factor, True)
-        for k, i in enumerate(dense_idx):
-            results[i] = compression.decompress(reduced[k], comp[k][1])
-    return results
+    with _ops.process_set_scope(process_set):
+        op = _resolve_op(op, average)
+        tensors = list(tensors)
+        if not tensors:
+            return []
+        results: list[Any] = [None] * len(tensors)
+        dense_idx = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+        base = name or "grouped_allreduce"
+        for i, t in enumerate(tensors):
+            if isinstance(t, tf.IndexedSlices):
+                results[i] = _allreduce_indexed_slices(t, op, prescale_factor, postscale_factor,
+                                                       f"{base}.{i}" if name else None, ignore_name_scope)
+        if dense_idx:
+            comp = [compression.compress(_tensor_of(tensors[i])) for i in dense_idx]
+            if _executing_eagerly():
+                stem = name if name is not None else _ops.auto_name("grouped_allreduce")
+                names = [f"{stem}.{k}" for k in range(len(dense_idx))]
+            else:
+                names = [_op_name("allreduce", f"{base}.{k}", ignore_name_scope)
+                         for k in range(len(dense_idx))]
+            reduced = _allreduce_dense([c for c, _ in comp], names, op, prescale_factor,
+                                       postscale_factor, True)
+            for k, i in enumerate(dense_idx):
+                results[i] = compression.decompress(reduced[k], comp[k][1])
+        return results
 
 
 @_no_autograph
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
-              process_set: Any = global_process_set) -> tf.Tensor:
+              process_set: Any = None) -> tf.Tensor:
     """Concatenate ``tensor`` from every rank along dimension 0 (rank order). The first
     dimension may differ between ranks, the others must agree. Differentiable: the
     gradient is the rank's own slice of the gradient averaged over ranks (Horovod's rule).
     Tensors of types the engine cannot reduce (bool, int16, complex...) are moved as bytes.
     """
-    check_process_set(process_set)
-    t = _tensor_of(tensor)
-    nm = _op_name("allgather", name, ignore_name_scope)
+    with _ops.process_set_scope(process_set):
+        t = _tensor_of(tensor)
+        nm = _op_name("allgather", name, ignore_name_scope)
 
-    @tf.custom_gradient
-    def fn(x):
-        y = _run([_Spec(_ops.ALLGATHER, nm)], [x])[0]
+        @tf.custom_gradient
+        def fn(x):
+            y = _run([_Spec(_ops.ALLGATHER, nm)], [x])[0]
 
-        def grad(dy):
-            avg = allreduce(dy, op=Average, name=f"{_plain(nm)}_grad",
-                            ignore_name_scope=True)
-            d0 = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
-            sizes = allgather(d0, name=f"{_plain(nm)}_grad_sizes",
-                              ignore_name_scope=True)
-            n = _basics.size()
-            return tf.split(avg, tf.reshape(sizes, [n]), num=n, axis=0)[_basics.rank()]
+            def grad(dy):
+                avg = allreduce(dy, op=Average, name=f"{_plain(nm)}_grad",
+                                ignore_name_scope=True)
+                d0 = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
+                sizes = allgather(d0, name=f"{_plain(nm)}_grad_sizes",
+                                  ignore_name_scope=True)
+                n = _ops.current_size()
+                return tf.split(avg, tf.reshape(sizes, [n]), num=n, axis=0)[_ops.current_rank()]
 
-        return y, grad
+            return y, _keeps_process_set(grad)
 
-    if not t.dtype.is_floating:
-        return _run([_Spec(_ops.ALLGATHER, nm)], [t])[0]
-    return fn(t)
+        if not t.dtype.is_floating:
+            return _run([_Spec(_ops.ALLGATHER, nm)], [t])[0]
+        return fn(t)
 
 
 @_no_autograph
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       ignore_name_scope: bool = False,
-                      process_set: Any = global_process_set) -> list[tf.Tensor]:
+                      process_set: Any = None) -> list[tf.Tensor]:
     """Allgather several tensors in one batch; differentiable like :func:`allgather` when
     every tensor is floating point (the gradients are averaged in one grouped allreduce)."""
-    check_process_set(process_set)
-    ts = [_tensor_of(t) for t in tensors]
-    if not ts:
-        return []
-    base = name or "grouped_allgather"
-    names = [_op_name("allgather", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
-                      ignore_name_scope) for i in range(len(ts))]
-    if not all(t.dtype.is_floating for t in ts):
-        return _run([_Spec(_ops.ALLGATHER, n) for n in names], ts)
+    with _ops.process_set_scope(process_set):
+        ts = [_tensor_of(t) for t in tensors]
+        if not ts:
+            return []
+        base = name or "grouped_allgather"
+        names = [_op_name("allgather", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
+                          ignore_name_scope) for i in range(len(ts))]
+        if not all(t.dtype.is_floating for t in ts):
+            return _run([_Spec(_ops.ALLGATHER, n) for n in names], ts)
 
-    @tf.custom_gradient
-    def fn(*xs):
-        ys = _run([_Spec(_ops.ALLGATHER, n) for n in names], list(xs))
+        @tf.custom_gradient
+        def fn(*xs):
+            ys = _run([_Spec(_ops.ALLGATHER, n) for n in names], list(xs))
 
-        def grad(*dys):
-            stem = _plain(names[0])
-            avg = grouped_allreduce(list(dys), op=Average, name=f"{stem}_grad",
-                                    ignore_name_scope=True)
-            d0 = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
-            sizes = allgather(tf.reshape(d0, [1, len(xs)]), name=f"{stem}_grad_sizes",
-                              ignore_name_scope=True)  # [ranks, tensors]
-            n, r = _basics.size(), _basics.rank()
-            return [tf.split(a, sizes[:, i], num=n, axis=0)[r] for i, a in enumerate(avg)]
+            def grad(*dys):
+                stem = _plain(names[0])
+                avg = grouped_allreduce(list(dys), op=Average, name=f"{stem}_grad",
+                                        ignore_name_scope=True)
+                d0 = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
+                sizes = allgather(tf.reshape(d0, [1, len(xs)]), name=f"{stem}_grad_sizes",
+                                  ignore_name_scope=True)  # [ranks, tensors]
+                n, r = _ops.current_size(), _ops.current_rank()
+                return [tf.split(a, sizes[:, i], num=n, axis=0)[r] for i, a in enumerate(avg)]
 
-        return ys, grad
+            return ys, _keeps_process_set(grad)
 
-    return fn(*ts)
+        return fn(*ts)
 
 
 @_no_autograph
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
-              ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
+              ignore_name_scope: bool = False, process_set: Any = None) -> tf.Tensor:
     """Return ``root_rank``'s value of ``tensor`` on every rank (shape and dtype must
     agree). Differentiable: the root's gradient is the average of all ranks' gradients,
     the others' is zero (Horovod's rule)."""
-    check_process_set(process_set)
-    t = _tensor_of(tensor)
-    nm = _op_name("broadcast", name, ignore_name_scope)
-    root = int(root_rank)
+    with _ops.process_set_scope(process_set):
+        t = _tensor_of(tensor)
+        nm = _op_name("broadcast", name, ignore_name_scope)
+        root = int(root_rank)
 
-    @tf.custom_gradient
-    def fn(x):
-        y = _run([_Spec(_ops.BROADCAST, nm, root=root)], [x])[0]
+        @tf.custom_gradient
+        def fn(x):
+            y = _run([_Spec(_ops.BROADCAST, nm, root=root)], [x])[0]
 
-        def grad(dy):
-            avg = allreduce(dy, op=Average, name=f"{_plain(nm)}_grad",
-                            ignore_name_scope=True)
-            return avg if _basics.rank() == root else avg * 0
+            def grad(dy):
+                avg = allreduce(dy, op=Average, name=f"{_plain(nm)}_grad",
+                                ignore_name_scope=True)
+                return avg if _basics.rank() == root else avg * 0  # a world rank, as root is
 
-        return y, grad
+            return y, _keeps_process_set(grad)
 
-    if not t.dtype.is_floating:
-        return _run([_Spec(_ops.BROADCAST, nm, root=root)], [t])[0]
-    return fn(t)
+        if not t.dtype.is_floating:
+            return _run([_Spec(_ops.BROADCAST, nm, root=root)], [t])[0]
+        return fn(t)
 
 
 @_no_autograph
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None,
-               process_set: Any = global_process_set) -> list[tf.Tensor]:
+               process_set: Any = None) -> list[tf.Tensor]:
     """Broadcast variables in place from ``root_rank``: one batch for all of them, then
     each variable is assigned the root's value. Returns the new values."""
-    check_process_set(process_set)
-    variables = list(variables)
-    if not variables:
-        return []
-    values = [_tensor_of(v) for v in variables]
-    base = name or "broadcast_"
-    if _executing_eagerly():
-        names = [_op_name("broadcast", None) if name is None else f"{base}.{i}"
-                 for i in range(len(values))]
-    else:
-        names = [_op_name("broadcast", f"{base}.{i}") for i in range(len(values))]
-    new = _run([_Spec(_ops.BROADCAST, n, root=int(root_rank)) for n in names], values)
-    assigned = [v.assign(x) for v, x in zip(variables, new)]
-    if _executing_eagerly():
-        return new
-    # In a TF1 graph nothing runs an op that nothing needs: the values returned depend
-    # on the assignments (inside tf.function they run anyway, as stateful ops).
-    deps = [a if isinstance(a, tf.Operation) else a.op for a in assigned
-            if isinstance(a, tf.Operation) or isinstance(getattr(a, "op", None), tf.Operation)]
-    with tf.control_dependencies(deps):
-        return [tf.identity(x) for x in new]
+    with _ops.process_set_scope(process_set):
+        variables = list(variables)
+        if not variables:
+            return []
+        values = [_tensor_of(v) for v in variables]
+        base = name or "broadcast_"
+        if _executing_eagerly():
+            names = [_op_name("broadcast", None) if name is None else f"{base}.{i}"
+                     for i in range(len(values))]
+        else:
+            names = [_op_name("broadcast", f"{base}.{i}") for i in range(len(values))]
+        new = _run([_Spec(_ops.BROADCAST, n, root=int(root_rank)) for n in names], values)
+        assigned = [v.assign(x) for v, x in zip(variables, new)]
+        if _executing_eagerly():
+            return new
+        # In a TF1 graph nothing runs an op that nothing needs: the values returned depend
+        # on the assignments (inside tf.function they run anyway, as stateful ops).
+        deps = [a if isinstance(a, tf.Operation) else a.op for a in assigned
+                if isinstance(a, tf.Operation) or isinstance(getattr(a, "op", None), tf.Operation)]
+        with tf.control_dependencies(deps):
+            return [tf.identity(x) for x in new]
 
 
 @_no_autograph
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
-             ignore_name_scope: bool = False, process_set: Any = global_process_set) -> Any:
+             ignore_name_scope: bool = False, process_set: Any = None) -> Any:
     """Send slice ``i`` of ``tensor`` (along dimension 0) to rank ``i`` and concatenate
     what every rank sent here. ``splits`` lists the rows for each rank; without it dim 0
     is divided evenly (it must be divisible by the number of ranks). Returns the tensor,
     and, when ``splits`` was given, also the received splits (as Horovod does).
     Differentiable: the gradient is the reverse alltoall."""
-    check_process_set(process_set)
-    t = _tensor_of(tensor)
-    nm = _op_name("alltoall", name, ignore_name_scope)
-    split_t, refused = None, {}
-    if splits is not None:
-        try:
-            split_t = tf.cast(_tensor_of(splits), tf.int32)
-        except Exception as exc:  # noqa: BLE001 - refused on every rank, when it runs
-            refused = {"problem": f"splits must be integers ({exc})", "error": HvdliteValueError}
+    with _ops.process_set_scope(process_set):
+        t = _tensor_of(tensor)
+        nm = _op_name("alltoall", name, ignore_name_scope)
+        split_t, refused = None, {}
+        if splits is not None:
+            try:
+                split_t = tf.cast(_tensor_of(splits), tf.int32)
+            except Exception as exc:  # noqa: BLE001 - refused on every rank, when it runs
+                refused = {"problem": f"splits must be integers ({exc})", "error": HvdliteValueError}
 
-    def run(x):
-        return _run([_Spec(_ops.ALLTOALL, nm, **refused)], [x], [split_t])[0]
+        def run(x):
+            return _run([_Spec(_ops.ALLTOALL, nm, **refused)], [x], [split_t])[0]
 
-    if t.dtype.is_floating and not refused:
-        @tf.custom_gradient
-        def fn(x):
-            y, recv = run(x)
+        if t.dtype.is_floating and not refused:
+            @tf.custom_gradient
+            def fn(x):
+                y, recv = run(x)
 
-            def grad(dy, *unused):
-                back, _ = alltoall(dy, splits=recv, name=f"{_plain(nm)}_grad",
-                                   ignore_name_scope=True)
-                return back
+                def grad(dy, *unused):
+                    back, _ = alltoall(dy, splits=recv, name=f"{_plain(nm)}_grad",
+                                       ignore_name_scope=True)
+                    return back
 
-            return (y, recv), grad
+                return (y, recv), grad
 
-        y, recv = fn(t)
-    else:
-        y, recv = run(t)
-    return (y, recv) if splits is not None else y
+            y, recv = fn(t)
+        else:
+            y, recv = run(t)
+        return (y, recv) if splits is not None else y
 
 
 @_no_autograph
 def reducescatter(tensor: Any, device_dense: str = "",
                   compression: type[Compressor] = Compression.none, op: int = Average,
-                  name: str | None = None, process_set: Any = global_process_set,
+                  name: str | None = None, process_set: Any = None,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce ``tensor`` over ranks (``Sum`` or ``Average``) and give each rank a block of
     rows of the result: rank ``r`` gets ``dim0 // size`` rows, plus one if
-    ``r < dim0 % size``. Differentiable: the gradient is the allgather of the gradient
-    (divided by the number of ranks for ``Average``)."""
-    check_process_set(process_set)
-    refused = _reducescatter_problem(op)
-    t = _tensor_of(tensor)
-    compressed, ctx = compression.compress(t)
-    nm = _op_name("reducescatter", name, ignore_name_scope)
+    ``r < dim0 % size``. Differentiable, with Horovod's convention: the gradient is the
+    allgather of the gradient, times the number of ranks for ``Sum`` (in line with
+    allreduce's gradient, which sums over the ranks), and times the scale factors."""
+    with _ops.process_set_scope(process_set):
+        refused = _reducescatter_problem(op)
+        t = _tensor_of(tensor)
+        compressed, ctx = compression.compress(t)
+        nm = _op_name("reducescatter", name, ignore_name_scope)
 
-    def run(x):
-        return _run([_Spec(_ops.REDUCESCATTER, nm, op, prescale_factor, postscale_factor,
-                           **refused)], [x])[0]
+        def run(x):
+            return _run([_Spec(_ops.REDUCESCATTER, nm, op, prescale_factor, postscale_factor,
+                               **refused)], [x])[0]
 
-    if compressed.dtype.is_floating and not refused:
-        @tf.custom_gradient
-        def fn(x):
-            y = run(x)
+        if compressed.dtype.is_floating and not refused:
+            @tf.custom_gradient
+            def fn(x):
+                y = run(x)
 
-            def grad(dy):
-                g = allgather(dy, name=f"{_plain(nm)}_grad",
-                              ignore_name_scope=True)
-                scale = prescale_factor * postscale_factor / (_basics.size() if op == Average else 1)
-                return g * tf.cast(scale, g.dtype) if scale != 1.0 else g
+                def grad(dy):
+                    g = allgather(dy, name=f"{_plain(nm)}_grad",
+                                  ignore_name_scope=True)
+                    scale = prescale_factor * postscale_factor * (1 if op == Average else _ops.current_size())
+                    return g * tf.cast(scale, g.dtype) if scale != 1.0 else g
 
-            return y, grad
+                return y, _keeps_process_set(grad)
 
-        out = fn(compressed)
-    else:
-        out = run(compressed)
-    return compression.decompress(out, ctx)
+            out = fn(compressed)
+        else:
+            out = run(compressed)
+        return compression.decompress(out, ctx)
 
 
 @_no_autograph
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: type[Compressor] = Compression.none, op: int = Average,
-                          process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                          process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, name: str | None = None,
                           ignore_name_scope: bool = False) -> list[tf.Tensor]:
     """Reducescatter several tensors in one batch; differentiable like :func:`reducescatter`
     when every tensor is floating point (the gradients are allgathered in one batch). The
     arguments up to ``postscale_factor`` are Horovod's, in its order; ``name`` is
     hvdlite's."""
-    check_process_set(process_set)
-    refused = _reducescatter_problem(op)
-    comp = [compression.compress(_tensor_of(t)) for t in tensors]
-    if not comp:
-        return []
-    base = name or "grouped_reducescatter"
-    names = [_op_name("reducescatter", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
-                      ignore_name_scope) for i in range(len(comp))]
+    with _ops.process_set_scope(process_set):
+        refused = _reducescatter_problem(op)
+        comp = [compression.compress(_tensor_of(t)) for t in tensors]
+        if not comp:
+            return []
+        base = name or "grouped_reducescatter"
+        names = [_op_name("reducescatter", f"{base}.{i}" if (name or not _executing_eagerly()) else None,
+                          ignore_name_scope) for i in range(len(comp))]
 
-    def run(xs):
-        return _run([_Spec(_ops.REDUCESCATTER, n, op, prescale_factor, postscale_factor,
-                           **refused) for n in names], list(xs))
+        def run(xs):
+            return _run([_Spec(_ops.REDUCESCATTER, n, op, prescale_factor, postscale_factor,
+                               **refused) for n in names], list(xs))
 
-    if all(c.dtype.is_floating for c, _ in comp) and not refused:
-        @tf.custom_gradient
-        def fn(*xs):
-            ys = run(xs)
+        if all(c.dtype.is_floating for c, _ in comp) and not refused:
+            @tf.custom_gradient
+            def fn(*xs):
+                ys = run(xs)
 
-            def grad(*dys):
-                gs = grouped_allgather(list(dys), name=f"{_plain(names[0])}_grad",
-                                       ignore_name_scope=True)
-                scale = prescale_factor * postscale_factor / (_basics.size() if op == Average else 1)
-                return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gs]
+                def grad(*dys):
+                    gs = grouped_allgather(list(dys), name=f"{_plain(names[0])}_grad",
+                                           ignore_name_scope=True)
+                    scale = prescale_factor * postscale_factor * (1 if op == Average else _ops.current_size())
+                    return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gs]
 
-            return ys, grad
+                return ys, _keeps_process_set(grad)
 
-        outs = fn(*[c for c, _ in comp])
-    else:
-        outs = run([c for c, _ in comp])
-    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, comp)]
+            outs = fn(*[c for c, _ in comp])
+        else:
+            outs = run([c for c, _ in comp])
+        return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, comp)]
 
 
 @_no_autograph
-def barrier(process_set: Any = global_process_set) -> None:
+def barrier(process_set: Any = None) -> None:
     """Block until every rank has reached this barrier (inside ``tf.function`` the
     barrier is an op that runs in program order)."""
-    check_process_set(process_set)
-    _run([_Spec(_ops.BARRIER, _op_name("barrier", None))], [None])
+    with _ops.process_set_scope(process_set):
+        _run([_Spec(_ops.BARRIER, _op_name("barrier", None))], [None])
 
 
 @_no_autograph
@@ -1273,33 +1297,31 @@ def join() -> tf.Tensor:
 
 @_no_autograph
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """The number of ranks as an int32 tensor (of the global process set, id 0, the only
-    one hvdlite has)."""
-    _check_process_set_id(process_set_id)
-    return tf.constant(_basics.size(), tf.int32, name=name)
+    """The number of ranks of process set ``process_set_id`` (0: the global set) as an
+    int32 tensor."""
+    return tf.constant(len(_set_members(process_set_id)), tf.int32, name=name)
 
 
 @_no_autograph
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """1 (int32) when this rank belongs to the process set: always, for the global set
-    (id 0), the only one hvdlite has."""
-    _check_process_set_id(process_set_id)
-    _basics.size()  # raises NotInitializedError before init(), where Horovod returns an error code
-    return tf.constant(1, tf.int32, name=name)
+    """1 (int32) when this rank belongs to process set ``process_set_id``, else 0."""
+    return tf.constant(int(_basics.rank() in _set_members(process_set_id)), tf.int32, name=name)
 
 
-_TF_SETS = "hvdlite.tensorflow runs collectives on the global process set only (so far)"
+def _set_members(process_set_id: int) -> list[int]:
+    """The world ranks of a registered process set (ValueError if there is none)."""
+    if process_set_id == 0:
+        return list(range(_basics.size()))  # raises NotInitializedError before init()
+    ranks = _process_set_table.members(process_set_id)
+    if ranks is None:
+        raise ValueError(f"process set id {process_set_id} is not registered")
+    return ranks
 
 
 def check_process_set(process_set: Any) -> None:
-    """Raise unless `process_set` is the global set (None included)."""
-    if _resolve_process_set(process_set)[0] != 0:
-        raise NotImplementedError(f"{process_set}: {_TF_SETS}")
-
-
-def _check_process_set_id(process_set_id: int) -> None:
-    if process_set_id != 0:
-        raise NotImplementedError(f"process set id {process_set_id}: {_TF_SETS}")
+    """Raise ValueError unless this process can run collectives on `process_set` (a
+    registered set it is a member of; None or the global set always)."""
+    _resolve_process_set(process_set)
 
 
 @_no_autograph

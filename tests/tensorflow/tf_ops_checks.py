@@ -196,8 +196,8 @@ def barrier_and_join():
         try:
             op(process_set_id=1)
             FAILURES.append(f"{op.__name__}(process_set_id=1) did not raise")
-        except NotImplementedError as e:
-            expect("global process set" in str(e), f"{op.__name__}: {e}")
+        except ValueError as e:  # no set 1 is registered in this job
+            expect("not registered" in str(e), f"{op.__name__}: {e}")
 
 
 def upstream(r, shape, seed):
@@ -299,10 +299,11 @@ def gradients_of_collectives():
                 loss = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum) * w)
             return tape.gradient(loss, x)
         g = wrap(rs_grad)(tf.constant(xr[R]), tf.constant(wr[R]))
-        expect_close(g, np.concatenate(wr), f"{mode} reducescatter gradient")
+        # Horovod's convention: Sum's gradient is the gathered gradient times the ranks.
+        expect_close(g, np.concatenate(wr) * N, f"{mode} reducescatter gradient")
 
         # Grouped, Average with a prescale: each input's gradient is its own output's
-        # gradient gathered from every rank, times prescale / size.
+        # gradient gathered from every rank, times the prescale (Horovod's convention).
         xq = [data(r, (N, 3), np.float64, seed=20) for r in range(N)]
         wq = [upstream(r, (1, 3), 21) for r in range(N)]
 
@@ -314,8 +315,8 @@ def gradients_of_collectives():
             return tape.gradient(loss, [x, z])
         gx, gz = wrap(grs_grad)(tf.constant(xr[R]), tf.constant(xq[R]), tf.constant(wr[R]),
                                 tf.constant(wq[R]))
-        expect_close(gx, np.concatenate(wr) * 2 / N, f"{mode} grouped_reducescatter gradient 0")
-        expect_close(gz, np.concatenate(wq) * 2 / N, f"{mode} grouped_reducescatter gradient 1")
+        expect_close(gx, np.concatenate(wr) * 2, f"{mode} grouped_reducescatter gradient 0")
+        expect_close(gz, np.concatenate(wq) * 2, f"{mode} grouped_reducescatter gradient 1")
 
 
 @check
@@ -500,19 +501,16 @@ def engine_stop_fails_collectives_in_flight_with_unknown_error():
 
 @check
 def gradient_tape_rejects_unsupported_ops():
-    """Adasum (and any op that is not Average/Sum/Min/Max/Product) is refused when the
-    tape is wrapped, with a message naming it, not at the first gradient() call."""
+    """An op that is not Average/Sum/Adasum/Min/Max/Product is refused when the tape is
+    wrapped, with a message naming it, not at the first gradient() call."""
     v = tf.Variable([1.0, 2.0])
-    for op, word in ((hvd.Adasum, "Adasum"), (17, "17")):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(v * v)
-        try:
-            hvd.DistributedGradientTape(tape, op=op)
-            FAILURES.append(f"DistributedGradientTape(op={op}) did not raise")
-        except ValueError as e:
-            expect(word in str(e), f"op={op} error message does not name it: {e}")
-            if op == hvd.Adasum:
-                expect("not supported by hvdlite" in str(e), f"Adasum error message: {e}")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * v)
+    try:
+        hvd.DistributedGradientTape(tape, op=17)
+        FAILURES.append("DistributedGradientTape(op=17) did not raise")
+    except ValueError as e:
+        expect("17" in str(e), f"op=17 error message does not name it: {e}")
     for op in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(v * v)

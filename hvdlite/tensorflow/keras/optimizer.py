@@ -12,7 +12,7 @@ from hvdlite.tensorflow.gradients import (LocalVariables, check_reduction_option
                                           reduce_gradients_except_local,
                                           trainable_weights_of_layers)
 from hvdlite.common import basics as _basics
-from hvdlite.tensorflow.mpi_ops import Average, Min, allreduce, global_process_set
+from hvdlite.tensorflow.mpi_ops import Average, Min, allreduce
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -28,12 +28,12 @@ def _options(compression, sparse_as_dense, gradient_predivide_factor, op,
                 gradient_predivide_factor=float(gradient_predivide_factor), op=op,
                 backward_passes_per_step=int(backward_passes_per_step),
                 average_aggregated_gradients=bool(average_aggregated_gradients), groups=groups,
-                scale_local_gradients=bool(scale_local_gradients))
+                scale_local_gradients=bool(scale_local_gradients), process_set=process_set)
 
 
 # What DistributedOptimizer's own defaults give.
 _DEFAULT_OPTIONS: dict[str, Any] = _options(Compression.none, False, 1.0, Average, 1, False, 0,
-                                            None, global_process_set)
+                                            None, None)
 
 
 class _DistributedOptimizerMixin:
@@ -76,7 +76,7 @@ class _DistributedOptimizerMixin:
             op=opts["op"],
             compression=opts["compression"], sparse_as_dense=opts["sparse_as_dense"],
             gradient_predivide_factor=opts["gradient_predivide_factor"], groups=opts["groups"],
-            name="DistributedOptimizer")
+            process_set=opts.get("process_set"), name="DistributedOptimizer")
 
     def build(self, variables):
         super().build(variables)
@@ -153,7 +153,8 @@ def _make_loss_scaling_agree() -> None:
         finite = local_check(self, grads)
         if isinstance(self.inner_optimizer, _DistributedOptimizerMixin) and _basics.size() > 1:
             votes = allreduce(tf.cast(finite, tf.int32), op=Min,
-                              name=f"{self.name}.gradients_finite")
+                              name=f"{self.name}.gradients_finite",
+                              process_set=self.inner_optimizer._hvd_options.get("process_set"))
             finite = tf.greater(votes, 0)
         return finite
 
@@ -236,7 +237,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: int = Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: Any = None, process_set: Any = global_process_set,
+                         groups: Any = None, process_set: Any = None,
                          scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """Return a copy of the Keras 3 ``optimizer`` that combines gradients over all ranks
     before applying them; use it in ``model.compile`` (``model.fit``) or call
@@ -245,8 +246,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     The result is an instance of a subclass of ``type(optimizer)`` with the same config
     (and the same state if ``optimizer`` was already built), and the instance attributes
     that the config does not record, such as ``exclude_from_weight_decay()``'s
-    exclusions. An op other than Average, Sum, Min, Max or Product (Adasum) is refused
-    here. A whole step's gradients are submitted together so the engine fuses them, as
+    exclusions. ``op=Adasum`` combines the gradients with Adasum, as Horovod's Keras
+    optimizer does (power-of-two numbers of ranks; see docs/adasum.md). A whole step's gradients are submitted together so the engine fuses them, as
     for :func:`hvdlite.tensorflow.DistributedGradientTape` (in ``model.fit``: in one batch
     after the backward pass, or in buckets while it runs where a rank has a core to
     spare, see :func:`hvdlite.tensorflow.overlap.enabled`).
@@ -296,7 +297,7 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
                                 gradient_predivide_factor: float = 1.0, op: int = Average,
                                 backward_passes_per_step: int = 1,
                                 average_aggregated_gradients: bool = False, num_groups: int = 0,
-                                groups: Any = None, process_set: Any = global_process_set,
+                                groups: Any = None, process_set: Any = None,
                                 local_layers: Any = None,
                                 scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """:func:`DistributedOptimizer` whose gradients for the trainable weights of
@@ -343,7 +344,7 @@ def wrap_in_place(optimizer: keras.optimizers.Optimizer, **options: Any) -> kera
     defaults = dict(compression=Compression.none, sparse_as_dense=False,
                     gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                     average_aggregated_gradients=False, num_groups=0, groups=None,
-                    process_set=global_process_set)
+                    process_set=None)
     defaults.update(options)
     opts = _options(**defaults)
     base = type(optimizer)

@@ -119,6 +119,7 @@ struct BatchSpec {
   std::vector<int64_t> input_index, splits_index;  // into the op's inputs; -1: none
   std::vector<int64_t> scale_bits;                 // prescale, postscale per request (float64 bits)
   std::vector<std::string> names, problems;        // problems: found when traced ("" none)
+  int64_t process_set = 0;                         // Horovod's process set id (0: global)
 
   absl::Status Read(tf::OpKernelConstruction* c, bool with_indices) {
     TF_RETURN_IF_ERROR(c->GetAttr("kinds", &kinds));
@@ -130,6 +131,7 @@ struct BatchSpec {
     TF_RETURN_IF_ERROR(c->GetAttr("dtype_codes", &dtype_codes));
     TF_RETURN_IF_ERROR(c->GetAttr("problems", &problems));
     TF_RETURN_IF_ERROR(c->GetAttr("problem_codes", &problem_codes));
+    TF_RETURN_IF_ERROR(c->GetAttr("process_set", &process_set));
     const size_t n = kinds.size();
     if (with_indices) {
       TF_RETURN_IF_ERROR(c->GetAttr("input_index", &input_index));
@@ -203,7 +205,7 @@ void SubmitItem(const HvdliteCoreApi* core, const BatchSpec& spec, size_t i, con
   if (!problem.empty()) {
     item->refused_code = problem_code;
     item->handle = core->refuse(static_cast<int32_t>(item->kind), name.c_str(), problem.c_str(), group_id,
-                                group_size, error, sizeof(error));
+                                group_size, static_cast<int32_t>(spec.process_set), error, sizeof(error));
   } else {
     HvdliteRequest q{};
     q.type = static_cast<int32_t>(item->kind);
@@ -214,6 +216,7 @@ void SubmitItem(const HvdliteCoreApi* core, const BatchSpec& spec, size_t i, con
     q.root = static_cast<int32_t>(spec.roots[i]);
     q.group_id = group_id;
     q.group_size = group_size;
+    q.process_set = static_cast<int32_t>(spec.process_set);
     std::vector<int64_t> shape;
     if (item->kind == HVDLITE_BARRIER || item->kind == HVDLITE_JOIN) {
       shape = {0};
@@ -367,7 +370,7 @@ absl::Status SubmitBatch(tf::OpKernelContext* ctx, const HvdliteCoreApi* core, c
                        const std::function<absl::Status(size_t, const tf::Tensor&, tf::Tensor*)>& make_output,
                        std::vector<Item>* items) {
   const size_t n = spec.kinds.size();
-  const int world = core->size();
+  const int world = core->set_size(static_cast<int32_t>(spec.process_set));  // -1: submitting says why
   items->resize(n);
   std::vector<std::string> problems(n);
   std::vector<int> codes(n, 0);
@@ -388,7 +391,7 @@ absl::Status SubmitBatch(tf::OpKernelContext* ctx, const HvdliteCoreApi* core, c
     if (!spec.problems[i].empty()) {
       problems[i] = spec.problems[i];
       codes[i] = static_cast<int>(spec.problem_codes[i]);
-    } else {
+    } else if (world > 0) {
       problems[i] = RuntimeProblem(item, world, &codes[i]);
     }
   }
@@ -728,7 +731,8 @@ class WaitOp : public tf::AsyncOpKernel {
       .Attr("groups: list(int) >= 0")       \
       .Attr("dtype_codes: list(int) >= 0")  \
       .Attr("problems: list(string) >= 0")  \
-      .Attr("problem_codes: list(int) >= 0")
+      .Attr("problem_codes: list(int) >= 0") \
+      .Attr("process_set: int = 0")
 
 // Stateful: TensorFlow must neither fold nor deduplicate a collective, and keeps
 // program order among stateful ops inside a tf.function.
