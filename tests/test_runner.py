@@ -513,8 +513,7 @@ def test_check_build_imports_no_framework() -> None:
         (["-np", "2", "--cycle-time-ms", "0", "true"], "> 0"),
         # horovodrun options hvdlite-run does not implement say why.
         (["-np", "2", "--gloo", "true"], "no Gloo controller"),
-        (["-np", "2", "--autotune", "true"], "no autotuner"),
-        (["-np", "2", "--autotune-log-file", "f", "true"], "no autotuner"),
+        (["-np", "2", "--autotune-steps-per-sample", "0", "true"], "positive integer"),
         (["-np", "2", "--num-nccl-streams", "2", "true"], "one NCCL stream"),
         (["-np", "2", "--log-with-timestamp", "true"], "-prefix-timestamp"),
         (["-np", "2", "--mpi-threads-disable", "true"], "thread support"),
@@ -581,12 +580,10 @@ def test_every_horovodrun_option_is_accepted_or_refused_by_name(
             refused.append(option[0])
             continue
         assert config is not None and config.command == ["true"], option
-    # The refused ones: features hvdlite lacks (Gloo, jsrun, autotuning,
-    # a config file, MPI without threads, timestamps in its log lines, several NCCL streams).
+    # The refused ones: features hvdlite lacks (Gloo, jsrun, a config file, MPI without
+    # threads, timestamps in its log lines, several NCCL streams).
     assert sorted(refused) == sorted([
-        "--config-file", "--autotune", "--autotune-log-file", "--autotune-warmup-samples",
-        "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples",
-        "--autotune-gaussian-process-noise", "--mpi-threads-disable", "--num-nccl-streams",
+        "--config-file", "--mpi-threads-disable", "--num-nccl-streams",
         "--gloo-timeout-seconds", "--log-with-timestamp",
         "--no-log-hide-timestamp", "--gloo", "--jsrun"])
 

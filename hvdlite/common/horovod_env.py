@@ -82,8 +82,6 @@ def _core(name: str, note: str = "") -> Variable:
     return Variable(name, HONOURED, note or "read by the engine at hvd.init()", where="core")
 
 
-_NO_AUTOTUNE = ("hvdlite has no autotuner yet; set HOROVOD_FUSION_THRESHOLD and "
-                "HOROVOD_CYCLE_TIME (hvdlite-run --fusion-threshold-mb, --cycle-time-ms) yourself")
 _NO_GLOO = "hvdlite runs on MPI only (there is no Gloo controller)"
 _NO_CCL = "hvdlite has no oneCCL backend: host-memory collectives run on MPI"
 _BUILD_NOTE = ("read by Horovod's installer only; hvdlite's build needs MPI alone "
@@ -158,13 +156,17 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HOROVOD_GLOO_IFACE", IGNORED,
              _NO_GLOO + "; choose MPI's interfaces with hvdlite-run --network-interface "
              "(NCCL's with NCCL_SOCKET_IFNAME)"),
-    # Features still to come: flip these to HONOURED when they land.
-    Variable("HOROVOD_AUTOTUNE", NOT_YET, _NO_AUTOTUNE, honoured_if=_falsy),
-    Variable("HOROVOD_AUTOTUNE_LOG", NOT_YET, _NO_AUTOTUNE),
-    Variable("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", NOT_YET, _NO_AUTOTUNE),
-    Variable("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", NOT_YET, _NO_AUTOTUNE),
-    Variable("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", NOT_YET, _NO_AUTOTUNE),
-    Variable("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", NOT_YET, _NO_AUTOTUNE),
+    # Autotuning (rank 0's settings apply; docs/autotune.md).
+    _core("HOROVOD_AUTOTUNE", "1: rank 0 searches the fusion threshold, cycle time, response "
+          "cache and hierarchical allreduce while training runs, then keeps the best"),
+    _core("HOROVOD_AUTOTUNE_LOG", "a CSV file rank 0 writes, one line per sample"),
+    _core("HOROVOD_AUTOTUNE_WARMUP_SAMPLES"),
+    _core("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"),
+    _core("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "the number of samples the search may score"),
+    Variable("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", IGNORED,
+             "hvdlite's autotuner searches one setting at a time and compares its best with the "
+             "defaults by measuring both again; it fits no Gaussian process, so there is no "
+             "noise to set"),
     Variable("HOROVOD_ADASUM_MPI_CHUNK_SIZE", IGNORED,
              "hvdlite's Adasum sends each tensor's halves whole (docs/adasum.md); there is no "
              "chunk size to set"),

@@ -37,6 +37,8 @@ CacheCycle::CacheCycle(MPI_Comm comm, int64_t capacity, const FusionLimits (&fus
   for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
 }
 
+void CacheCycle::SetBackoffCap(int64_t us) { backoff_cap_us_ = std::max<int64_t>(us, kFirstPauseUs); }
+
 bool CacheCycle::CanCarry(const Request& r) {
   const int64_t bytes = NumElements(r.shape) * DataTypeSize(r.dtype);
   return r.type == RequestType::kAllreduce && KindOfDevice(r.device) == DeviceKind::kHost &&
@@ -138,7 +140,7 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
       ids.erase(it);
     }
   }
-  out->collectives = Fuse(ids, cache);
+  out->ready = ids;  // fused by the engine once rank 0's earlier lists ran (Collectives)
   if (!ids.empty() || !out->moved.empty() || !waited) fruitless_ = 0;
   else ++fruitless_;
   last_done_us_ = now_us;

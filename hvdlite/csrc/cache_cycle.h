@@ -38,7 +38,7 @@ class CacheCycle {
   struct Outcome {
     int64_t cycle = 0;         // its number: 1, 2, ...
     int64_t lists_before = 0;  // rank 0's response lists that run before this cycle's tensors
-    std::vector<std::vector<int32_t>> collectives;  // ready on every rank, fused, in order
+    std::vector<int32_t> ready;  // ready on every rank, in id order: see Collectives
     bool evict_all = false;
     std::vector<int32_t> evicted;  // entries every rank evicts now (with evict_all: all)
     std::vector<Request> moved;    // this rank's ready requests for evicted entries
@@ -73,6 +73,11 @@ class CacheCycle {
   // While on (this rank's join is outstanding), every cycle it starts asks every rank to
   // evict every entry: joined ranks take part through rank 0 only.
   void SetEvictAll(bool on) { evict_all_ = on; }
+  // The autotuner's settings: what may be fused, and the longest pause between cycles.
+  void SetFusion(const FusionLimits (&fusion)[kNumDeviceKinds]) {
+    for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
+  }
+  void SetBackoffCap(int64_t us);
 
   bool HasReady() const { return !ready_.empty(); }
   bool InFlight() const { return bits_.Active(); }
@@ -85,6 +90,13 @@ class CacheCycle {
   bool MaybeStart(int64_t lists_sent, bool must, bool cache_empty, int64_t now_us);
   // Moves the cycle on; true when it completed, with `out` filled in.
   bool Poll(const ResponseCache& cache, int64_t now_us, Outcome* out);
+  // A completed cycle's ready tensors as collectives, fused, in the order every rank
+  // runs them. Called once rank 0's lists that precede the cycle have run: one of
+  // them may have changed what may be fused (the autotuner), so fusing at Poll could
+  // differ between rank 0 and the others.
+  std::vector<std::vector<int32_t>> Collectives(const std::vector<int32_t>& ready, const ResponseCache& cache) const {
+    return Fuse(ready, cache);
+  }
   // This rank's ready tensors that have waited since before `before_us`: (id, since).
   std::vector<std::pair<int32_t, int64_t>> WaitingSince(int64_t before_us) const;
   void Cancel() { bits_.Cancel(); }

@@ -422,7 +422,7 @@ Response Coordinator::Negotiate(const Item& item, Round& round) {
         failed_groups_.emplace(std::make_pair(r, p.requests[r].group_id), error);
         round.group_failed = true;
       }
-  if (error.empty() && round.joined.empty() && ResponseCache::Cacheable(q)) {
+  if (caching_ && error.empty() && round.joined.empty() && ResponseCache::Cacheable(q)) {
     resp.cache_ids[0] = cache_->Lookup(q);
     if (resp.cache_ids[0] < 0) resp.cache_ids[0] = cache_->AssignId(name);
   }

@@ -43,6 +43,12 @@ class Coordinator {
   // (GPU collectives are queued in microseconds, so without this every one would go
   // alone).
   ResponseList TakeReady(bool hold_device = false);
+  // The autotuner's settings (autotune.h): what may be fused from now on, and whether
+  // new tensors get response-cache entries.
+  void SetFusion(const FusionLimits (&fusion)[kNumDeviceKinds]) {
+    for (int k = 0; k < kNumDeviceKinds; ++k) fusion_[k] = fusion[k];
+  }
+  void SetCaching(bool on) { caching_ = on; }
 
   // Warns about tensors some ranks submitted and others did not; returns a non-empty
   // reason when the stall has lasted past the shutdown limit.
@@ -109,6 +115,7 @@ class Coordinator {
   int size_;
   Parameters params_;
   FusionLimits fusion_[kNumDeviceKinds];
+  bool caching_ = true;
   ResponseCache* cache_;
   Timeline* timeline_;
   std::unordered_map<std::string, Pending> table_;

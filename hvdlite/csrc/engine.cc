@@ -114,6 +114,14 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, in
   cycle_ = std::make_unique<CacheCycle>(comm, params_.cache_capacity, fusion,
                                         static_cast<int64_t>(params_.cycle_time_ms * 1000),
                                         topology_->cross_size() == 1);
+  if (rank == 0 && process_set_ == 0 && params_.autotune) {
+    Tunables defaults;
+    defaults.fusion_threshold_bytes = params_.fusion_threshold_bytes;
+    defaults.cycle_time_ms = params_.cycle_time_ms;
+    defaults.cache_enabled = params_.cache_capacity > 0 ? 1 : 0;
+    defaults.hierarchical = params_.two_level.allreduce;
+    tuner_ = std::make_unique<Autotuner>(defaults, mpi_->HierarchicalPossible(), params_.autotune_options);
+  }
   if (rank == 0 && process_set_ == 0 && !params_.timeline_path.empty()) {
     std::string err;
     if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
@@ -378,6 +386,21 @@ bool Engine::CoordinatorStep() {
       if (after_cycle) deferred_.push_back(std::move(ready));
       else Execute(ready);
     }
+    if (tunables_to_send_) {
+      // The autotuner's next settings: a list of their own, run by every rank where
+      // it falls in the one order of lists and cycles.
+      progress = true;
+      ResponseList settings;
+      settings.has_tunables = true;
+      settings.tunables = *tunables_to_send_;
+      tunables_to_send_.reset();
+      const bool after_cycle = cycle_->InFlight();
+      settings.after_cycle = after_cycle ? cycle_->started() : cycle_->completed();
+      ++lists_sent_;
+      if (size() > 1) channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(settings)));
+      if (after_cycle) deferred_.push_back(std::move(settings));
+      else Execute(settings);
+    }
     progress = CycleStep(now) || progress;
     const int64_t t = NowMicros();
     if (t - last_stall_check_us_ >= kStallCheckEveryMicros) {
@@ -521,7 +544,7 @@ void Engine::RunCycle(CacheCycle::Outcome& out) {
     agreed(out.reduced_id);
     CompleteCarried(out.reduced_id, out.reduced, now);
   }
-  for (const std::vector<int32_t>& ids : out.collectives) {
+  for (const std::vector<int32_t>& ids : cycle_->Collectives(out.ready, cache_)) {
     for (int32_t id : ids) agreed(id);
     Perform(FromCache(ids));
   }
@@ -552,6 +575,7 @@ void Engine::CompleteCarried(int32_t id, const void* sum, int64_t now) {
     timeline_.Phase(q.name, "CYCLE_ALLREDUCE", now, NowMicros());
   }
   ++carried_;
+  if (tuner_) Tune({q.name}, count * DataTypeSize(q.dtype));
   handles_->Complete(e.handle, true, "");
 }
 
@@ -775,7 +799,35 @@ Response Engine::FromCache(const std::vector<int32_t>& ids) const {
 
 void Engine::Execute(const ResponseList& list) {
   HVD_DEBUG("executing " << list.responses.size() << " negotiated collective(s)");
+  if (list.has_tunables) ApplyTunables(list.tunables);
   for (const Response& r : list.responses) Perform(r);
+}
+
+void Engine::ApplyTunables(const Tunables& t) {
+  HVD_INFO("autotune: fusion threshold " << t.fusion_threshold_bytes << " B, cycle time " << t.cycle_time_ms
+           << " ms, response cache " << (t.cache_enabled ? "on" : "off") << ", hierarchical allreduce "
+           << t.hierarchical);
+  params_.fusion_threshold_bytes = t.fusion_threshold_bytes;
+  params_.cycle_time_ms = t.cycle_time_ms;
+  registry_->SetFusionThreshold(t.fusion_threshold_bytes);
+  const FusionLimits fusion[kNumDeviceKinds] = {registry_->Fusion(DeviceKind::kHost),
+                                                registry_->Fusion(DeviceKind::kCuda)};
+  cycle_->SetFusion(fusion);
+  cycle_->SetBackoffCap(static_cast<int64_t>(t.cycle_time_ms * 1000));
+  mpi_->SetHierarchicalAllreduce(t.hierarchical);
+  // Off: rank 0 gives new tensors no entries, and the cycles evict the ones there are
+  // (every rank alike, as when a rank joins); their requests go to rank 0 in full.
+  caching_ = t.cache_enabled != 0;
+  cycle_->SetEvictAll(join_outstanding_ || !caching_);
+  if (coordinator_) {
+    coordinator_->SetFusion(fusion);
+    coordinator_->SetCaching(caching_);
+  }
+}
+
+void Engine::Tune(const std::vector<std::string>& names, int64_t bytes) {
+  Tunables next;
+  if (tuner_->Record(names, bytes, NowMicros(), &next)) tunables_to_send_ = next;
 }
 
 void Engine::Perform(const Response& r) {
@@ -803,6 +855,12 @@ void Engine::Perform(const Response& r) {
       if (have[i]) handles_->Complete(entries[i].handle, false, message);
   };
   if (!r.error.empty()) return fail_all(r.error);
+  if (tuner_) {
+    int64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) bytes += NumElements(entries[i].request.shape) * DataTypeSize(entries[i].request.dtype);
+    Tune(r.names, bytes);
+  }
   if (timeline_.Active()) {
     const int64_t now = NowMicros();
     for (size_t i = 0; i < n; ++i)
@@ -815,7 +873,7 @@ void Engine::Perform(const Response& r) {
       return;
     case RequestType::kJoin: {
       join_outstanding_ = false;  // every rank has joined
-      cycle_->SetEvictAll(false);
+      cycle_->SetEvictAll(!caching_);
       if (!have[0]) return;
       auto out = std::make_unique<OutputBuffer>();
       out->aux = {r.last_joined};

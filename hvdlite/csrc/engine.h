@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "autotune.h"
 #include "backends/registry.h"
 #include "cache_cycle.h"
 #include "control_channel.h"
@@ -145,6 +146,10 @@ class Engine {
   // Every call on this engine's communicators fails from now on, on every rank (ULFM).
   void RevokeCommunicators();
   void Execute(const ResponseList& list);
+  // The autotuner's settings, applied on every rank at the same point of the order.
+  void ApplyTunables(const Tunables& t);
+  // Rank 0: what a collective moved, for the autotuner.
+  void Tune(const std::vector<std::string>& names, int64_t bytes);
   Response FromCache(const std::vector<int32_t>& ids) const;
   void Perform(const Response& response);
   // Watches device work in flight: failures and work that never finishes.
@@ -173,6 +178,11 @@ class Engine {
   int64_t carried_ = 0;               // Stats::carried
   int64_t cycles_run_ = 0;            // cycles whose tensors this rank has run
   bool join_outstanding_ = false;     // this rank's join has not completed
+  // HOROVOD_AUTOTUNE (autotune.h): rank 0's tuner, the settings it chose and has not
+  // sent yet, and whether new tensors get response-cache entries.
+  std::unique_ptr<Autotuner> tuner_;
+  std::optional<Tunables> tunables_to_send_;
+  bool caching_ = true;
 
   // Device work queued by a backend and not yet seen finished.
   struct InFlight {

@@ -168,6 +168,8 @@ std::vector<uint8_t> Serialize(const ResponseList& list) {
   w.Pod<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) Put(w, r);
   w.Pod<int64_t>(list.after_cycle);
+  w.Pod<uint8_t>(list.has_tunables);
+  if (list.has_tunables) w.Pod<Tunables>(list.tunables);
   return w.Take();
 }
 
@@ -181,6 +183,8 @@ ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
   list.responses.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(GetResponse(rd));
   list.after_cycle = rd.Pod<int64_t>();
+  list.has_tunables = rd.Pod<uint8_t>();
+  if (list.has_tunables) list.tunables = rd.Pod<Tunables>();
   return list;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "autotune.h"
 #include "common.h"
 
 namespace hvdlite {
@@ -84,6 +85,9 @@ struct ResponseList {
   bool shutdown = false;
   std::string shutdown_reason;
   bool failure = false;  // the shutdown is a failure: abort device work in flight
+  // The autotuner's new settings, applied by every rank when it runs this list.
+  bool has_tunables = false;
+  Tunables tunables;
 };
 
 // A response carrying `q`'s kind, dtype, reduce op, scale factors, root and device,

@@ -149,6 +149,16 @@ Parameters Parameters::FromEnvironment() {
   ReadGpuBackend("GPU_BROADCAST", &p.gpu_backend[static_cast<int>(RequestType::kBroadcast)]);
   ReadGpuBackend("GPU_ALLTOALL", &p.gpu_backend[static_cast<int>(RequestType::kAlltoall)]);
   ReadGpuBackend("GPU_REDUCESCATTER", &p.gpu_backend[static_cast<int>(RequestType::kReducescatter)]);
+  if (const char* v = GetEnv("AUTOTUNE")) p.autotune = Truthy(v);
+  auto read_count = [](const char* suffix, int least, int* out) {
+    int64_t n = *out;
+    ReadInt(suffix, &n);
+    if (n >= least && n <= 1000000) *out = static_cast<int>(n);
+  };
+  read_count("AUTOTUNE_WARMUP_SAMPLES", 0, &p.autotune_options.warmup_samples);
+  read_count("AUTOTUNE_STEPS_PER_SAMPLE", 1, &p.autotune_options.steps_per_sample);
+  read_count("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 1, &p.autotune_options.max_samples);
+  if (const char* v = GetEnv("AUTOTUNE_LOG")) p.autotune_options.log_path = v;
   if (p.fusion_threshold_bytes < 0) p.fusion_threshold_bytes = 0;
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;
   if (p.cache_capacity < 0) p.cache_capacity = 0;

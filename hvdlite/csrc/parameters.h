@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "autotune.h"
 #include "common.h"
 
 namespace hvdlite {
@@ -79,6 +80,11 @@ struct Parameters {
   // GPU tensors: the backend each kind of collective prefers, by request type ("NCCL",
   // or "MPI" for host-staged), from HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OP>.
   std::string gpu_backend[kNumRequestTypes] = {"NCCL", "NCCL", "NCCL", "NCCL", "NCCL", "NCCL", "NCCL"};
+
+  // HOROVOD_AUTOTUNE=1: rank 0 searches the fusion threshold, the cycle time, the
+  // response cache on/off and the two-level allreduce while training runs (autotune.h).
+  bool autotune = false;
+  AutotuneOptions autotune_options;
 
   static Parameters FromEnvironment();
 };

@@ -103,10 +103,13 @@ _HOROVOD_ALIASES: dict[str, str] = {
     "HVDLITE_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
     "HVDLITE_HIERARCHICAL_ALLREDUCE": "HOROVOD_HIERARCHICAL_ALLREDUCE",
     "HVDLITE_HIERARCHICAL_ALLGATHER": "HOROVOD_HIERARCHICAL_ALLGATHER",
+    "HVDLITE_AUTOTUNE": "HOROVOD_AUTOTUNE",
+    "HVDLITE_AUTOTUNE_LOG": "HOROVOD_AUTOTUNE_LOG",
+    "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+    "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+    "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
 }
 
-_AUTOTUNE = ("hvdlite has no autotuner; set --fusion-threshold-mb and --cycle-time-ms "
-             "yourself")
 #: horovodrun options that hvdlite-run does not implement: option -> (number of
 #: values it takes, why).  They are recognised so that a command line copied from
 #: horovodrun stops with the reason instead of argparse's "unrecognized arguments".
@@ -116,12 +119,6 @@ UNSUPPORTED_HOROVODRUN_OPTIONS: dict[str, tuple[int, str]] = {
     "--jsrun": (0, "hvdlite-run starts jobs with mpirun only; start them with jsrun yourself"),
     "--config-file": (1, "hvdlite-run reads no YAML config file; give its settings as the "
                          "horovodrun options they stand for, on the command line"),
-    "--autotune": (0, _AUTOTUNE),
-    "--autotune-log-file": (1, _AUTOTUNE),
-    "--autotune-warmup-samples": (1, _AUTOTUNE),
-    "--autotune-steps-per-sample": (1, _AUTOTUNE),
-    "--autotune-bayes-opt-max-samples": (1, _AUTOTUNE),
-    "--autotune-gaussian-process-noise": (1, _AUTOTUNE),
     "--log-with-timestamp": (0, "hvdlite's log lines carry no timestamp; -prefix-timestamp "
                                 "stamps every line of output instead"),
     "--no-log-hide-timestamp": (0, "hvdlite's log lines carry no timestamp; -prefix-timestamp "
@@ -149,6 +146,13 @@ class LaunchConfig:
     fusion_threshold_mb: float | None = None
     cycle_time_ms: float | None = None
     cache_capacity: int | None = None
+    # Horovod's autotuner (HOROVOD_AUTOTUNE and its companions).
+    autotune: bool | None = None
+    autotune_log_file: str | None = None
+    autotune_warmup_samples: int | None = None
+    autotune_steps_per_sample: int | None = None
+    autotune_bayes_opt_max_samples: int | None = None
+    autotune_gaussian_process_noise: float | None = None
     stall_check_time: float | None = None
     log_level: str | None = None
     mpi_args: list[str] = dataclasses.field(default_factory=list)
@@ -655,6 +659,19 @@ def build_mpirun_command(
         tunables["HVDLITE_CYCLE_TIME"] = _number_text(config.cycle_time_ms)
     if config.cache_capacity is not None:
         tunables["HVDLITE_CACHE_CAPACITY"] = str(config.cache_capacity)
+    if config.autotune is not None:
+        tunables["HVDLITE_AUTOTUNE"] = "1" if config.autotune else "0"
+    if config.autotune_log_file is not None:
+        tunables["HVDLITE_AUTOTUNE_LOG"] = os.path.abspath(config.autotune_log_file)
+    for name, value in (("HVDLITE_AUTOTUNE_WARMUP_SAMPLES", config.autotune_warmup_samples),
+                        ("HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", config.autotune_steps_per_sample),
+                        ("HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", config.autotune_bayes_opt_max_samples)):
+        if value is not None:
+            tunables[name] = str(value)
+    if config.autotune_gaussian_process_noise is not None:
+        # Has no effect (no Gaussian process); under Horovod's name so that rank 0 says so.
+        tunables["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"] = _number_text(
+            config.autotune_gaussian_process_noise)
     if config.stall_check_time is not None:
         tunables["HVDLITE_STALL_CHECK_TIME_SECONDS"] = _number_text(config.stall_check_time)
     if config.stall_shutdown_time is not None:
@@ -801,6 +818,21 @@ def make_parser() -> argparse.ArgumentParser:
                         help="background cycle time in milliseconds (HVDLITE_CYCLE_TIME)")
     parser.add_argument("--cache-capacity", type=_non_negative_int, metavar="N",
                         help="response cache capacity, 0 disables (HVDLITE_CACHE_CAPACITY)")
+    parser.add_argument("--autotune", action="store_true", default=None,
+                        help="search the fusion threshold, cycle time, response cache and "
+                             "hierarchical allreduce while training runs, then keep the best "
+                             "(HOROVOD_AUTOTUNE; docs/autotune.md)")
+    parser.add_argument("--autotune-log-file", metavar="FILE",
+                        help="rank 0 writes one CSV line per autotuning sample (HOROVOD_AUTOTUNE_LOG)")
+    parser.add_argument("--autotune-warmup-samples", type=_non_negative_int, metavar="N",
+                        help="samples run before autotuning scores any (default 3)")
+    parser.add_argument("--autotune-steps-per-sample", type=_positive_int, metavar="N",
+                        help="training steps per autotuning sample (default 10)")
+    parser.add_argument("--autotune-bayes-opt-max-samples", type=_positive_int, metavar="N",
+                        help="samples the autotuning search may score (default 20)")
+    parser.add_argument("--autotune-gaussian-process-noise", type=_non_negative_float, metavar="X",
+                        help="accepted for horovodrun's sake; has no effect (hvdlite's tuner fits "
+                             "no Gaussian process), and rank 0 says so")
     parser.add_argument("--stall-check-time", type=_non_negative_float, metavar="S",
                         help="seconds before a stalled tensor is reported "
                              "(HVDLITE_STALL_CHECK_TIME_SECONDS)")
@@ -877,8 +909,8 @@ def make_parser() -> argparse.ArgumentParser:
     hr.add_argument("--num-nccl-streams", type=_positive_int, metavar="N",
                     help="accepted as 1 only: hvdlite runs one NCCL stream of its own per GPU")
     # horovodrun's switches for what hvdlite always does or never does: accepted, no effect.
-    hr.add_argument("--no-autotune", action="store_true",
-                    help="accepted: hvdlite has no autotuner, so tuning is always off")
+    hr.add_argument("--no-autotune", dest="autotune", action="store_false", default=None,
+                    help="no autotuning, whatever HOROVOD_AUTOTUNE says")
     hr.add_argument("--no-mpi-threads-disable", action="store_true",
                     help="accepted: hvdlite always initializes MPI with thread support")
     hr.add_argument("--log-without-timestamp", "--log-hide-timestamp", action="store_true",
@@ -996,6 +1028,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         fusion_threshold_mb=ns.fusion_threshold_mb,
         cycle_time_ms=ns.cycle_time_ms,
         cache_capacity=ns.cache_capacity,
+        autotune=ns.autotune,
+        autotune_log_file=ns.autotune_log_file,
+        autotune_warmup_samples=ns.autotune_warmup_samples,
+        autotune_steps_per_sample=ns.autotune_steps_per_sample,
+        autotune_bayes_opt_max_samples=ns.autotune_bayes_opt_max_samples,
+        autotune_gaussian_process_noise=ns.autotune_gaussian_process_noise,
         stall_check_time=ns.stall_check_time,
         log_level=ns.log_level,
         mpi_args=mpi_args,

@@ -107,6 +107,8 @@ class Backend {
   // state: every rank must pick the same backend for a response.
   virtual bool Supports(const Response& r, std::string* why_not) const = 0;
   virtual FusionLimits Fusion() const = 0;
+  // The autotuner changed the fusion threshold (every rank at the same point).
+  virtual void SetFusionThreshold(int64_t bytes) { (void)bytes; }
   // Runs the collective, or queues it on the device. Null: it finished before
   // returning, and `job.outputs` holds the results. Throws std::runtime_error on
   // failure, naming what failed.

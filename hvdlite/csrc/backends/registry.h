@@ -26,6 +26,11 @@ class BackendRegistry {
   // What the coordinator may fuse for tensors of `kind`: the preferred allreduce
   // backend's limits, capped by the fusion threshold.
   FusionLimits Fusion(DeviceKind kind) const;
+  // The autotuner's fusion threshold, for the registry and every backend.
+  void SetFusionThreshold(int64_t bytes) {
+    params_.fusion_threshold_bytes = bytes;
+    for (const auto& b : backends_) b->SetFusionThreshold(bytes);
+  }
   // Stops every backend's queued device work (a failure means peers will not join it).
   void AbortAll(const std::string& why);
   const std::vector<std::unique_ptr<Backend>>& backends() const { return backends_; }

@@ -30,6 +30,11 @@ class MpiBackend : public Backend {
   DeviceKind Device() const override { return DeviceKind::kHost; }
   bool Supports(const Response& r, std::string* why_not) const override;
   FusionLimits Fusion() const override;
+  void SetFusionThreshold(int64_t bytes) override { params_.fusion_threshold_bytes = bytes; }
+  // Whether the hosts allow a two-level allreduce (several, as many ranks on each), and
+  // the autotuner's choice for it (TwoLevelSettings::allreduce: -1, 0 or 1).
+  bool HierarchicalPossible() const { return hierarchical_ != nullptr; }
+  void SetHierarchicalAllreduce(int32_t mode) { params_.two_level.allreduce = mode; }
   std::unique_ptr<Completion> Run(CollectiveJob& job) override;
 
   int64_t huge_page_extents() const { return huge_pages_.collapsed(); }

@@ -55,6 +55,7 @@ class NcclBackend : public Backend {
   DeviceKind Device() const override { return DeviceKind::kCuda; }
   bool Supports(const Response& r, std::string* why_not) const override;
   FusionLimits Fusion() const override;
+  void SetFusionThreshold(int64_t bytes) override { params_.fusion_threshold_bytes = bytes; }
   std::unique_ptr<Completion> Run(CollectiveJob& job) override;
   void Abort(const std::string& why) override;
 
