@@ -8,7 +8,6 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow import overlap as _overlap

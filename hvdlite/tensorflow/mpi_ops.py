@@ -89,7 +89,7 @@ from hvdlite.common import ops as _ops
 from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - Horovod's constants
 from hvdlite.common.handles import Handle
 from hvdlite.common import process_set_table as _process_set_table
-from hvdlite.common.process_sets import global_process_set, resolve as _resolve_process_set
+from hvdlite.common.process_sets import global_process_set, resolve as _resolve_process_set  # noqa: F401 - re-exported
 from hvdlite.common.exceptions import HvdliteError, HvdliteNotImplementedError, HvdliteValueError
 from hvdlite.tensorflow.compression import Compression, Compressor
 
@@ -747,30 +747,7 @@ def _run(specs: Sequence[_Spec], tensors: Sequence[tf.Tensor],
     outs = tf.py_function(body, inputs, tout, name="hvdlite_collectives")
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
-    results: list[Any] = []
-    k = 0
-    for i, spec in enumerate(specs):
-        t = tensors[i]
-        if spec.kind in (_ops.BARRIER, _ops.JOIN):
-            o = outs[k]
-            o.set_shape([])
-            results.append(o if spec.kind == _ops.JOIN else None)
-            k += 1
-        elif spec.kind == _ops.ALLTOALL:
-            o, rs = outs[k], outs[k + 1]
-            o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
-            rs.set_shape([None])
-            results.append((o, rs))
-            k += 2
-        else:
-            o = outs[k]
-            if spec.kind in (_ops.ALLREDUCE, _ops.BROADCAST):
-                o.set_shape(t.shape)
-            else:
-                o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
-            results.append(o)
-            k += 1
-    return results
+    return _set_result_shapes(specs, tensors, list(outs))
 
 
 # Requests submitted by one py_function and waited for by a later one (see _run_buckets).

@@ -12,7 +12,6 @@ collectives, plain single-process TensorFlow/Keras training on the global batch 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import run_job
+from tests.tensorflow import checks_launch
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "tf_worker.py"
@@ -84,42 +83,21 @@ pytestmark = [
 LAUNCH_ENV = {3: {"HVDLITE_TF_OVERLAP": "1", "HVDLITE_TF_BUCKET_BYTES": "64"}}
 
 
-def launch(n: int, out_dir: Path) -> dict:
-    try:
-        proc = run_job(n, WORKER, str(out_dir), env=LAUNCH_ENV.get(n), timeout=LAUNCH_TIMEOUT_S)
-        output = f"exit status {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    except AssertionError as e:  # timed out; the job was killed
-        output = str(e)
-    results = {}
-    for r in range(n):
-        f = out_dir / f"rank{r}.json"
-        results[r] = json.loads(f.read_text()) if f.exists() else None
-    return {"n": n, "results": results, "output": output}
-
-
 @pytest.fixture(scope="module", params=RANK_COUNTS, ids=[f"np{n}" for n in RANK_COUNTS])
 def run(request, tmp_path_factory):
     n = request.param
-    return launch(n, tmp_path_factory.mktemp(f"tf_np{n}"))
+    return checks_launch.launch(n, WORKER, tmp_path_factory.mktemp(f"tf_np{n}"), LAUNCH_TIMEOUT_S,
+                                LAUNCH_ENV.get(n))
 
 
 def test_check_list(run):
     """The worker ran exactly the checks listed here, on every rank."""
-    for r, res in run["results"].items():
-        assert res is not None, f"rank {r} of {run['n']} wrote no results:\n{run['output']}"
-        assert sorted(res) == sorted(CHECKS), f"rank {r}: checks differ from the list here"
+    checks_launch.assert_ran_exactly(run, CHECKS)
 
 
 @pytest.mark.parametrize("check", CHECKS)
 def test_tf(run, check):
-    failures = []
-    for r, res in run["results"].items():
-        if res is None:
-            pytest.fail(f"rank {r} of {run['n']} wrote no results:\n{run['output']}")
-        verdict = res.get(check, "not run")
-        if verdict != "ok":
-            failures.append(f"rank {r}: {verdict}")
-    assert not failures, f"{check} on {run['n']} ranks:\n" + "\n".join(failures)
+    checks_launch.assert_passed(run, check)
 
 
 # Keras's backends other than TensorFlow: torch is the one installed with hvdlite[torch]

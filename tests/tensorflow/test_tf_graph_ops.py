@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import REPO, job_env, run_job
+from tests.launch import REPO, job_env
+from tests.tensorflow import checks_launch
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "tf_graph_worker.py"
@@ -58,35 +59,16 @@ def run(request, tmp_path_factory):
     if not HAVE_CXX:
         pytest.skip("no C++ compiler: hvdlite's TensorFlow ops cannot be built here")
     n = request.param
-    out_dir = tmp_path_factory.mktemp(f"tf_graph_np{n}")
-    try:
-        proc = run_job(n, WORKER, str(out_dir), timeout=LAUNCH_TIMEOUT_S)
-        output = f"exit status {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    except AssertionError as e:  # timed out; the job was killed
-        output = str(e)
-    results = {}
-    for r in range(n):
-        f = out_dir / f"rank{r}.json"
-        results[r] = json.loads(f.read_text()) if f.exists() else None
-    return {"n": n, "results": results, "output": output}
+    return checks_launch.launch(n, WORKER, tmp_path_factory.mktemp(f"tf_graph_np{n}"), LAUNCH_TIMEOUT_S)
 
 
 def test_check_list(run):
-    for r, res in run["results"].items():
-        assert res is not None, f"rank {r} of {run['n']} wrote no results:\n{run['output']}"
-        assert sorted(res) == sorted(CHECKS), f"rank {r}: checks differ from the list here:\n{run['output']}"
+    checks_launch.assert_ran_exactly(run, CHECKS)
 
 
 @pytest.mark.parametrize("check", CHECKS)
 def test_graph(run, check):
-    failures = []
-    for r, res in run["results"].items():
-        if res is None:
-            pytest.fail(f"rank {r} of {run['n']} wrote no results:\n{run['output']}")
-        verdict = res.get(check, f"not run:\n{run['output']}")
-        if verdict != "ok":
-            failures.append(f"rank {r}: {verdict}")
-    assert not failures, f"{check} on {run['n']} ranks:\n" + "\n".join(failures)
+    checks_launch.assert_passed(run, check)
 
 
 # ---- building and caching the library ---------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -16,14 +15,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdlite.tensorflow as hvd  # noqa: E402
-
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
-
+from tf_cases import case, run_cases  # noqa: E402
 
 def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ab, aa, bb = a @ b, a @ a, b @ b
@@ -114,21 +106,7 @@ def not_a_power_of_two() -> None:
 
 def main() -> None:
     hvd.init()
-    wanted = set(sys.argv[1:])
-    failed = 0
-    for fn in CASES:
-        if fn.__name__ not in wanted:
-            continue
-        try:
-            fn()
-            print(f"PASS {fn.__name__} rank {hvd.rank()}", flush=True)
-        except Exception:  # noqa: BLE001 - reported and counted
-            failed += 1
-            traceback.print_exc()
-            print(f"FAIL {fn.__name__} rank {hvd.rank()}", flush=True)
-    hvd.barrier()
-    hvd.shutdown()
-    sys.exit(1 if failed else 0)
+    run_cases(hvd, sys.argv[1:])
 
 
 if __name__ == "__main__":

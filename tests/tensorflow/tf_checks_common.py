@@ -80,3 +80,30 @@ def graph_ops_available():
     return _kernels.library() is not None
 
 
+
+
+def run_checks() -> None:
+    """A check worker's main (``tf_worker.py``, ``tf_graph_worker.py``): runs the registered
+    checks (those named after OUT_DIR on the command line, or all) and writes
+    OUT_DIR/rank{r}.json mapping check name -> "ok" or the failure description, after
+    every check, so that a launch killed by its timeout still reports what finished."""
+    import json
+    import sys
+    import traceback
+
+    out_dir = sys.argv[1]
+    only = set(sys.argv[2:])
+    results = {}
+    for fn in CHECKS:
+        if only and fn.__name__ not in only:
+            continue
+        FAILURES.clear()
+        try:
+            fn()
+        except Exception:
+            FAILURES.append("exception:\n" + traceback.format_exc())
+        results[fn.__name__] = "ok" if not FAILURES else "\n".join(FAILURES)
+        hvd.allgather_object(fn.__name__)  # keep ranks in step between checks
+        with open(os.path.join(out_dir, f"rank{R}.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    hvd.shutdown()

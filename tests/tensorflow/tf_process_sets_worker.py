@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -16,16 +15,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdlite.tensorflow as hvd  # noqa: E402
+from tf_cases import case, run_cases  # noqa: E402
 
 EVEN, ODD = hvd.ProcessSet([0, 2]), hvd.ProcessSet([1])
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
-
-
 def value(r: int, shape=(4,)) -> np.ndarray:
     return (np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 10 * r)
 
@@ -159,20 +151,7 @@ def dynamic_sets() -> None:
 def main() -> None:
     hvd.init(process_sets=[EVEN, ODD])
     assert hvd.size() == 3, "run on 3 ranks"
-    failed = 0
-    for fn in CASES:
-        if sys.argv[1:] and fn.__name__ not in sys.argv[1:]:
-            continue
-        try:
-            fn()
-            print(f"PASS {fn.__name__} rank {hvd.rank()}", flush=True)
-        except Exception:  # noqa: BLE001 - reported and counted
-            failed += 1
-            traceback.print_exc()
-            print(f"FAIL {fn.__name__} rank {hvd.rank()}", flush=True)
-        hvd.barrier()
-    hvd.shutdown()
-    sys.exit(1 if failed else 0)
+    run_cases(hvd, sys.argv[1:])
 
 
 if __name__ == "__main__":

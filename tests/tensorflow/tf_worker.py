@@ -5,35 +5,9 @@ Usage: tf_worker.py OUT_DIR [CHECK_NAME ...]   (names restrict the run, for debu
 """
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
-
 import tf_checks_common as common  # initialises hvdlite and TensorFlow threads
 import tf_ops_checks  # noqa: F401  (registers checks)
 import tf_keras_checks  # noqa: F401  (registers checks)
 
-
-def main() -> None:
-    out_dir = sys.argv[1]
-    only = set(sys.argv[2:])
-    hvd = common.hvd
-    results = {}
-    for fn in common.CHECKS:
-        if only and fn.__name__ not in only:
-            continue
-        common.FAILURES.clear()
-        try:
-            fn()
-        except Exception:
-            common.FAILURES.append("exception:\n" + traceback.format_exc())
-        results[fn.__name__] = "ok" if not common.FAILURES else "\n".join(common.FAILURES)
-        hvd.allgather_object(fn.__name__)  # keep ranks in step between checks
-    with open(os.path.join(out_dir, f"rank{common.R}.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    hvd.shutdown()
-
-
 if __name__ == "__main__":
-    main()
+    common.run_checks()
