@@ -51,6 +51,8 @@ from hvdlite.tensorflow.gradients import (DistributedGradientTape, PartialDistri
                                           allreduce_gradients)
 from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hvdlite.tensorflow import elastic
+from hvdlite.tensorflow import util
+from hvdlite.tensorflow.util import _executing_eagerly  # noqa: F401 - Horovod's package has it
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
