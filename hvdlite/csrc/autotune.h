@@ -56,7 +56,6 @@ class Autotuner {
   bool Record(const std::vector<std::string>& names, int64_t bytes, int64_t now_us, Tunables* next);
 
   bool Done() const { return done_; }
-  const Tunables& Current() const { return current_; }
 
  private:
   struct Scored {

@@ -376,7 +376,14 @@ bool Engine::CoordinatorStep() {
   if (!shutting_down_) {
     // GPU tensors wait while this rank's GPU work runs, so that they go out fused.
     ResponseList ready = coordinator_->TakeReady(/*hold_device=*/in_flight_count_ > 0);
-    if (!ready.responses.empty()) {
+    if (tunables_to_send_) {
+      // The autotuner's next settings ride on this list (alone if it is empty): every
+      // rank applies them before its collectives, where it falls in the one order.
+      ready.has_tunables = true;
+      ready.tunables = *tunables_to_send_;
+      tunables_to_send_.reset();
+    }
+    if (!ready.responses.empty() || ready.has_tunables) {
       progress = true;
       // With a cycle in flight, the list runs after that cycle's tensors, on every rank.
       const bool after_cycle = cycle_->InFlight();
@@ -385,21 +392,6 @@ bool Engine::CoordinatorStep() {
       if (size() > 1) channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(ready)));
       if (after_cycle) deferred_.push_back(std::move(ready));
       else Execute(ready);
-    }
-    if (tunables_to_send_) {
-      // The autotuner's next settings: a list of their own, run by every rank where
-      // it falls in the one order of lists and cycles.
-      progress = true;
-      ResponseList settings;
-      settings.has_tunables = true;
-      settings.tunables = *tunables_to_send_;
-      tunables_to_send_.reset();
-      const bool after_cycle = cycle_->InFlight();
-      settings.after_cycle = after_cycle ? cycle_->started() : cycle_->completed();
-      ++lists_sent_;
-      if (size() > 1) channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(settings)));
-      if (after_cycle) deferred_.push_back(std::move(settings));
-      else Execute(settings);
     }
     progress = CycleStep(now) || progress;
     const int64_t t = NowMicros();
@@ -828,6 +820,7 @@ void Engine::ApplyTunables(const Tunables& t) {
 void Engine::Tune(const std::vector<std::string>& names, int64_t bytes) {
   Tunables next;
   if (tuner_->Record(names, bytes, NowMicros(), &next)) tunables_to_send_ = next;
+  if (tuner_->Done()) tuner_.reset();  // settled: nothing more to count on the hot path
 }
 
 void Engine::Perform(const Response& r) {

@@ -128,7 +128,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     with _ops.process_set_scope(process_set):
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ValueError("cannot broadcast torch.optim.LBFGS state")
-        if not optimizer.state_dict()["state"]:
+        if not optimizer.state:
             _zero_missing_gradients(optimizer)
         base = _ops.auto_name("broadcast_optimizer_state")
         if rank() == root_rank:

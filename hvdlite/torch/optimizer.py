@@ -55,6 +55,11 @@ def _remove_hooks(hooks: dict[torch.Tensor, Any]) -> None:
     hooks.clear()
 
 
+def _outside(process_set: Any) -> bool:
+    """This process is not a member of `process_set` (a registered set; None: global)."""
+    return process_set is not None and getattr(process_set, "included", lambda: True)() is False
+
+
 class GradientsInFlightError(AssertionError, RuntimeError):
     """``zero_grad()`` was called while gradient allreduces were in flight. An
     ``AssertionError``, the type Horovod raises here, and a ``RuntimeError``."""
@@ -121,7 +126,7 @@ class _DistributedOptimizer:
         weakref.finalize(self, _remove_hooks, self._hvd_hooks)
         self._hvd_synchronized = False
         self._hvd_should_sync = True
-        if process_set is not None and getattr(process_set, "included", lambda: True)() is False:
+        if _outside(process_set):
             # As in Horovod: a rank outside the set trains locally, reducing nothing.
             self._hvd_active = False
         else:
@@ -557,7 +562,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     gradient allreduces are still in flight raises :class:`GradientsInFlightError` (an
     ``AssertionError``, as in Horovod, and a ``RuntimeError``).
     """
-    if process_set is not None and getattr(process_set, "included", lambda: True)() is not False:
+    if process_set is not None and not _outside(process_set):
         _ops.process_set_scope(process_set)  # checks it: registered (a non-member trains locally)
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
