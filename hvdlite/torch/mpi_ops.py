@@ -272,14 +272,17 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
     if not grouped:
         t = tensors[0]
         dt = _NATIVE.get(t.dtype)
-        if dt is not None and t.is_cpu and t.layout == torch.strided and t.is_contiguous():
-            # Fast path: the engine reads (and for in-place ops writes) the tensor itself.
-            raw = _ops.RawTensor(t.data_ptr(), dt, tuple(t.shape))
+        if (dt is not None and (t.is_cpu or t.is_cuda) and t.layout == torch.strided and t.is_contiguous()
+                and _ops.op_problem(op) is None):
+            # Fast path: the engine reads (and for in-place ops writes) the tensor itself,
+            # in host memory or on its GPU. Nothing here can fail on one rank alone, so
+            # the staging that refuses a call on every rank is not needed.
+            raw = _raw(t, dt)
             if inplace:
                 out, out_raw = t, raw
             else:
                 out = torch.empty_like(t, memory_format=torch.contiguous_format)
-                out_raw = _ops.RawTensor(out.data_ptr(), dt, raw.shape)
+                out_raw = _ops.RawTensor(out.data_ptr(), dt, raw.shape, raw.device, raw.stream)
             part = _ops.submit(_ops.ALLREDUCE, raw, out_raw, name=base, op=op,
                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                keepalive=(t, out))
