@@ -213,6 +213,16 @@ def _number_text(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
+def in_elastic_job(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process belongs to an elastic job: ``HVDLITE_ELASTIC=1``, or without
+    it Horovod's ``HOROVOD_ELASTIC=1``."""
+    env = os.environ if env is None else env
+    switch = env.get(ENV_ELASTIC)
+    if switch is None:
+        switch = env.get(ENV_HOROVOD_ELASTIC)
+    return switch is not None and switch.strip() == "1"
+
+
 @dataclasses.dataclass
 class ElasticSettings:
     """An elastic job's settings, as ``hvdlite-run`` resolved them from its flags.
@@ -266,10 +276,7 @@ class ElasticSettings:
         or malformed.
         """
         env = os.environ if env is None else env
-        switch = env.get(ENV_ELASTIC)
-        if switch is None:
-            switch = env.get(ENV_HOROVOD_ELASTIC)
-        if switch is None or switch.strip() != "1":
+        if not in_elastic_job(env):
             return None
 
         def required(name: str) -> str:

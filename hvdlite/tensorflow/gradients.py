@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from hvdlite.common import ops as _ops
+from hvdlite.runner.discovery import in_elastic_job
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow import overlap as _overlap
 from hvdlite.tensorflow.compression import Compression, Compressor
@@ -127,7 +128,8 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
     or densified first with ``sparse_as_dense=True``. ``gradient_predivide_factor`` f
     (only with ``op=Average``) divides by f before the sum and by size/f after it.
     ``groups``: an int (number of contiguous groups) or lists of variables whose
-    gradients form one grouped allreduce each. With one rank nothing is communicated.
+    gradients form one grouped allreduce each. With one rank nothing is communicated,
+    except in an elastic job (whose world may grow while a traced function lives on).
     Not differentiable (no second-order gradients through the communication)."""
     if op not in _GRADIENT_OPS:
         raise ValueError(f"unsupported op {op!r} for gradients")
@@ -137,7 +139,7 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
     if op == _ops.Adasum and not sparse_as_dense and any(isinstance(g, tf.IndexedSlices) for g in grads):
         raise ValueError("Adasum cannot combine sparse gradients (tf.IndexedSlices); "
                          "pass sparse_as_dense=True")
-    if _ops.current_size() == 1:
+    if _ops.current_size() == 1 and not in_elastic_job():  # an elastic world may grow later
         return [tf.convert_to_tensor(g) if (sparse_as_dense and isinstance(g, tf.IndexedSlices)) else g
                 for g in grads]
     prescale = 1.0 / gradient_predivide_factor

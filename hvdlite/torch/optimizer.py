@@ -17,6 +17,7 @@ import torch
 
 from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import resolve as _process_set_id
+from hvdlite.runner.discovery import in_elastic_job
 from hvdlite.torch import uneven
 from hvdlite.torch.compression import Compression, Compressor
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
@@ -130,8 +131,10 @@ class _DistributedOptimizer:
             # As in Horovod: a rank outside the set trains locally, reducing nothing.
             self._hvd_active = False
         else:
+            # One rank alone has nothing to average, except in an elastic job: there the
+            # world may grow later, so the hooks stay (Horovod does the same).
             with _ops.process_set_scope(process_set):
-                self._hvd_active = _ops.current_size() > 1
+                self._hvd_active = _ops.current_size() > 1 or in_elastic_job()
 
         # Groups: units of parameters reduced together as one grouped allreduce.
         self._hvd_unit_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}

@@ -177,6 +177,28 @@ def test_a_worker_joins_when_a_slot_is_offered(tmp_path: Path) -> None:
     _check_each_sample_trained_once(results[0], 480)
 
 
+@pytest.mark.timeout(300)
+def test_a_job_started_alone_averages_once_a_worker_joins(tmp_path: Path) -> None:
+    """Start with 1 (``--min-np 1``); at step 10 a 2nd slot is offered. The optimizer
+    built by the lone worker must average gradients with the newcomer from then on (as
+    Horovod's does in an elastic job): both end with the same parameters, and each sample
+    is trained once per epoch."""
+    hosts, script = _discovery(tmp_path, "localhost:1\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(1, TRAIN, "--out", str(out), "--epochs", "6", "--step-sleep", "0.03",
+                   env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:2"},
+                   launcher_args=["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(script)],
+                   timeout=240)
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, detail
+    results = _results(out)
+    assert sorted((r["first_rank"], r["joined"]) for r in results) == [(0, False), (1, True)], detail
+    assert all(r["size"] == 2 for r in results), detail
+    assert len({r["params_sha"] for r in results}) == 1, [r["params_sha"] for r in results]
+    _check_each_sample_trained_once(results[0], 480)
+
+
 @pytest.mark.timeout(600)
 def test_twenty_kills_in_a_row_each_replaced(tmp_path: Path) -> None:
     """20 consecutive kill-and-recover cycles in one job of 4: every 20 steps the worker
