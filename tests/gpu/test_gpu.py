@@ -139,6 +139,26 @@ def test_loader_opens_the_real_nccl_wheel() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def real_gpus() -> int:
+    """GPUs CuPy sees (0 without CuPy or without a GPU)."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver, no device
+        return 0
+
+
+@pytest.mark.timeout(300)
+def test_cupy_arrays_on_a_real_gpu() -> None:
+    """The NumPy front end with CuPy arrays on real GPUs and the real NCCL, one rank per
+    GPU (skipped on machines without CuPy and a GPU, such as CI's)."""
+    gpus = real_gpus()
+    if gpus < 1:
+        pytest.skip("needs CuPy and a CUDA GPU")
+    proc = run_job(gpus, HERE / "cupy_checks.py", timeout=250)
+    assert_passed(proc, gpus)
+
+
 def test_check_build_and_nccl_built_say_where_nccl_comes_from(fake_cuda: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HVDLITE_CUDART_LIBRARY": str(fake_cuda / "libcudart.so"),
            "HVDLITE_NCCL_LIBRARY": str(fake_cuda / "libnccl.so")}
