@@ -48,7 +48,9 @@ events = json.load(open(sys.argv[1]))
 events = events["traceEvents"] if isinstance(events, dict) else events
 phases = collections.Counter(e["name"] for e in events if e.get("ph") in ("B", "X"))
 print("timeline phases:", dict(phases))
-assert phases["NCCL_ALLREDUCE"] > 0, "no NCCL_ALLREDUCE phase in the timeline"
+# At size 1 the optimizer adds no hooks (as Horovod's): the parameters' broadcasts are
+# the example's GPU collectives there; its metric allreduces run on the CPU.
+assert any(name.startswith("NCCL_") for name in phases), "no NCCL phase in the timeline"
 PYEOF
 
 step "benchmarks/bench_gpu.py, 1 rank"
