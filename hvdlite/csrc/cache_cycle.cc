@@ -148,8 +148,9 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
 }
 
 // The ready entries as collectives, the same on every rank: in id order, allreduces
-// that are reduced and scaled alike fused up to the device's limit, everything else
-// alone. (Ids are given out in the order tensors were first negotiated, which for
+// that are reduced and scaled alike fused up to the device's limit, small allgathers on
+// one kind of device fused up to theirs (as the coordinator fuses them), everything
+// else alone. (Ids are given out in the order tensors were first negotiated, which for
 // gradients is the order the backward pass produces them.)
 std::vector<std::vector<int32_t>> CacheCycle::Fuse(const std::vector<int32_t>& ids,
                                                    const ResponseCache& cache) const {
@@ -159,9 +160,25 @@ std::vector<std::vector<int32_t>> CacheCycle::Fuse(const std::vector<int32_t>& i
     int64_t bytes;
   };
   std::vector<Open> open;
+  Open gathers[kNumDeviceKinds] = {{0, -1}, {0, -1}};  // bytes -1: none open
   for (int32_t id : ids) {
     const Request& q = cache.Get(id);
-    if (q.type != RequestType::kAllreduce) {
+    if (q.type == RequestType::kAllgather) {
+      const FusionLimits& limits = fusion_[static_cast<int>(KindOfDevice(q.device))];
+      const int64_t bytes = GatheredBytes(q, cache.Sizes(id));
+      Open& g = gathers[static_cast<int>(KindOfDevice(q.device))];
+      if (bytes >= limits.allgather_tensor_bytes) {
+        out.push_back({id});
+      } else if (g.bytes >= 0 && g.bytes + bytes <= limits.allgather_bytes) {
+        out[g.index].push_back(id);
+        g.bytes += bytes;
+      } else {
+        g = Open{out.size(), bytes};
+        out.push_back({id});
+      }
+      continue;
+    }
+    if (q.type != RequestType::kAllreduce || q.reduce_op == ReduceOp::kAdasum) {
       out.push_back({id});
       continue;
     }

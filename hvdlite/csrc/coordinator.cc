@@ -54,13 +54,6 @@ bool SameFusionKey(const Response& a, const Response& b) {
          a.postscale == b.postscale && KindOfDevice(a.device) == KindOfDevice(b.device);
 }
 
-// Bytes an allgather of `q`'s kind of rows gathers from all ranks (`rows`: per rank).
-int64_t GatheredBytes(const Request& q, const std::vector<int64_t>& rows) {
-  int64_t total = 0;
-  for (int64_t n : rows) total += n;
-  return total * RowElements(q.shape) * DataTypeSize(q.dtype);
-}
-
 }  // namespace
 
 Coordinator::Coordinator(int size, const Parameters& params, const FusionLimits (&fusion)[kNumDeviceKinds],

@@ -778,12 +778,25 @@ bool Engine::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<R
   return handles_->Wait(h, error, release, ready);
 }
 
+// What response `r` says of every rank's part of its `i`-th tensor, where a request
+// alone does not say it: an allgather's rows per rank (its slice of the fused sizes),
+// an alltoall's splits matrix. Empty for the other kinds.
+std::vector<int64_t> Engine::PartsOf(const Response& r, size_t i) {
+  if (r.type == RequestType::kAlltoall) return r.sizes;
+  if (r.type != RequestType::kAllgather || r.names.empty()) return {};
+  const size_t per = r.sizes.size() / r.names.size();
+  return std::vector<int64_t>(r.sizes.begin() + static_cast<std::ptrdiff_t>(i * per),
+                              r.sizes.begin() + static_cast<std::ptrdiff_t>((i + 1) * per));
+}
+
 Response Engine::FromCache(const std::vector<int32_t>& ids) const {
   Response r = ResponseTo(cache_.Get(ids.front()));
   for (int32_t id : ids) {
     const Request& q = cache_.Get(id);
     r.names.push_back(q.name);
-    r.sizes.push_back(NumElements(q.shape));
+    const std::vector<int64_t>& parts = cache_.Sizes(id);  // every rank's rows or splits
+    if (parts.empty()) r.sizes.push_back(NumElements(q.shape));
+    else r.sizes.insert(r.sizes.end(), parts.begin(), parts.end());
     r.cache_ids.push_back(id);
   }
   return r;
@@ -839,7 +852,7 @@ void Engine::Perform(const Response& r) {
       if (cache_.Lookup(entries[i].request) == r.cache_ids[i]) continue;  // already known
       Request sig = entries[i].request;
       sig.rank = 0;
-      cache_.Put(r.cache_ids[i], sig);
+      cache_.Put(r.cache_ids[i], sig, PartsOf(r, i));
     }
   }
 

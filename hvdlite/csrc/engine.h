@@ -151,6 +151,7 @@ class Engine {
   // Rank 0: what a collective moved, for the autotuner.
   void Tune(const std::vector<std::string>& names, int64_t bytes);
   Response FromCache(const std::vector<int32_t>& ids) const;
+  static std::vector<int64_t> PartsOf(const Response& r, size_t i);
   void Perform(const Response& response);
   // Watches device work in flight: failures and work that never finishes.
   bool PollInFlight();

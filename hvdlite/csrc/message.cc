@@ -18,6 +18,12 @@ Response ResponseTo(const Request& q) {
   return r;
 }
 
+int64_t GatheredBytes(const Request& q, const std::vector<int64_t>& rows) {
+  int64_t total = 0;
+  for (int64_t n : rows) total += n;
+  return total * RowElements(q.shape) * DataTypeSize(q.dtype);
+}
+
 namespace {
 
 class Writer {

@@ -94,6 +94,9 @@ struct ResponseList {
 // with no tensors listed yet.
 Response ResponseTo(const Request& q);
 
+// Bytes an allgather of `q`'s kind of rows gathers from all ranks (`rows`: per rank).
+int64_t GatheredBytes(const Request& q, const std::vector<int64_t>& rows);
+
 std::vector<uint8_t> Serialize(const RequestList& list);
 RequestList DeserializeRequestList(const uint8_t* data, size_t size);
 std::vector<uint8_t> Serialize(const ResponseList& list);

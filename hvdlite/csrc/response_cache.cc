@@ -5,18 +5,20 @@
 namespace hvdlite {
 
 bool ResponseCache::Cacheable(const Request& r) {
-  return r.group_id < 0 && r.error.empty() && !IsOneOffName(r.name) && (r.type == RequestType::kAllreduce || r.type == RequestType::kBroadcast ||
-                            r.type == RequestType::kReducescatter);
+  return r.group_id < 0 && r.error.empty() && !IsOneOffName(r.name) &&
+         (r.type == RequestType::kAllreduce || r.type == RequestType::kBroadcast ||
+          r.type == RequestType::kReducescatter || r.type == RequestType::kAllgather ||
+          r.type == RequestType::kAlltoall);
 }
 
 int32_t ResponseCache::Lookup(const Request& r) const {
   if (!Enabled() || !Cacheable(r)) return -1;
   auto it = by_name_.find(r.name);
   if (it == by_name_.end()) return -1;
-  const Request& c = entries_.at(it->second);
+  const Request& c = entries_.at(it->second).sig;
   if (c.type == r.type && c.dtype == r.dtype && c.shape == r.shape && c.reduce_op == r.reduce_op &&
       c.prescale == r.prescale && c.postscale == r.postscale && c.root == r.root && c.device == r.device &&
-      c.process_set == r.process_set)
+      c.process_set == r.process_set && c.splits == r.splits)
     return it->second;
   return -1;
 }
@@ -37,22 +39,22 @@ int32_t ResponseCache::AssignId(const std::string& name) {
 void ResponseCache::Erase(int32_t id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
-  auto named = by_name_.find(it->second.name);
+  auto named = by_name_.find(it->second.sig.name);
   if (named != by_name_.end() && named->second == id) by_name_.erase(named);
   entries_.erase(it);
   free_ids_.push_back(id);
 }
 
 void ResponseCache::Clear() {
-  for (const auto& [id, sig] : entries_) free_ids_.push_back(id);
+  for (const auto& [id, entry] : entries_) free_ids_.push_back(id);
   entries_.clear();
   by_name_.clear();
 }
 
-void ResponseCache::Put(int32_t id, const Request& sig) {
+void ResponseCache::Put(int32_t id, const Request& sig, std::vector<int64_t> sizes) {
   auto old = entries_.find(id);
-  if (old != entries_.end() && old->second.name != sig.name) by_name_.erase(old->second.name);
-  entries_[id] = sig;
+  if (old != entries_.end() && old->second.sig.name != sig.name) by_name_.erase(old->second.sig.name);
+  entries_[id] = Entry{sig, std::move(sizes)};
   by_name_[sig.name] = id;
   if (id >= next_id_) next_id_ = id + 1;
   free_ids_.erase(std::remove(free_ids_.begin(), free_ids_.end(), id), free_ids_.end());

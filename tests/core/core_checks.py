@@ -275,6 +275,42 @@ def check_response_cache(r: int, n: int) -> None:
     assert as_ids == 3, f"{as_ids} of the 3 repeats were agreed through the cache"
 
 
+def check_cache_gathers_and_alltoalls(r: int, n: int) -> None:
+    """Allgathers (ranks sending different rows) and alltoalls (with splits) repeated
+    under one name are agreed through the response cache, fused in the cycle where
+    small, and stay exact when one rank changes its part: that rank's rows, or its
+    splits, evict the entry on every rank and the call is negotiated again."""
+    if int(os.environ.get("HVDLITE_CACHE_CAPACITY", "1024")) == 0:
+        return
+    core = _basics.core()
+    before = core.stats()["requests_as_ids"]
+    rounds = 8
+    for k in range(rounds):
+        # Rank n-1 sends one row more from round 4 on: an eviction, then cached again.
+        rows = [q + 1 + (1 if q == n - 1 and k >= 4 else 0) for q in range(n)]
+        gathered = [hvd.allgather(np.full((rows[r], 3), 100 * r + t, np.float32), name=f"cache.ag.{t}")
+                    for t in range(3)]
+        for t, g in enumerate(gathered):
+            want = np.concatenate([np.full((rows[q], 3), 100 * q + t, np.float32) for q in range(n)])
+            np.testing.assert_array_equal(g, want, err_msg=f"allgather {t} round {k}")
+        # Rank 0 changes its splits in round 5 only (and back in round 6).
+        splits = [1 + (j + r + (1 if r == 0 and k == 5 else 0)) % 3 for j in range(n)]
+        send = np.concatenate([np.full(splits[j], 10 * r + j, np.int64) for j in range(n)])
+        got, received = hvd.alltoall(send, splits=splits, name="cache.a2a")
+        sent_to_me = [1 + (r + q + (1 if q == 0 and k == 5 else 0)) % 3 for q in range(n)]
+        np.testing.assert_array_equal(received, sent_to_me, err_msg=f"alltoall received splits round {k}")
+        np.testing.assert_array_equal(got, np.concatenate([np.full(sent_to_me[q], 10 * q + r, np.int64)
+                                                           for q in range(n)]), err_msg=f"alltoall round {k}")
+    as_ids = core.stats()["requests_as_ids"] - before
+    # 4 tensors a round. Sent in full on every rank: round 0's 4, round 4's 3 allgathers
+    # (evicted), the alltoall of rounds 5 and 6 (its splits changed, then changed back).
+    # Everything else goes as an id (a rank whose request matched an entry evicted in
+    # that same cycle sends it as an id first, so a rank may count more), except that
+    # rank 0 alone may negotiate round 4's new rows before the cycle that evicts the old
+    # entry has run, which then drops the new one too: 3 more in full, in round 5.
+    assert as_ids >= 4 * rounds - 12, f"only {as_ids} cache hits in {4 * rounds} calls"
+
+
 def check_cycles_carry_small_allreduces(r: int, n: int) -> None:
     """A small Sum/Average allreduce that every rank has ready is reduced inside the
     cycle that agrees on it (no collective of its own): exact sums, Average, prescale
@@ -661,7 +697,8 @@ def main() -> None:
     checks = [check_allreduce, check_ring_allreduce, check_fusion, check_gather_bcast,
               check_alltoall_reducescatter, check_barrier_join, check_response_cache, check_errors, check_restart,
               check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree,
-              check_cache_hits_meet_join_and_mismatch, check_cycles_carry_small_allreduces]
+              check_cache_hits_meet_join_and_mismatch, check_cycles_carry_small_allreduces,
+              check_cache_gathers_and_alltoalls]
     for check in checks:
         if only and check.__name__ not in only:
             continue
