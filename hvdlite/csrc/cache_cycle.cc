@@ -22,7 +22,7 @@ constexpr int64_t kFirstPauseUs = 10;
 constexpr int kSharedMemoryPieceWords = 496;
 
 bool SameFusionKey(const Request& a, const Request& b) {
-  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
+  return a.type == b.type && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
          a.postscale == b.postscale && KindOfDevice(a.device) == KindOfDevice(b.device);
 }
 
@@ -148,7 +148,8 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
 }
 
 // The ready entries as collectives, the same on every rank: in id order, allreduces
-// that are reduced and scaled alike fused up to the device's limit, small allgathers on
+// (and reducescatters) that are reduced and scaled alike fused up to the device's
+// limit, small allgathers on
 // one kind of device fused up to theirs (as the coordinator fuses them), everything
 // else alone. (Ids are given out in the order tensors were first negotiated, which for
 // gradients is the order the backward pass produces them.)
@@ -163,8 +164,8 @@ std::vector<std::vector<int32_t>> CacheCycle::Fuse(const std::vector<int32_t>& i
   Open gathers[kNumDeviceKinds] = {{0, -1}, {0, -1}};  // bytes -1: none open
   for (int32_t id : ids) {
     const Request& q = cache.Get(id);
+    const FusionLimits& limits = fusion_[static_cast<int>(KindOfDevice(q.device))];
     if (q.type == RequestType::kAllgather) {
-      const FusionLimits& limits = fusion_[static_cast<int>(KindOfDevice(q.device))];
       const int64_t bytes = GatheredBytes(q, cache.Sizes(id));
       Open& g = gathers[static_cast<int>(KindOfDevice(q.device))];
       if (bytes >= limits.allgather_tensor_bytes) {
@@ -178,12 +179,13 @@ std::vector<std::vector<int32_t>> CacheCycle::Fuse(const std::vector<int32_t>& i
       }
       continue;
     }
-    if (q.type != RequestType::kAllreduce || q.reduce_op == ReduceOp::kAdasum) {
+    const bool scatter = q.type == RequestType::kReducescatter && limits.reducescatter_bytes > 0;
+    if ((q.type != RequestType::kAllreduce && !scatter) || q.reduce_op == ReduceOp::kAdasum) {
       out.push_back({id});
       continue;
     }
     const int64_t bytes = NumElements(q.shape) * DataTypeSize(q.dtype);
-    const int64_t limit = fusion_[static_cast<int>(KindOfDevice(q.device))].allreduce_bytes;
+    const int64_t limit = scatter ? limits.reducescatter_bytes : limits.allreduce_bytes;
     auto slot = std::find_if(open.begin(), open.end(),
                              [&](const Open& o) { return SameFusionKey(cache.Get(out[o.index].front()), q); });
     if (slot != open.end() && slot->bytes + bytes <= limit) {

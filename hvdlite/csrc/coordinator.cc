@@ -48,9 +48,9 @@ int FirstRank(const std::vector<char>& have) {
   return r;
 }
 
-// Allreduces fuse only when they are reduced and scaled the same way.
+// Allreduces (or reducescatters) fuse only when they are reduced and scaled the same way.
 bool SameFusionKey(const Response& a, const Response& b) {
-  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
+  return a.type == b.type && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
          a.postscale == b.postscale && KindOfDevice(a.device) == KindOfDevice(b.device);
 }
 
@@ -424,8 +424,9 @@ Response Coordinator::Negotiate(const Item& item, Round& round) {
 
 // Adds `resp` to the round, folded into an open fused response where it fits: small
 // allgathers of any dtype into one (the backend packs and unpacks them), allreduces
-// with the same dtype, op, scaling and kind of device into one, up to the limits the
-// backend for that kind of device declared. Errors and other collectives go alone.
+// with the same dtype, op, scaling and kind of device into one, reducescatters alike,
+// up to the limits the backend for that kind of device declared. Errors and other
+// collectives go alone.
 void Coordinator::Fuse(Response resp, const Item& item, Round& round) {
   const FusionLimits& limits = fusion_[static_cast<int>(KindOfDevice(resp.device))];
   if (resp.error.empty() && resp.type == RequestType::kAllgather) {
@@ -447,16 +448,21 @@ void Coordinator::Fuse(Response resp, const Item& item, Round& round) {
       else round.open_gathers.push_back(OpenGather{static_cast<int>(round.responses.size()), bytes});
     }
   }
-  // Adasum's dot products are per tensor: it is never fused.
-  if (!resp.error.empty() || resp.type != RequestType::kAllreduce || resp.reduce_op == ReduceOp::kAdasum) {
+  // Adasum's dot products are per tensor: it is never fused. Reducescatters fuse where
+  // the backend can and no rank has joined (a joined rank has no shares to give).
+  const bool scatter = resp.type == RequestType::kReducescatter && limits.reducescatter_bytes > 0 &&
+                       round.joined.empty();
+  if (!resp.error.empty() || (resp.type != RequestType::kAllreduce && !scatter) ||
+      resp.reduce_op == ReduceOp::kAdasum) {
     round.responses.push_back(std::move(resp));
     return;
   }
-  resp.joined_ranks = round.joined;
+  if (!scatter) resp.joined_ranks = round.joined;
+  const int64_t limit = scatter ? limits.reducescatter_bytes : limits.allreduce_bytes;
   const int64_t bytes = resp.sizes[0] * DataTypeSize(resp.dtype);
   auto slot = std::find_if(round.open.begin(), round.open.end(),
                            [&](const OpenAllreduce& o) { return SameFusionKey(round.responses[o.index], resp); });
-  if (slot != round.open.end() && slot->bytes + bytes <= limits.allreduce_bytes) {
+  if (slot != round.open.end() && slot->bytes + bytes <= limit) {
     Response& f = round.responses[slot->index];
     f.names.push_back(resp.names[0]);
     f.sizes.push_back(resp.sizes[0]);

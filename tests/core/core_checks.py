@@ -230,6 +230,44 @@ def check_alltoall_reducescatter(r: int, n: int) -> None:
             close(got, full[start:start + counts[r]], np.float64, f"reducescatter {dim0} {op}")
 
 
+def check_reducescatter_fusion(r: int, n: int) -> None:
+    """Reducescatters submitted together are fused (one reduce-scatter over every
+    rank's shares of all of them), exactly: uneven first dimensions, fewer rows than
+    ranks, Sum and Average, scale factors; then the same set agreed through the cache.
+    Rank 0's timeline shows them packed into a fusion buffer."""
+    import json
+    import tempfile
+    specs = [(f"rsf.{i}", [np.float32, np.float64, np.int32][i % 3], (i % 5 + n - 1, 1 + i % 3),
+              [hvd.Sum, hvd.Average][i % 2]) for i in range(12)]
+    path = os.path.join(tempfile.gettempdir(), f"hvdlite_rsf_{os.getppid()}.json")
+    hvd.start_timeline(path)
+    for rep in range(3):
+        handles = []
+        for k, (name, dt, shape, op) in enumerate(specs):
+            if dt is np.int32 and op == hvd.Average:
+                op = hvd.Sum
+            scale = {} if dt is np.int32 else {"prescale_factor": 0.5, "postscale_factor": 3.0}
+            handles.append((name, dt, shape, op, scale,
+                            hvd.reducescatter_async(data_for(r, shape, dt, 700 + k, small=True), op=op,
+                                                    name=name, **scale)))
+        for k, (name, dt, shape, op, scale, h) in enumerate(handles):
+            full = reference(op, [data_for(q, shape, dt, 700 + k, small=True) for q in range(n)])
+            if scale:
+                full = full * 1.5
+            counts = [shape[0] // n + (1 if q < shape[0] % n else 0) for q in range(n)]
+            start = sum(counts[:r])
+            close(hvd.synchronize(h), full[start:start + counts[r]].astype(dt), dt, f"fused {name} rep {rep}")
+    hvd.stop_timeline()
+    if r == 0 and n > 1:
+        with open(path) as f:
+            events = json.load(f)
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        pids = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+        packed = {pids.get(e["pid"]) for e in events if e.get("name") == "MEMCPY_IN_FUSION_BUFFER"}
+        assert any(str(p).startswith("rsf.") for p in packed), f"no reducescatter was fused: {sorted(map(str, packed))}"
+        os.remove(path)
+
+
 def check_barrier_join(r: int, n: int) -> None:
     hvd.barrier()
     # Rank q has q + 1 batches; joined ranks contribute zeros, and Average divides by
@@ -698,7 +736,7 @@ def main() -> None:
               check_alltoall_reducescatter, check_barrier_join, check_response_cache, check_errors, check_restart,
               check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree,
               check_cache_hits_meet_join_and_mismatch, check_cycles_carry_small_allreduces,
-              check_cache_gathers_and_alltoalls]
+              check_cache_gathers_and_alltoalls, check_reducescatter_fusion]
     for check in checks:
         if only and check.__name__ not in only:
             continue

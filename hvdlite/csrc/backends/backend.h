@@ -38,12 +38,14 @@ std::string DeviceLabel(int32_t device);
 
 // What a backend wants from the coordinator's fusion: fused allreduces up to
 // `allreduce_bytes`; allgathers whose gathered bytes (all ranks) are below
-// `allgather_tensor_bytes` fused up to `allgather_bytes` in all. The coordinator never
-// fuses beyond the user's fusion threshold.
+// `allgather_tensor_bytes` fused up to `allgather_bytes` in all; reducescatters
+// reduced and scaled alike fused up to `reducescatter_bytes` (0: a backend that runs
+// them one by one). The coordinator never fuses beyond the user's fusion threshold.
 struct FusionLimits {
   int64_t allreduce_bytes = 0;
   int64_t allgather_tensor_bytes = 0;
   int64_t allgather_bytes = 0;
+  int64_t reducescatter_bytes = 0;
 };
 
 // Records a tensor's phases in the timeline under the names the backend chooses

@@ -39,6 +39,9 @@ FusionLimits BackendRegistry::Fusion(DeviceKind kind) const {
   if (!c.empty()) f = c.front()->Fusion();
   f.allreduce_bytes = std::min(f.allreduce_bytes, params_.fusion_threshold_bytes);
   f.allgather_bytes = std::min(f.allgather_bytes, params_.fusion_threshold_bytes);
+  // Reducescatters fuse only where the backend that runs them can.
+  std::vector<Backend*> rs = Candidates(kind, RequestType::kReducescatter);
+  f.reducescatter_bytes = rs.empty() ? 0 : std::min(rs.front()->Fusion().reducescatter_bytes, params_.fusion_threshold_bytes);
   return f;
 }
 

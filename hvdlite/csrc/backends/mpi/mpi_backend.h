@@ -52,6 +52,7 @@ class MpiBackend : public Backend {
   void Broadcast(CollectiveJob& job);
   void Alltoall(CollectiveJob& job);
   void Reducescatter(CollectiveJob& job);
+  void FusedReducescatter(CollectiveJob& job);
 
   static constexpr int64_t kHierarchicalMinBytes = 64 * 1024;  // the default's threshold
   // The same for allgathers (gathered bytes, all ranks together): below it the two-level
