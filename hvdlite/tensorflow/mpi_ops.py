@@ -90,7 +90,8 @@ from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa
 from hvdlite.common.handles import Handle
 from hvdlite.common import process_set_table as _process_set_table
 from hvdlite.common.process_sets import global_process_set, resolve as _resolve_process_set  # noqa: F401 - re-exported
-from hvdlite.common.exceptions import HvdliteError, HvdliteNotImplementedError, HvdliteValueError
+from hvdlite.common.exceptions import (HvdliteError, HvdliteNotImplementedError, HvdliteValueError,
+                                       refusal_error_for)
 from hvdlite.tensorflow.compression import Compression, Compressor
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
@@ -261,7 +262,8 @@ def _rows_as_bytes(arr: np.ndarray) -> np.ndarray:
     """View an array of a type the engine does not know as uint8 rows (dim 0 kept)."""
     if arr.ndim == 0:
         return arr.reshape(1).view(np.uint8)
-    return arr.reshape(arr.shape[0], -1).view(np.uint8)
+    # The row width from the shape: an array with no rows keeps the others' width.
+    return arr.reshape(arr.shape[0], int(np.prod(arr.shape[1:], dtype=np.int64))).view(np.uint8)
 
 
 def _problem(spec: _Spec, arr: np.ndarray | None,
@@ -349,8 +351,19 @@ def _submit(specs: Sequence[_Spec], arrays: Sequence[np.ndarray | None],
             arr = arrays[i]
             if arr is not None and not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr)  # a 0-d array is always contiguous
-            request, finish = _submit_one(spec, arr, None if splits is None else splits[i],
-                                          group_ids, group_members)
+            try:
+                request, finish = _submit_one(spec, arr, None if splits is None else splits[i],
+                                              group_ids, group_members)
+            except (ValueError, TypeError) as exc:
+                if isinstance(exc, HvdliteError):
+                    raise  # refused on every rank already
+                # A local problem _problem did not foresee: the other ranks have submitted
+                # this request, so it is refused on every rank rather than raised here.
+                gid = group_ids.get(spec.group, -1)
+                parts.append(_ops.refusal(spec.kind, spec.name, str(exc) or type(exc).__name__, gid,
+                                          group_members[spec.group] if gid >= 0 else 0, refusal_error_for(exc)))
+                finishers.append(_never_finished)
+                continue
             parts.append(request)
             finishers.append(finish)
     except BaseException as exc:

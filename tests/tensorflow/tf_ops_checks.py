@@ -158,6 +158,17 @@ def alltoall_even_and_splits():
         got = wrap(lambda t: hvd.alltoall(t))(tf.constant(ints[R]))
         expect(np.array_equal(np.asarray(got), np.concatenate([ints[s][2 * R:2 * R + 2] for s in range(N)])),
                f"{mode} alltoall int32")
+        # Rank 0 sends nothing, others r+1 rows of 2 to every rank (as in Horovod's test),
+        # in a dtype the engine moves as bytes too: rows of width 0 would not match.
+        for dt in (np.float32, np.uint16):
+            sp = [0] * N if R == 0 else [R + 1] * N
+            x = np.concatenate([np.full((c, 2), 10 * R + d, dt) for d, c in enumerate(sp)]) if R else np.zeros((0, 2), dt)
+            out, recv = wrap(lambda t, s: hvd.alltoall(t, splits=s))(tf.constant(x), tf.constant(sp, tf.int32))
+            want = np.concatenate([np.full((0 if s == 0 else s + 1, 2), 10 * s + R, dt) for s in range(N)])
+            expect(np.array_equal(np.asarray(out), want) and np.asarray(out).dtype == dt,
+                   f"{mode} alltoall {np.dtype(dt).name}, rank 0 sending nothing: {np.asarray(out)}")
+            expect(list(np.asarray(recv)) == [0 if s == 0 else s + 1 for s in range(N)],
+                   f"{mode} alltoall received splits {np.asarray(recv)}")
 
 
 @check
@@ -436,6 +447,29 @@ def expect_refused_everywhere(mode, what, fn, needles, bad_type=None):
     expect_close(got, [float(N)], f"{mode} named allreduce after {what}")
     got = hvd.allreduce(tf.constant([float(R)]), op=hvd.Sum)
     expect_close(got, [float(sum(range(N)))], f"{mode} unnamed allreduce after {what}")
+
+
+@check
+def unforeseen_staging_failure_fails_on_every_rank():
+    """A failure while one rank prepares an eager request, of a kind the checks made
+    before submitting did not foresee (planted here), is refused on every rank rather
+    than raised on that rank alone while the others wait."""
+    if N == 1:
+        return
+    from hvdlite.tensorflow import mpi_ops as _tf_ops
+    real = _tf_ops._rows_as_bytes
+
+    def planted(arr):
+        raise ValueError("planted staging failure")
+    if R == N - 1:
+        _tf_ops._rows_as_bytes = planted
+    try:
+        x = tf.constant(np.full((2, 3), R, np.uint16))  # uint16 rows travel as bytes
+        expect_refused_everywhere("eager", "allgather whose staging failed on one rank",
+                                  lambda: hvd.allgather(x, name="planted.staging"),
+                                  ("planted staging failure",), bad_type=ValueError)
+    finally:
+        _tf_ops._rows_as_bytes = real
 
 
 @check

@@ -229,8 +229,11 @@ void SubmitItem(const HvdliteCoreApi* core, const BatchSpec& spec, size_t i, con
         if (item->kind == HVDLITE_BROADCAST) {
           shape = {bytes};
         } else {
-          const int64_t rows = shape.empty() ? 1 : shape[0];
-          shape = {rows, rows > 0 ? bytes / rows : 0};
+          // A row's bytes from the shape, not from the data: a rank with no rows still
+          // sends rows as wide as the others'.
+          int64_t width = shape.empty() ? bytes : static_cast<int64_t>(tf::DataTypeSize(t.dtype()));
+          for (size_t d = 1; d < shape.size(); ++d) width *= shape[d];
+          shape = {shape.empty() ? 1 : shape[0], width};
         }
         q.dtype = HVDLITE_UINT8;
       } else {
