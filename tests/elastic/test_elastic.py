@@ -150,22 +150,28 @@ def _discovery(tmp_path: Path, text: str) -> tuple[Path, Path]:
     return hosts, script
 
 
-@pytest.mark.timeout(300)
-def test_a_worker_joins_when_a_slot_is_offered(tmp_path: Path) -> None:
-    """Start with 2; at step 10 the discovery script offers a 3rd slot: 3 finish alike,
-    the new one started into the running job (the others kept their processes)."""
-    hosts, script = _discovery(tmp_path, "localhost:2\n")
+def _grow_by_one(tmp_path: Path, n: int) -> tuple[list[dict], str]:
+    """Start `n` workers (``--min-np n --max-np n+1``); at step 10 the discovery script
+    offers one more slot. Returns every worker's results once the job has succeeded."""
+    hosts, script = _discovery(tmp_path, f"localhost:{n}\n")
     out = tmp_path / "out"
     out.mkdir()
     # 6 epochs of 30 steps at >= 30 ms: seconds of training after the offer, for the
     # discovery script (run once a second) to see it and a commit to act on it.
-    proc = run_job(2, TRAIN, "--out", str(out), "--epochs", "6", "--step-sleep", "0.03",
-                   env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:3"},
-                   launcher_args=["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)],
+    proc = run_job(n, TRAIN, "--out", str(out), "--epochs", "6", "--step-sleep", "0.03",
+                   env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:{n + 1}"},
+                   launcher_args=["--min-np", str(n), "--max-np", str(n + 1), "--host-discovery-script", str(script)],
                    timeout=240)
     detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, detail
-    results = _results(out)
+    return _results(out), detail
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_joins_when_a_slot_is_offered(tmp_path: Path) -> None:
+    """Start with 2; at step 10 the discovery script offers a 3rd slot: 3 finish alike,
+    the new one started into the running job (the others kept their processes)."""
+    results, detail = _grow_by_one(tmp_path, 2)
     assert sorted((r["first_rank"], r["joined"]) for r in results) == [(0, False), (1, False), (2, True)], detail
     assert sorted(r["rank"] for r in results) == [0, 1, 2] and all(r["size"] == 3 for r in results)
     assert len({r["params_sha"] for r in results}) == 1
@@ -183,16 +189,7 @@ def test_a_job_started_alone_averages_once_a_worker_joins(tmp_path: Path) -> Non
     built by the lone worker must average gradients with the newcomer from then on (as
     Horovod's does in an elastic job): both end with the same parameters, and each sample
     is trained once per epoch."""
-    hosts, script = _discovery(tmp_path, "localhost:1\n")
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = run_job(1, TRAIN, "--out", str(out), "--epochs", "6", "--step-sleep", "0.03",
-                   env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:2"},
-                   launcher_args=["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(script)],
-                   timeout=240)
-    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 0, detail
-    results = _results(out)
+    results, detail = _grow_by_one(tmp_path, 1)
     assert sorted((r["first_rank"], r["joined"]) for r in results) == [(0, False), (1, True)], detail
     assert all(r["size"] == 2 for r in results), detail
     assert len({r["params_sha"] for r in results}) == 1, [r["params_sha"] for r in results]
