@@ -40,6 +40,7 @@ CHECKS = [
     "indexed_slices_and_compression",
     "variables_and_objects",
     "errors_are_raised_and_recoverable",
+    "unforeseen_staging_failure_fails_on_every_rank",
     "input_one_rank_cannot_use_fails_on_every_rank",
     "engine_stop_fails_collectives_in_flight_with_unknown_error",
     "gradient_tape_rejects_unsupported_ops",
