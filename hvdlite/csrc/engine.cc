@@ -87,19 +87,31 @@ void ShareRankZeroSettings(ControlChannel& channel, Parameters* p) {
   for (int t = 0; t < kNumRequestTypes; ++t) p->gpu_backend[t] = s.gpu_mpi[t] ? "MPI" : "NCCL";
 }
 
+// The two-level schedule when HVDLITE_HIERARCHICAL_ALGORITHM is unset. The torus spreads
+// a host's traffic and reductions over all its ranks, which wins while each rank has a
+// core (leader / torus 1.6-1.8 on 4 x 2 ranks at 10 Gbit/s); on a host running more ranks
+// than it has cores its concurrent cross-host streams contend for them, and the leader's
+// one stream wins (0.83-0.95 from 1 MiB on, 2 x 4 ranks on 2 cores; docs/scale.md). Rank
+// 0 decides from its own host and shares the choice, so every rank runs the same one.
+void ChooseTwoLevelSchedule(const Topology& topology, unsigned cores, TwoLevelSettings* s) {
+  if (s->algorithm >= 0) return;
+  s->algorithm = (cores > 0 && static_cast<unsigned>(topology.local_size()) > cores) ? 1 : 0;
+}
+
 }  // namespace
 
 Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, int32_t process_set)
     : params_(params), handles_(handles), process_set_(process_set), cache_(0) {
   channel_ = std::make_unique<ControlChannel>(comm);
   topology_ = std::make_unique<Topology>(comm);
+  const unsigned cores = std::thread::hardware_concurrency();
+  ChooseTwoLevelSchedule(*topology_, cores, &params_.two_level);
   ShareRankZeroSettings(*channel_, &params_);
   cache_ = ResponseCache(params_.cache_capacity);
   const int rank = topology_->rank(), size = topology_->size();
   if (process_set_ == 0) SetLogContext(rank, params_.log_level);
   // Polling without sleeping only pays while every rank on this host has a core to
   // itself; with more ranks than cores it would take time from a rank that computes.
-  const unsigned cores = std::thread::hardware_concurrency();
   spin_us_ = (cores == 0 || static_cast<unsigned>(topology_->local_size()) <= cores) ? params_.spin_us : 0;
   if (spin_us_ > 0) handles_->SetWaiterHook(process_set_, [this] { queue_.Wake(); });
   if (spin_us_ > 0 && params_.malloc_tuning) TuneHostAllocator();
@@ -129,7 +141,10 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, in
   HVD_INFO("engine started: rank " << rank << " of " << size << " (local " << topology_->local_rank() << " of "
            << topology_->local_size() << "), fusion threshold " << params_.fusion_threshold_bytes
            << " B, cycle time " << params_.cycle_time_ms << " ms, cache capacity " << params_.cache_capacity
-           << ", poll without yielding " << spin_us_ << " us");
+           << ", poll without yielding " << spin_us_ << " us"
+           << (mpi_->HierarchicalPossible()
+                   ? (params_.two_level.algorithm == 1 ? ", two-level schedule leader" : ", two-level schedule torus")
+                   : ""));
   thread_ = std::thread([this] { Loop(); });
 }
 

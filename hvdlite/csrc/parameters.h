@@ -22,8 +22,9 @@ struct TwoLevelSettings {
   int32_t allgather = -1;
   // The two-level allreduce's schedule: 0 torus (reduce-scatter inside the host, allreduce
   // across, allgather inside), 1 leader (reduce to local rank 0, allreduce among the
-  // leaders, broadcast inside). HVDLITE_HIERARCHICAL_ALGORITHM=torus|leader.
-  int32_t algorithm = 0;
+  // leaders, broadcast inside). HVDLITE_HIERARCHICAL_ALGORITHM=torus|leader; unset (-1):
+  // chosen by rank 0 from its host (ChooseTwoLevelSchedule, engine.cc).
+  int32_t algorithm = -1;
   // GPU allreduces forced two-level (allreduce == 1) on the NCCL backend: how the shards
   // cross the hosts. 0: copied to host memory and allreduced with MPI on the cross
   // communicator (Horovod's NCCL+MPI mode, the default); 1: ncclAllReduce on a cross NCCL

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -124,6 +125,23 @@ def test_leader_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: list[int
     for name in ("scaled", "sum.7", "max", "half", "group.0"):
         assert "MPI_LEADER_ALLREDUCE" in seen[name], (name, seen[name])
         assert "MPI_HIERARCHICAL_ALLREDUCE" not in seen[name], (name, seen[name])
+
+
+@pytest.mark.parametrize("layout", [[2, 2], [3, 3]], ids=lambda l: "x".join(map(str, l)))
+def test_two_level_schedule_by_default_follows_the_cores(hosts: EmulatedHosts, tmp_path: Path,
+                                                          layout: list[int]) -> None:
+    """With HVDLITE_HIERARCHICAL_ALGORITHM unset, the two-level allreduce runs the torus
+    where every rank of a host has a core of its own, and the leader schedule where a host
+    runs more ranks than the machine has cores (the emulated hosts share this machine's
+    cores, so 3 ranks a host are more than a 2-core machine has)."""
+    timeline = tmp_path / "timeline.json"
+    env = {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}
+    seen = run_checks_with_timeline(hosts, layout, timeline, env)
+    leader = layout[0] > (os.cpu_count() or 1)
+    want, other = (("MPI_LEADER_ALLREDUCE", "MPI_HIERARCHICAL_ALLREDUCE") if leader
+                   else ("MPI_HIERARCHICAL_ALLREDUCE", "MPI_LEADER_ALLREDUCE"))
+    for name in ("scaled", "sum.7", "group.0"):
+        assert want in seen[name] and other not in seen[name], (layout, name, seen[name])
 
 
 @pytest.mark.parametrize("mode", ["default", "1", "0"])
