@@ -38,6 +38,7 @@ from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, Max, Min, Product, S
                                    synchronize)
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
+from hvdlite.torch.zero import ZeroRedundancyOptimizer
 from hvdlite.torch import elastic
 
 
@@ -59,5 +60,5 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "Compression", "DistributedOptimizer", "SyncBatchNorm",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroRedundancyOptimizer",
 ]

@@ -1,0 +1,211 @@
+"""Optimizer-state sharding (ZeRO stage 1): hvdlite's ZeroRedundancyOptimizer against
+PyTorch's own on gloo and against hvdlite's DistributedOptimizer, side by side.
+
+    python benchmarks/bench_zero.py [--ranks 2] [--model mlp] [--rounds 3] [--steps 10]
+                                    [--windows 5] [--warmup 5] [--quick] [--json-out F]
+
+Run it with plain ``python``: it launches itself with ``hvdlite-run -np RANKS``. Every
+rank also joins a ``torch.distributed`` gloo group (rendezvous on this host), so all
+configurations run in the same processes, in turn, ``--rounds`` times (the order moves
+by one each round, so drift hits all alike):
+
+* ``hvd_zero``: ``hvdlite.torch.ZeroRedundancyOptimizer(params, optimizer_class=Adam)``;
+* ``hvd_dist``: ``hvdlite.torch.DistributedOptimizer(Adam)`` (full state on every rank);
+* ``torch_zero``: ``DistributedDataParallel`` (gloo) with
+  ``torch.distributed.optim.ZeroRedundancyOptimizer(optimizer_class=Adam)``, PyTorch's
+  own: DDP allreduces the gradients, each rank steps its share, and each parameter is
+  broadcast from its owner;
+* ``ddp_adam``: DDP (gloo) with plain Adam, for scale.
+
+Model: ``examples/pytorch/pytorch_synthetic_benchmark.py``'s ``mlp`` (9.56 M parameters in
+40 tensors, batch 64 per rank, synthetic data, ``torch.set_num_threads(1)``). A
+configuration's figure is the median window's steps per second (a window is ``--steps``
+steps between barriers, timed by the slowest rank); the report gives the median over
+rounds and the ratios within each round.
+
+Also printed, from the hvdlite ZeRO run: the largest per-rank share of Adam's state
+against the unsharded state (bytes of tensors in the optimizer state), the largest
+difference between its parameters and ``hvd_dist``'s after the same steps on the same
+data, and the bytes each rank sends per step: hvdlite ZeRO from its buckets
+(``bytes_per_step``), the others by their algorithms' counts (a ring allreduce sends
+2(N-1)/N of the gradients; PyTorch's ZeRO adds each owner's parameters to N-1 ranks).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
+BATCH = 64
+CONFIGS = ["hvd_zero", "hvd_dist", "torch_zero", "ddp_adam"]
+
+
+def load_models() -> Any:
+    spec = importlib.util.spec_from_file_location("hvdlite_torch_synthetic", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def state_bytes(opt: Any) -> int:
+    import torch
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+
+
+# ---------------------------------------------------------------- inside the job
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hvdlite.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=n)
+    mod = load_models()
+    data, target = mod.synthetic_batch(args.model, BATCH, seed=rank)
+
+    def fresh() -> Any:
+        torch.manual_seed(0)
+        return mod.MODELS[args.model][0]()
+
+    def build(config: str) -> tuple[Any, Any]:
+        model = fresh()
+        if config == "hvd_zero":
+            return model, hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
+        if config == "hvd_dist":
+            return model, hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
+                                                   named_parameters=model.named_parameters())
+        ddp = DDP(model, broadcast_buffers=False)
+        if config == "torch_zero":
+            return ddp, TorchZero(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
+        return ddp, torch.optim.Adam(ddp.parameters(), lr=1e-4)
+
+    def steps(model: Any, opt: Any, k: int) -> None:
+        for _ in range(k):
+            opt.zero_grad()
+            F.cross_entropy(model(data), target).backward()
+            opt.step()
+
+    def slowest(t: float) -> float:
+        return float(hvd.allreduce(torch.tensor([t]), op=hvd.Max, name="bench.zero.sync").item())
+
+    # Correctness and memory first: the same steps through ZeRO and DistributedOptimizer.
+    figures: dict[str, Any] = {}
+    (mz, oz), (md, od) = build("hvd_zero"), build("hvd_dist")
+    steps(mz, oz, args.check_steps)
+    steps(md, od, args.check_steps)
+    diff = max((a - b).abs().max().item() for a, b in zip(mz.parameters(), md.parameters()))
+    figures["max_param_diff"] = max(hvd.allgather_object(diff))
+    shares = hvd.allgather_object(state_bytes(oz.optim))
+    figures["state_share_max"] = max(shares) / state_bytes(od)
+    figures["state_bytes"] = {"unsharded": state_bytes(od), "per_rank": shares}
+    grad_bytes = sum(p.numel() * p.element_size() for p in md.parameters())
+    figures["bytes_per_step"] = {
+        "hvd_zero": max(hvd.allgather_object(oz.bytes_per_step())),
+        "hvd_dist": int(2 * (n - 1) / n * grad_bytes),
+        "ddp_adam": int(2 * (n - 1) / n * grad_bytes),
+    }
+    tz = TorchZero(list(fresh().parameters()), optimizer_class=torch.optim.Adam, lr=1e-4)
+    owned = sum(p.numel() * p.element_size() for p in tz.optim.param_groups[0]["params"])
+    figures["bytes_per_step"]["torch_zero"] = int(2 * (n - 1) / n * grad_bytes) + max(
+        hvd.allgather_object(owned * (n - 1)))
+    del mz, oz, md, od, tz
+
+    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    for rnd in range(args.rounds):
+        for k in range(len(CONFIGS)):
+            config = CONFIGS[(rnd + k) % len(CONFIGS)]
+            model, opt = build(config)
+            steps(model, opt, args.warmup)
+            windows = []
+            for _ in range(args.windows):
+                hvd.barrier()
+                t0 = time.perf_counter()
+                steps(model, opt, args.steps)
+                windows.append(slowest(time.perf_counter() - t0))
+            times[config].append(args.steps / statistics.median(windows))
+            del model, opt
+    if rank == 0:
+        print("ZERO_RESULT " + json.dumps({"figures": figures, "steps_per_s": times}), flush=True)
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+# ---------------------------------------------------------------- outside
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def report(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    f, sps = res["figures"], res["steps_per_s"]
+    med = {c: statistics.median(v) for c, v in sps.items()}
+    paired = {c: statistics.median(a / b for a, b in zip(sps["hvd_zero"], sps[c])) for c in CONFIGS}
+    print(f"\nZeRO stage 1, {args.ranks} ranks, model {args.model}, Adam, {args.rounds} rounds\n")
+    print("| optimizer | steps/s (median) | rounds | hvd_zero ÷ it (paired) | bytes sent per rank per step |")
+    print("| --- | --- | --- | --- | --- |")
+    for c in CONFIGS:
+        print(f"| {c} | {med[c]:.2f} | {', '.join(f'{x:.2f}' for x in sps[c])} | {paired[c]:.3f} | "
+              f"{f['bytes_per_step'][c] / 2**20:.1f} MiB |")
+    print(f"\nlargest per-rank share of Adam's state: {f['state_share_max']:.3f} of the unsharded "
+          f"{f['state_bytes']['unsharded'] / 2**20:.1f} MiB (per rank: "
+          f"{', '.join(f'{b / 2**20:.1f}' for b in f['state_bytes']['per_rank'])} MiB)")
+    print(f"largest parameter difference to DistributedOptimizer(Adam) after {args.check_steps} steps: "
+          f"{f['max_param_diff']:.3g}")
+    return {"ranks": args.ranks, "model": args.model, "median_steps_per_s": med, "paired_ratio": paired, **res}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default="mlp", choices=["mlp", "resnet"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--windows", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--check-steps", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="1 round of 2 short windows: checks that it runs")
+    p.add_argument("--json-out", default="")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.steps, args.windows, args.warmup, args.check_steps = 1, 2, 2, 1, 3
+    if args.worker:
+        worker(args)
+        return 0
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(args.ranks), sys.executable,
+           str(Path(__file__).resolve()), "--worker", "--port", str(free_port()), "--model", args.model,
+           "--rounds", str(args.rounds), "--steps", str(args.steps), "--windows", str(args.windows),
+           "--warmup", str(args.warmup), "--check-steps", str(args.check_steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ZERO_RESULT ")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        return proc.returncode or 1
+    out = report(json.loads(lines[0].split(" ", 1)[1]), args)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

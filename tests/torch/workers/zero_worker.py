@@ -1,0 +1,229 @@
+"""hvdlite.torch.ZeroRedundancyOptimizer on 2 or 3 ranks (run by test_zero.py).
+
+Each case trains the same model twice from the same start on the same per-rank data:
+once through ZeroRedundancyOptimizer and once through DistributedOptimizer over the
+same torch optimizer (whose own tests check it against single-process training), and
+compares the parameters; other cases check the shards, the state dict, an LR scheduler,
+a group added mid-training, and the errors. Prints ``PASS <case> rank <r>``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import hvdlite.torch as hvd
+from _wcommon import case, run_cases
+
+TOL = 1e-5
+
+
+class Net(torch.nn.Module):
+    """Layers of several sizes, one parameter no rank uses and one only rank 0 uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(12, 40)
+        self.b = torch.nn.Linear(40, 40)
+        self.c = torch.nn.Linear(40, 24)
+        self.d = torch.nn.Linear(24, 5)
+        self.unused = torch.nn.Parameter(torch.randn(7))
+        self.rank0_only = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.d(torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x)))))))
+        if hvd.rank() == 0:
+            y = y + self.rank0_only
+        return y
+
+
+def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(100 + hvd.rank())
+    return [(torch.randn(8, 12, generator=g), torch.randint(0, 5, (8,), generator=g)) for _ in range(steps)]
+
+
+def train(model: torch.nn.Module, opt, data, scheduler=None) -> None:
+    for x, y in data:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+def groups(model: Net) -> list[dict]:
+    """Two groups with their own learning rates."""
+    first = [model.a.weight, model.a.bias, model.b.weight, model.unused]
+    rest = [p for p in model.parameters() if all(p is not q for q in first)]
+    return [{"params": first}, {"params": rest, "lr": 0.003}]
+
+
+def max_diff(m1: torch.nn.Module, m2: torch.nn.Module) -> float:
+    return max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters()))
+
+
+def pair(optimizer_class, op=hvd.Average, **kw):
+    """(model, ZeRO), (model, DistributedOptimizer) from the same start."""
+    mz, md = Net(), Net()
+    oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=optimizer_class, op=op,
+                                     bucket_cap_mb=0.004, **kw)
+    od = hvd.DistributedOptimizer(optimizer_class(groups(md), **kw), named_parameters=md.named_parameters(),
+                                  op=op)
+    return (mz, oz), (md, od)
+
+
+@case
+def adam_matches_distributed_optimizer() -> None:
+    (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01)
+    assert len(oz._buckets) > 2, "the test wants several buckets"
+    data = batches(12)
+    train(mz, oz, data)
+    train(md, od, data)
+    assert max_diff(mz, md) <= TOL, max_diff(mz, md)
+    start = Net()
+    assert (mz.a.weight - start.a.weight).abs().max() > 1e-3, "the parameters did not move"
+    assert torch.equal(mz.unused, start.unused), "a parameter without gradients on any rank moved"
+    # Every rank holds the same parameters.
+    gathered = hvd.allgather_object([p.detach().clone() for p in mz.parameters()])
+    for other in gathered:
+        assert all(torch.equal(a, b) for a, b in zip(other, mz.parameters()))
+
+
+@case
+def sgd_momentum_with_sum_matches() -> None:
+    (mz, oz), (md, od) = pair(torch.optim.SGD, op=hvd.Sum, lr=0.01, momentum=0.9, weight_decay=1e-3)
+    data = batches(8)
+    train(mz, oz, data)
+    train(md, od, data)
+    assert max_diff(mz, md) <= TOL, max_diff(mz, md)
+
+
+@case
+def shards_are_balanced_and_disjoint() -> None:
+    n = hvd.size()
+    torch.manual_seed(1)
+    layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(12)])
+    oz = hvd.ZeroRedundancyOptimizer(layers.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+    full = torch.optim.Adam(layers.parameters(), lr=1e-3)
+    layers(torch.randn(4, 64)).sum().backward()
+    oz.step()
+    full.step()
+    owned = [p for g in oz.optim.param_groups for p in g["params"]]
+    index = {p: i for i, p in enumerate(layers.parameters())}
+    everyone = hvd.allgather_object(sorted(index[p] for p in owned))
+    flat = sorted(i for ids in everyone for i in ids)
+    assert flat == list(range(len(index))), everyone            # each parameter has one owner
+    share = max(hvd.allgather_object(oz.state_bytes())) / sum(
+        v.numel() * v.element_size() for s in full.state.values() for v in s.values() if torch.is_tensor(v))
+    assert share <= 1 / n + 0.05, share                          # 0.55 of the state on 2 ranks
+    assert oz.bytes_per_step() > 0
+
+
+@case
+def state_dict_consolidates_and_loads() -> None:
+    n, to = hvd.size(), hvd.size() - 1
+    (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01)
+    data = batches(10)
+    train(mz, oz, data[:5])
+    train(md, od, data[:5])
+    oz.consolidate_state_dict(to=to)
+    if hvd.rank() == to:
+        sd, ref = oz.state_dict(), od.state_dict()
+        assert sorted(sd["state"]) == sorted(ref["state"]), (sorted(sd["state"]), sorted(ref["state"]))
+        for k, st in ref["state"].items():
+            for key, v in st.items():
+                assert torch.allclose(torch.as_tensor(sd["state"][k][key]), torch.as_tensor(v), atol=TOL), (k, key)
+        assert [g["params"] for g in sd["param_groups"]] == [g["params"] for g in ref["param_groups"]]
+        assert [g["lr"] for g in sd["param_groups"]] == [0.01, 0.003]
+    else:
+        try:
+            oz.state_dict()
+        except RuntimeError as exc:
+            assert "consolidate_state_dict" in str(exc)
+        else:
+            raise AssertionError("state_dict() answered on a rank it was not consolidated to")
+    # A new optimizer loaded from it continues as the first one does.
+    sd = hvd.broadcast_object(oz.state_dict() if hvd.rank() == to else None, root_rank=to, name="zero.sd")
+    m2 = Net()
+    m2.load_state_dict(mz.state_dict())
+    o2 = hvd.ZeroRedundancyOptimizer(groups(m2), optimizer_class=torch.optim.Adam, lr=0.5,
+                                     bucket_cap_mb=0.004)
+    o2.load_state_dict(sd)
+    assert [g["lr"] for g in o2.param_groups] == [0.01, 0.003]
+    train(mz, oz, data[5:])
+    train(m2, o2, data[5:])
+    assert max_diff(mz, m2) <= TOL, max_diff(mz, m2)
+    assert n >= 2
+
+
+@case
+def lr_scheduler_reaches_the_shards() -> None:
+    (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01)
+    sz = torch.optim.lr_scheduler.StepLR(oz, step_size=2, gamma=0.1)
+    sd = torch.optim.lr_scheduler.StepLR(od, step_size=2, gamma=0.1)
+    data = batches(6)
+    train(mz, oz, data, sz)
+    train(md, od, data, sd)
+    # The scheduler set 1e-5 after the last step; the shards took each lr at their step.
+    assert abs(oz.param_groups[0]["lr"] - 0.01 * 0.1 ** 3) < 1e-12, oz.param_groups[0]["lr"]
+    assert abs(oz.optim.param_groups[0]["lr"] - 0.01 * 0.1 ** 2) < 1e-12, oz.optim.param_groups[0]["lr"]
+    assert max_diff(mz, md) <= TOL, max_diff(mz, md)
+
+
+@case
+def param_group_added_mid_training() -> None:
+    (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01)
+    extra_z, extra_d = torch.nn.Parameter(torch.ones(9)), torch.nn.Parameter(torch.ones(9))
+    data = batches(8)
+    train(mz, oz, data[:4])
+    train(md, od, data[:4])
+    oz.add_param_group({"params": [extra_z], "lr": 0.05})
+    od.add_param_group({"params": [extra_d], "lr": 0.05})
+    for (x, y), (m, o, e) in [(b, t) for b in data[4:] for t in ((mz, oz, extra_z), (md, od, extra_d))]:
+        o.zero_grad()
+        (F.cross_entropy(m(x), y) + (e * (hvd.rank() + 1)).sum()).backward()
+        o.step()
+    assert max_diff(mz, md) <= TOL and (extra_z - extra_d).abs().max() <= TOL
+    assert (extra_z - 1).abs().max() > 0.01, "the added group did not train"
+
+
+@case
+def bad_input_is_refused_and_the_library_goes_on() -> None:
+    m = Net()
+    for kwargs, kind in (({"process_group": object()}, ValueError),
+                         ({"overlap_with_ddp": True}, ValueError),
+                         ({"op": hvd.Max}, ValueError),
+                         ({"bucket_cap_mb": 0}, ValueError)):
+        try:
+            hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, **kwargs)
+        except kind:
+            pass
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
+    try:
+        hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class="adam", lr=0.1)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a string optimizer_class was accepted")
+    # Two backward passes before step(): refused at the second, on every rank alike.
+    oz = hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.SGD, lr=0.1,
+                                     bucket_cap_mb=0.004)   # c.weight alone fills a bucket
+    x, y = batches(1)[0]
+    F.cross_entropy(m(x), y).backward()
+    try:
+        F.cross_entropy(m(x), y).backward()
+    except RuntimeError as exc:
+        assert "before step()" in str(exc), exc
+    else:
+        raise AssertionError("a second backward pass before step() was accepted")
+    oz.step()      # the buckets already in flight finish; the library goes on
+    oz.zero_grad()
+    F.cross_entropy(m(x), y).backward()
+    oz.step()
+    s = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="zero.after_errors")
+    assert torch.equal(s, torch.full((3,), float(hvd.size())))
+
+
+if __name__ == "__main__":
+    run_cases()
