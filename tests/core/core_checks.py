@@ -742,6 +742,9 @@ def main() -> None:
             continue
         check(r, n)
         print(f"PASS {check.__name__} rank {r}", flush=True)
+    # Rank 0's shutdown ends every rank's engine: a slower rank still in a check's last,
+    # local call (stop_timeline) would find hvdlite shut down (seen once in CI).
+    hvd.barrier()
     hvd.shutdown()
     print(f"ALL CHECKS PASSED rank {r}", flush=True)
 
