@@ -24,6 +24,9 @@ On a machine with GPUs (``--device cuda``, the default when PyTorch sees one) ea
 pins the GPU of its local rank, as Horovod's examples do, and the gradients are averaged
 on the GPUs by NCCL.
 
+``--optimizer adam`` trains with Adam instead of SGD, and ``--optimizer onebit-adam``
+with ``hvd.OneBitAdam`` (1-bit compressed momentum after a warm-up; docs/zero.md).
+
 Rank 0 shows a progress bar on stderr (its loss is the average over all ranks), prints
 metrics averaged over all ranks, and writes a checkpoint after every epoch
 (``--checkpoint``); ``--resume`` continues from it.
@@ -69,8 +72,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--batch-size", type=int, default=64,
                    help="global batch size (split evenly across ranks)")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", choices=["sgd", "adam", "onebit-adam"], default="sgd",
+                   help="sgd: SGD with momentum; adam: Adam; both through hvd.DistributedOptimizer. "
+                        "onebit-adam: hvd.OneBitAdam, distributed by itself: Adam for the first "
+                        "--freeze-fraction of the steps, then 1-bit compressed momentum (in "
+                        "--reference, where nothing is compressed, plain Adam)")
+    p.add_argument("--lr", type=float, default=None, help="default: 0.05 for sgd, 0.003 for the Adams")
+    p.add_argument("--momentum", type=float, default=0.9, help="sgd's momentum")
+    p.add_argument("--freeze-fraction", type=float, default=0.2,
+                   help="onebit-adam: the fraction of all steps run as uncompressed Adam")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="digits_cnn_checkpoint.pt",
                    help="checkpoint written by rank 0 after every epoch ('' to disable)")
@@ -86,7 +96,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="PyTorch threads per process (ranks usually share the cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.float64 and args.optimizer == "onebit-adam":
+        p.error("onebit-adam packs float32 values; drop --float64")
+    if args.resume and args.optimizer == "onebit-adam":
+        p.error("--resume with onebit-adam: its error-feedback buffers differ on every rank, and this "
+                "example's checkpoint is rank 0's alone")
+    if args.lr is None:
+        args.lr = 0.05 if args.optimizer == "sgd" else 0.003
+    return args
 
 
 class Comm:
@@ -168,8 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     model = DigitsCNN().to(device)
     if args.float64:
         model, x_tr, x_te = model.double(), x_tr.double(), x_te.double()
-    optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr,
-                                                       momentum=args.momentum)
+    hvd = comm.hvd
+    steps = len(x_tr) // args.batch_size  # incomplete global batches are dropped
+    onebit = args.optimizer == "onebit-adam" and hvd is not None
+    optimizer: torch.optim.Optimizer
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    elif onebit:
+        optimizer = hvd.OneBitAdam(model.parameters(), lr=args.lr,
+                                   freeze_step=int(args.freeze_fraction * steps * args.epochs))
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     start_epoch = 0
     ckpt = Path(args.checkpoint) if args.checkpoint else None
     if args.resume and ckpt is not None and rank == 0 and ckpt.exists():
@@ -178,15 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
 
-    hvd = comm.hvd
     if hvd is not None:
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        if not onebit:
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         # Start every rank from rank 0's parameters, optimizer state and epoch.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        if not onebit:   # (never resumed: see parse_args)
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)
 
-    steps = len(x_tr) // args.batch_size  # incomplete global batches are dropped
     progress = not args.no_progress  # the same on every rank: all average the bar's loss
     show = rank == 0 and progress
     if show:

@@ -39,6 +39,7 @@ from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, Max, Min, Product, S
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 from hvdlite.torch.zero import ZeroRedundancyOptimizer
+from hvdlite.torch.onebit import OneBitAdam
 from hvdlite.torch import elastic
 
 
@@ -60,5 +61,5 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroRedundancyOptimizer",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroRedundancyOptimizer", "OneBitAdam",
 ]

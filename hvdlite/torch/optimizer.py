@@ -251,7 +251,12 @@ class _DistributedOptimizer:
                 g.mul_(scale)
         name = self._hvd_names[unit[0]]
         pre, post = self._hvd_prescale, self._hvd_postscale
-        if len(unit) == 1 and grads[0].is_sparse:
+        if getattr(self._hvd_compression, "sparse", False):   # Compression.topk
+            dense = grads[0].to_dense() if grads[0].is_sparse else grads[0]
+            picked = self._hvd_compression.select(name, dense)
+            handle = sparse_allreduce_async(picked, name=name, op=self.op)
+            pending = _Pending(unit, handle, [None], [], "topk")
+        elif len(unit) == 1 and grads[0].is_sparse:
             if self.sparse_as_dense:
                 sent, ctx = self._hvd_compression.compress(grads[0].to_dense())
                 handle = allreduce_async_(sent, name=name, op=self.op, prescale_factor=pre,
@@ -372,6 +377,14 @@ class _DistributedOptimizer:
         with torch.no_grad():
             if pending.kind == "sparse":
                 pending.params[0].grad = result.coalesce()
+                return
+            if pending.kind == "topk":
+                p = pending.params[0]
+                dense = result.to_dense().view(p.shape)
+                if p.grad.is_sparse:
+                    p.grad = dense
+                else:
+                    p.grad.copy_(dense)
                 return
             results = result if isinstance(result, list) else [result]
             for p, out, ctx in zip(pending.params, results, pending.ctxs):
@@ -538,7 +551,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             identifiable in the timeline and in error messages. Every parameter of the
             optimizer must be named.
         compression: ``Compression.none``, ``Compression.fp16`` or ``Compression.bf16``
-            (hvdlite addition) for the gradients on the wire.
+            (hvdlite addition) for the gradients on the wire, or ``Compression.topk(ratio)``
+            (hvdlite addition): each gradient's largest entries with error feedback
+            (docs/zero.md).
         backward_passes_per_step: number of ``backward()`` calls whose gradients are
             accumulated locally (summed, as PyTorch does) before they are reduced; divide
             the loss by this number to get the gradient of the combined batch.
@@ -575,6 +590,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
+    if getattr(compression, "sparse", False):
+        if op not in (Average, _ops.Sum):
+            raise ValueError("Compression.topk reduces gradients with op=Average or op=Sum")
+        if groups is not None or num_groups:
+            raise ValueError("Compression.topk sends each gradient on its own; it does not combine "
+                             "with groups")
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("Compression.topk does not take gradient_predivide_factor")
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=<int>", DeprecationWarning,
                       stacklevel=2)
