@@ -308,7 +308,14 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 
 
 def stop_timeline() -> None:
-    """Stop the timeline and close its file as valid JSON."""
+    """Stop the timeline and close its file as valid JSON.
+
+    Once hvdlite has shut down (here, or on every rank because rank 0 did) the timeline
+    is closed already and this does nothing, as in Horovod: a rank that reaches its
+    closing ``stop_timeline()`` after rank 0 has finished must not fail for it."""
+    c = _load_core()
+    if not c.is_initialized() and c.shutdown_reason() and not c.forked_reason():
+        return
     core().stop_timeline()
 
 
