@@ -10,6 +10,31 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def load_synthetic_models() -> Any:
+    """``examples/pytorch/pytorch_synthetic_benchmark.py`` as a module: its ``MODELS`` and
+    ``synthetic_batch``."""
+    import importlib.util
+    path = REPO / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
+    spec = importlib.util.spec_from_file_location("hvdlite_torch_synthetic", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_job_for_result(cmd: list[str], env: dict[str, str], tag: str) -> Any:
+    """Run a benchmark job and return the JSON its rank 0 printed after ``tag`` (a line
+    ``TAG {...}``); on failure print the job's output tail and return None."""
+    import json
+    import subprocess
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag + " ")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        return None
+    return json.loads(lines[0].split(" ", 1)[1])
+
+
 def launcher(n: int) -> list[str]:
     """The command prefix that starts ``n`` ranks: hvdlite's own launcher, which finds
     mpirun and sets the flags this machine needs (root, oversubscription, binding)."""

@@ -29,14 +29,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, launcher, start_hosts  # noqa: E402  (sibling module)
+from _common import REPO, launcher, run_job_for_result, start_hosts  # noqa: E402  (sibling module)
 
 BATCH = 64
 
@@ -163,14 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.hosts:
         with start_hosts(args.hosts, args.rate) as hosts:
             cmd = launcher(args.hosts) + ["-H", hosts.host_spec(1)] + tail
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env, **hosts.env()})
+            res = run_job_for_result(cmd, {**os.environ, **env, **hosts.env()}, "ONEBIT_RESULT")
     else:
-        proc = subprocess.run(launcher(2) + tail, capture_output=True, text=True, env={**os.environ, **env})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ONEBIT_RESULT ")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        return proc.returncode or 1
-    out = report(json.loads(lines[0].split(" ", 1)[1]), args)
+        res = run_job_for_result(launcher(2) + tail, {**os.environ, **env}, "ONEBIT_RESULT")
+    if res is None:
+        return 1
+    out = report(res, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=1))
     return 0

@@ -47,7 +47,6 @@ the numbers are only indicative.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import socket
@@ -59,10 +58,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from _common import (add_hosts_options, emulated_hosts_for, host_address, host_of_rank,  # sibling module
-                     launcher, on_host)
+                     launcher, load_synthetic_models, on_host)
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
 BATCH = {"mlp": 64, "resnet": 32}
 # With --hosts: the emulated hosts (tests.hosts.emulated.EmulatedHosts) and the ranks on
 # each. Kept out of ``args``, which is pickled for the spawned processes.
@@ -71,11 +69,7 @@ LAYOUT: list[int] = []
 
 
 def load_models() -> Any:
-    spec = importlib.util.spec_from_file_location("hvdlite_torch_synthetic", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_synthetic_models()
 
 
 def make_training(model_name: str, seed: int) -> tuple[Any, Any, Callable[[], None]]:

@@ -33,29 +33,20 @@ data, and the bytes each rank sends per step: hvdlite ZeRO from its buckets
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, load_synthetic_models, run_job_for_result  # noqa: E402  (sibling module)
+
 BATCH = 64
 CONFIGS = ["hvd_zero", "hvd_dist", "torch_zero", "ddp_adam"]
-
-
-def load_models() -> Any:
-    spec = importlib.util.spec_from_file_location("hvdlite_torch_synthetic", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def state_bytes(opt: Any) -> int:
@@ -78,7 +69,7 @@ def worker(args: argparse.Namespace) -> None:
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=n)
-    mod = load_models()
+    mod = load_synthetic_models()
     data, target = mod.synthetic_batch(args.model, BATCH, seed=rank)
 
     def fresh() -> Any:
@@ -196,12 +187,10 @@ def main(argv: list[str] | None = None) -> int:
            str(Path(__file__).resolve()), "--worker", "--port", str(free_port()), "--model", args.model,
            "--rounds", str(args.rounds), "--steps", str(args.steps), "--windows", str(args.windows),
            "--warmup", str(args.warmup), "--check-steps", str(args.check_steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ZERO_RESULT ")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        return proc.returncode or 1
-    out = report(json.loads(lines[0].split(" ", 1)[1]), args)
+    res = run_job_for_result(cmd, {**os.environ, "PYTHONPATH": str(REPO)}, "ZERO_RESULT")
+    if res is None:
+        return 1
+    out = report(res, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=1))
     return 0

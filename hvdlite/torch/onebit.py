@@ -50,8 +50,7 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
     first element in the highest bit."""
     if x.device.type == "cpu":      # NumPy's packbits is one pass in C
         return torch.from_numpy(np.packbits((x >= 0).numpy()))
-    bits = (x >= 0).to(torch.uint8).view(-1, 8)
-    return (bits * _BITS.to(x.device)).sum(1, dtype=torch.uint8)
+    return _pack_with_torch(x)
 
 
 def unpack_signs(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -59,8 +58,19 @@ def unpack_signs(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if packed.device.type == "cpu":
         bits = torch.from_numpy(np.unpackbits(packed.numpy()))
     else:
-        bits = (packed.view(-1, 1) & _BITS.to(packed.device)).ne(0).view(-1)
+        bits = _bits_with_torch(packed)
     return bits.to(dtype).mul_(2).sub_(1)
+
+
+def _pack_with_torch(x: torch.Tensor) -> torch.Tensor:
+    """pack_signs on any device (GPUs), with tensor operations."""
+    bits = (x >= 0).to(torch.uint8).view(-1, 8)
+    return (bits * _BITS.to(x.device)).sum(1, dtype=torch.uint8)
+
+
+def _bits_with_torch(packed: torch.Tensor) -> torch.Tensor:
+    """The bits of ``packed`` (0 or 1, highest first), with tensor operations."""
+    return (packed.view(-1, 1) & _BITS.to(packed.device)).ne(0).view(-1)
 
 
 def compress(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -164,6 +174,10 @@ class OneBitAdam(torch.optim.Optimizer):
         params = self._params()
         if not params:
             return loss
+        if (_ops.current_rank(), _ops.current_size()) != (self.rank, self.world_size):
+            raise RuntimeError(f"OneBitAdam was built for rank {self.rank} of {self.world_size}, but this is "
+                               f"now rank {_ops.current_rank()} of {_ops.current_size()} (an elastic "
+                               f"reset?): its error buffers no longer fit; build it again")
         self.steps += 1
         compressed = self.steps > self.freeze_step and self.world_size > 1
         g = self._flat_grads()

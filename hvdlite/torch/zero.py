@@ -204,6 +204,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def reduce_gradients(self) -> None:
         """Finish the gradient reduction of this step: afterwards each parameter this rank
         owns has the average (or sum) over ranks of its gradient. ``step()`` calls it."""
+        if (_ops.current_rank(), _ops.current_size()) != (self.rank, self.world_size):
+            raise RuntimeError(f"ZeroRedundancyOptimizer was built for rank {self.rank} of {self.world_size}, "
+                               f"but this is now rank {_ops.current_rank()} of {_ops.current_size()} (an "
+                               f"elastic reset?): its shards no longer fit; build it again")
         if self.world_size == 1:
             return
         # As DistributedOptimizer: a parameter no rank has a gradient for keeps grad None

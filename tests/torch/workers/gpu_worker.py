@@ -133,5 +133,48 @@ def gpu_digits_cnn_matches_cpu() -> None:
     assert _basics._load_core().stats()["device_collectives"] > 0
 
 
+
+@case
+def gpu_zero_and_one_bit_adam() -> None:
+    """ZeroRedundancyOptimizer on CUDA parameters (float64) ends where the same steps end
+    on the CPU, and OneBitAdam's compressed average on the GPU gives what it gives on the
+    CPU for the same inputs, call after call (the CPU paths are checked against
+    DistributedOptimizer and a NumPy reference in test_zero.py and test_onebit.py); the
+    1-bit signs packed on the GPU equal those packed on the CPU."""
+    from hvdlite.torch.onebit import pack_signs, unpack_signs
+    r, n = hvd.rank(), hvd.size()
+    dev = device()
+    x = torch.randn(8 * 999, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(pack_signs(x.to(dev)).cpu(), pack_signs(x))
+    assert torch.equal(unpack_signs(pack_signs(x).to(dev), torch.float32).cpu(),
+                       unpack_signs(pack_signs(x), torch.float32))
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 4)).double()
+
+    g = torch.Generator().manual_seed(100 + r)
+    data = [(torch.randn(16, 12, generator=g, dtype=torch.float64), torch.randint(0, 4, (16,), generator=g))
+            for _ in range(12)]
+    on_gpu, on_cpu = make().to(dev), make()
+    o_gpu, o_cpu = (hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.01,
+                                                bucket_cap_mb=0.002) for m in (on_gpu, on_cpu))
+    for xb, yb in data:
+        for m, o, d in ((on_gpu, o_gpu, dev), (on_cpu, o_cpu, torch.device("cpu"))):
+            o.zero_grad()
+            F.cross_entropy(m(xb.to(d)), yb.to(d)).backward()
+            o.step()
+    for p, q in zip(on_gpu.parameters(), on_cpu.parameters()):
+        assert p.is_cuda and torch.allclose(p.cpu(), q, atol=1e-9), "ZeRO on CUDA differs from the CPU"
+
+    length = 8 * n * 64
+    b_gpu, b_cpu = (hvd.OneBitAdam(nn.Linear(length, 1, bias=False).to(d).parameters(), lr=0.1, freeze_step=0)
+                    for d in (dev, torch.device("cpu")))
+    for call in range(5):
+        v = torch.randn(length, generator=torch.Generator().manual_seed(10 * call + r))
+        got, want = b_gpu._compressed_average(v.to(dev)), b_cpu._compressed_average(v.clone())
+        assert got.is_cuda and torch.allclose(got.cpu(), want, atol=1e-5), call
+
+
 if __name__ == "__main__":
     run_cases()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import hvdlite.torch as hvd
 from _wcommon import case, run_cases
-from hvdlite.torch.onebit import pack_signs, unpack_signs
+from hvdlite.torch.onebit import _bits_with_torch, _pack_with_torch, pack_signs, unpack_signs
 
 
 def net() -> torch.nn.Module:
@@ -54,6 +54,9 @@ def signs_pack_and_unpack() -> None:
         assert np.array_equal(unpack_signs(packed, torch.float32).numpy(), want)
         # The first element is the highest bit of the first byte.
         assert int(packed[0]) >> 7 == int(x[0] >= 0)
+        # The tensor-operation path (taken on GPUs) packs the same bits.
+        assert torch.equal(_pack_with_torch(x), packed)
+        assert torch.equal(_bits_with_torch(packed).to(torch.float32) * 2 - 1, unpack_signs(packed, torch.float32))
 
 
 @case
