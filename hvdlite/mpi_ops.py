@@ -174,6 +174,14 @@ def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: 
     return _direct_run(kind, tensor, output, name, average, op, prescale_factor, postscale_factor, root_rank)
 
 
+def _on_global_set(process_set: Any) -> bool:
+    """Whether a collective given `process_set` runs on the global set: none given and
+    none set by an enclosing scope (``broadcast(..., process_set=ps)`` calls
+    ``broadcast_`` inside one). Only then may it take :func:`_direct_run`, which submits
+    to the global set's engine."""
+    return process_set is None and _ops.current_process_set() is None
+
+
 def _run(kind: int, arr: np.ndarray, out: np.ndarray | None, name: str | None, op: int = Sum,
          prescale_factor: float = 1.0, postscale_factor: float = 1.0, root_rank: int = -1) -> None:
     """The blocking path: one request on `arr` (result into `out`; in place if it is `arr`).
@@ -233,7 +241,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
-    if process_set is None and type(tensor) is np.ndarray:
+    if _on_global_set(process_set) and type(tensor) is np.ndarray:
         out = np.empty_like(tensor, order="C")
         if _direct_run(_ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
             return out
@@ -270,8 +278,8 @@ def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None
                op: int | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks in place and return it."""
-    if process_set is None and _direct_run(_ALLREDUCE, tensor, tensor, name, average, op, prescale_factor,
-                                           postscale_factor, -1):
+    if _on_global_set(process_set) and _direct_run(_ALLREDUCE, tensor, tensor, name, average, op,
+                                                   prescale_factor, postscale_factor, -1):
         return tensor
     with _ops.process_set_scope(process_set):
         if _device.is_device_array(tensor):
@@ -374,7 +382,8 @@ def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None, proce
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
-    if process_set is None and _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
+    if _on_global_set(process_set) and _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0,
+                                                   root_rank):
         return tensor
     with _ops.process_set_scope(process_set):
         if _device.is_device_array(tensor):

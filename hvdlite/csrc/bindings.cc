@@ -319,7 +319,7 @@ int32_t AddProcessSet(const std::vector<int>& ranks) {
     MPI_Group_free(&sub);
     CheckMpi(rc, "MPI_Comm_create_group (process set)");
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    entry.engine = std::make_shared<Engine>(comm, params, &g_handles, id);
+    entry.engine = std::make_shared<Engine>(comm, params, &g_handles, id, world.timeline_writer());
     MPI_Comm_free(&comm);  // the engine works on duplicates of its own
   }
   {

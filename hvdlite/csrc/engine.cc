@@ -100,8 +100,10 @@ void ChooseTwoLevelSchedule(const Topology& topology, unsigned cores, TwoLevelSe
 
 }  // namespace
 
-Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, int32_t process_set)
-    : params_(params), handles_(handles), process_set_(process_set), cache_(0) {
+Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, int32_t process_set,
+               std::shared_ptr<TimelineWriter> timeline)
+    : params_(params), handles_(handles), process_set_(process_set), cache_(0),
+      timeline_(timeline ? Timeline(std::move(timeline), process_set) : Timeline()) {
   channel_ = std::make_unique<ControlChannel>(comm);
   topology_ = std::make_unique<Topology>(comm);
   const unsigned cores = std::thread::hardware_concurrency();

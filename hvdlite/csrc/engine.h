@@ -49,9 +49,11 @@ class Engine {
  public:
   // Duplicates `comm` (collective over it) and starts the background thread.
   // `process_set`: the id of the process set the engine serves (0: the global set,
-  // hvdlite's world). Its handles carry that id; only the global set's engine writes
-  // the timeline and names the process in log lines.
-  Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, int32_t process_set = 0);
+  // hvdlite's world). Its handles carry that id; only the global set's engine names the
+  // process in log lines and starts and stops the timeline. A process set's engine
+  // writes into the global engine's timeline (`timeline`, its `timeline_writer()`).
+  Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, int32_t process_set = 0,
+         std::shared_ptr<TimelineWriter> timeline = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -113,6 +115,7 @@ class Engine {
 
   bool StartTimeline(const std::string& path, bool mark_cycles, std::string* error);
   void StopTimeline();
+  const std::shared_ptr<TimelineWriter>& timeline_writer() const { return timeline_.writer(); }
 
  private:
   void Loop();

@@ -29,9 +29,9 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
-Timeline::~Timeline() { Stop(); }
+TimelineWriter::~TimelineWriter() { Stop(); }
 
-bool Timeline::Start(const std::string& path, bool mark_cycles, std::string* error) {
+bool TimelineWriter::Start(const std::string& path, bool mark_cycles, std::string* error) {
   std::lock_guard<std::mutex> lk(mu_);
   if (file_) {
     std::fputs("\n]\n", file_);
@@ -53,7 +53,7 @@ bool Timeline::Start(const std::string& path, bool mark_cycles, std::string* err
   return true;
 }
 
-void Timeline::Stop() {
+void TimelineWriter::Stop() {
   std::lock_guard<std::mutex> lk(mu_);
   if (!file_) return;
   active_ = false;
@@ -62,18 +62,18 @@ void Timeline::Stop() {
   file_ = nullptr;
 }
 
-void Timeline::Write(const std::string& s) {
+void TimelineWriter::Write(const std::string& s) {
   if (!first_) std::fputs(",\n", file_);
   first_ = false;
   std::fputs(s.c_str(), file_);
 }
 
-void Timeline::Flush() {
+void TimelineWriter::Flush() {
   std::lock_guard<std::mutex> lk(mu_);
   if (file_) std::fflush(file_);
 }
 
-int Timeline::TensorPid(const std::string& tensor) {
+int TimelineWriter::TensorPid(const std::string& tensor) {
   auto it = pids_.find(tensor);
   if (it != pids_.end()) return it->second;
   int pid = static_cast<int>(pids_.size()) + 1;
@@ -89,7 +89,7 @@ int Timeline::TensorPid(const std::string& tensor) {
   return pid;
 }
 
-void Timeline::Phase(const std::string& tensor, const char* phase, int64_t start_us, int64_t end_us,
+void TimelineWriter::Phase(const std::string& tensor, const char* phase, int64_t start_us, int64_t end_us,
                      const std::string& args_json) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!file_) return;
@@ -102,7 +102,7 @@ void Timeline::Phase(const std::string& tensor, const char* phase, int64_t start
   Write(os.str());
 }
 
-void Timeline::Instant(const std::string& tensor, const char* what, int64_t ts_us, const std::string& args_json) {
+void TimelineWriter::Instant(const std::string& tensor, const char* what, int64_t ts_us, const std::string& args_json) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!file_) return;
   int pid = TensorPid(tensor);
@@ -114,7 +114,7 @@ void Timeline::Instant(const std::string& tensor, const char* what, int64_t ts_u
   Write(os.str());
 }
 
-void Timeline::CycleMark(int64_t ts_us) {
+void TimelineWriter::CycleMark(int64_t ts_us) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!file_ || !mark_cycles_) return;
   std::ostringstream os;

@@ -191,6 +191,26 @@ def test_timeline_records_every_phase(tmp_path: Path) -> None:
     assert not any(e["name"] == "process_name" and e["args"]["name"] == "grad.0" for e in runtime)
 
 
+def test_timeline_records_the_process_sets_rank_zero_is_in(tmp_path: Path) -> None:
+    trace = tmp_path / "sets.json"
+    proc = run_job(3, HERE / "timeline_sets_job.py", str(trace), cwd=tmp_path,
+                   env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert_all_ranks_passed(proc, 3)
+    events = json.loads(trace.read_text())
+    names = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    phases: dict[int, set[str]] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            phases.setdefault(e["pid"], set()).add(e["name"])
+    assert {"shared.name", "shared.name (process set 1)", "set.gather (process set 1)",
+            "dynamic.bcast (process set 3)", "after.removal"} <= set(names), names
+    assert not [t for t in names if t.startswith("not.on.zero")], names  # rank 0 is not in set 2
+    assert "ALLREDUCE" in " ".join(phases[names["shared.name (process set 1)"]])
+    assert "ALLGATHER" in " ".join(phases[names["set.gather (process set 1)"]])
+    assert "BROADCAST" in " ".join(phases[names["dynamic.bcast (process set 3)"]])
+    assert "ALLREDUCE" in " ".join(phases[names["after.removal"]])
+
+
 def test_thread_affinity_pins_each_background_thread() -> None:
     proc = run_ranks(2, "affinity_job.py", env={"HOROVOD_THREAD_AFFINITY": "1,0"})
     assert_all_ranks_passed(proc, 2)
