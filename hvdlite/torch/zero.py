@@ -38,8 +38,8 @@ import torch
 
 from hvdlite.common import ops as _ops
 from hvdlite.torch.functions import broadcast_object
-from hvdlite.torch.mpi_ops import (Average, Max, Sum, allgather_async, allreduce_async, alltoall_async,
-                                   synchronize)
+from hvdlite.torch.mpi_ops import (Average, Max, Sum, allgather_async, allreduce, allreduce_async,
+                                   alltoall_async, synchronize)
 
 DEFAULT_BUCKET_CAP_MB = 4.0
 _instances = 0
@@ -112,6 +112,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[torch.Tensor, _Bucket] = {}
         self._consolidated: dict[str, Any] | None = None
+        self._reduced = False                     # this step's gradients are with their owners
         self.optim: torch.optim.Optimizer | None = None
         self._partition(self._all_params())
         self.optim = optimizer_class(self._local_groups(), **defaults)
@@ -181,7 +182,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         b = self._bucket_of.get(p)
         if b is None or self.world_size == 1:
             return
-        if b.handle is not None:
+        if b.handle is not None or self._reduced:
             raise RuntimeError(f"ZeroRedundancyOptimizer: a gradient was computed again before step() "
                                f"(bucket {b.name}); gradient accumulation over several backward "
                                f"passes is not supported")
@@ -203,12 +204,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def reduce_gradients(self) -> None:
         """Finish the gradient reduction of this step: afterwards each parameter this rank
-        owns has the average (or sum) over ranks of its gradient. ``step()`` calls it."""
+        owns has the average (or sum) over ranks of its gradient. ``step()`` calls it
+        (once a step: after :meth:`clip_grad_norm_` it does nothing)."""
         if (_ops.current_rank(), _ops.current_size()) != (self.rank, self.world_size):
             raise RuntimeError(f"ZeroRedundancyOptimizer was built for rank {self.rank} of {self.world_size}, "
                                f"but this is now rank {_ops.current_rank()} of {_ops.current_size()} (an "
                                f"elastic reset?): its shards no longer fit; build it again")
-        if self.world_size == 1:
+        if self.world_size == 1 or self._reduced:
             return
         # As DistributedOptimizer: a parameter no rank has a gradient for keeps grad None
         # (so the optimizer leaves it alone); every rank says which gradients it has.
@@ -234,6 +236,38 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 k = p.numel()
                 p.grad = reduced[at:at + k].view_as(p) if p in present else None
                 at += k
+        self._reduced = True
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """Clip the gradients by their norm over the whole model, as
+        ``torch.nn.utils.clip_grad_norm_(model.parameters(), ...)`` would on the averaged
+        gradients (FairScale's sharded optimizer has the same method). Call it between
+        backward and ``step()`` on every rank. It reduces the gradients to their owners
+        first (``step()`` then does not again); each rank takes the norm of its own
+        parameters' gradients, one allreduce combines the ranks' parts, and the owned
+        gradients are scaled. Returns the total norm, the same on every rank.
+
+        ``torch.nn.utils.clip_grad_norm_`` itself would see other owners' gradients
+        unreduced: use this method instead."""
+        self.reduce_gradients()
+        norm_type = float(norm_type)
+        grads = [p.grad for p in self._all_params() if self._owner[p] == self.rank and p.grad is not None]
+        if norm_type == float("inf"):
+            local = max((g.detach().abs().max().double() for g in grads), default=torch.zeros((), dtype=torch.float64))
+            total = allreduce(local.reshape(1).cpu(), op=Max, name=f"zero.{self._index}.grad_norm")[0]
+        else:
+            local = sum((torch.linalg.vector_norm(g.detach().double(), norm_type) ** norm_type for g in grads),
+                        torch.zeros((), dtype=torch.float64))
+            total = allreduce(local.reshape(1).cpu(), op=Sum, name=f"zero.{self._index}.grad_norm")[0]
+            total = total ** (1.0 / norm_type)
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite, so it "
+                               f"cannot be clipped (error_if_nonfinite=False skips this check)")
+        coef = min(1.0, float(max_norm) / (float(total) + 1e-6))
+        for g in grads:
+            g.detach().mul_(coef)
+        return total.to(grads[0].dtype if grads else torch.float32)
 
     # -- step ----------------------------------------------------------------------------
 
@@ -278,9 +312,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.optim.step()
         self._sync_groups(self.optim.param_groups, self.param_groups)
         self._share_parameters()
+        self._reduced = False
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._reduced = False
         for p in self._all_params():
             if p.grad is None:
                 continue

@@ -99,6 +99,43 @@ def sgd_momentum_with_sum_matches() -> None:
 
 
 @case
+def clip_grad_norm_matches_clipping_the_averaged_gradients() -> None:
+    """ZeRO's clip_grad_norm_ against Horovod's recipe for DistributedOptimizer (synchronize,
+    torch's clip_grad_norm_ over every parameter, step without synchronizing again): the
+    same norms on every rank and the same parameters, for the 2-norm and the inf-norm;
+    max_norm small enough that every step clips."""
+    for norm_type in (2.0, float("inf")):
+        (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01)
+        for x, y in batches(6):
+            oz.zero_grad()
+            F.cross_entropy(mz(x), y).backward()
+            nz = oz.clip_grad_norm_(0.05, norm_type=norm_type)
+            oz.step()
+            od.zero_grad()
+            F.cross_entropy(md(x), y).backward()
+            od.synchronize()
+            nd = torch.nn.utils.clip_grad_norm_(md.parameters(), 0.05, norm_type=norm_type)
+            with od.skip_synchronize():
+                od.step()
+            assert float(nd) > 0.05, float(nd)                      # it did clip
+            assert abs(float(nz) - float(nd)) <= 1e-5 * float(nd), (norm_type, float(nz), float(nd))
+            assert len(set(hvd.allgather_object(round(float(nz), 9)))) == 1
+        assert max_diff(mz, md) <= TOL, (norm_type, max_diff(mz, md))
+    # A backward after the clip and before step() is refused (its gradients would be lost).
+    x, y = batches(1)[0]
+    oz.zero_grad()
+    F.cross_entropy(mz(x), y).backward()
+    oz.clip_grad_norm_(1.0)
+    try:
+        F.cross_entropy(mz(x), y).backward()
+    except RuntimeError as exc:
+        assert "before step()" in str(exc), exc
+    else:
+        raise AssertionError("a backward pass after clip_grad_norm_ and before step() was accepted")
+    oz.step()
+
+
+@case
 def shards_are_balanced_and_disjoint() -> None:
     n = hvd.size()
     torch.manual_seed(1)
