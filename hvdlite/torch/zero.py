@@ -66,7 +66,7 @@ class _Bucket:
         self.numel = sum(self.splits)
         self.params = set(params)
         self.dtype, self.device = params[0].dtype, params[0].device
-        self.ready: set[torch.Tensor] = set()
+        self.passes: dict[torch.Tensor, int] = {}   # backward passes seen per parameter
         self.handle: Any = None
 
 
@@ -77,6 +77,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     the same parameters in the same order. :attr:`optim` is the local optimizer over this
     rank's share. ``op`` (hvdlite's addition) is ``hvd.Average`` (the default, as
     ``DistributedOptimizer``) or ``hvd.Sum``. ``bucket_cap_mb`` bounds a bucket's size.
+    ``backward_passes_per_step`` (as ``DistributedOptimizer``'s): the number of backward
+    passes whose gradients are summed locally before they are reduced; a bucket leaves
+    once the last pass has produced its gradients.
     ``process_group`` must be ``None`` (the whole world), and ``overlap_with_ddp`` is
     refused: without DDP the gradient reduction already overlaps backward.
     ``parameters_as_bucket_view`` is accepted and changes nothing."""
@@ -84,7 +87,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], optimizer_class: type[torch.optim.Optimizer],
                  process_group: Any = None, parameters_as_bucket_view: bool = False,
                  overlap_with_ddp: bool = False, *, op: int = Average,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, **defaults: Any) -> None:
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, backward_passes_per_step: int = 1,
+                 **defaults: Any) -> None:
         if process_group is not None:
             raise ValueError("hvdlite's ZeroRedundancyOptimizer shards over hvdlite's world: pass "
                              "process_group=None")
@@ -98,11 +102,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise ValueError("ZeroRedundancyOptimizer reduces gradients with hvd.Average or hvd.Sum")
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, not {bucket_cap_mb}")
+        if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be a positive integer, not {backward_passes_per_step!r}")
         super().__init__(params, defaults)
         self.optimizer_class = optimizer_class
         self.parameters_as_bucket_view = parameters_as_bucket_view
         self.op = op
         self.bucket_bytes = int(bucket_cap_mb * 1024 * 1024)
+        self.backward_passes_per_step = int(backward_passes_per_step)
         self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
         self._index = _next_index()
         self._owner: dict[torch.Tensor, int] = {}
@@ -182,12 +189,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         b = self._bucket_of.get(p)
         if b is None or self.world_size == 1:
             return
-        if b.handle is not None or self._reduced:
-            raise RuntimeError(f"ZeroRedundancyOptimizer: a gradient was computed again before step() "
-                               f"(bucket {b.name}); gradient accumulation over several backward "
-                               f"passes is not supported")
-        b.ready.add(p)
-        if len(b.ready) == len(b.params):
+        seen = b.passes.get(p, 0) + 1
+        if b.handle is not None or self._reduced or seen > self.backward_passes_per_step:
+            raise RuntimeError(f"ZeroRedundancyOptimizer: a gradient was computed more than "
+                               f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                               f"step() (bucket {b.name}); raise backward_passes_per_step to accumulate "
+                               f"more backward passes locally")
+        b.passes[p] = seen
+        if len(b.passes) == len(b.params) and all(k == self.backward_passes_per_step for k in b.passes.values()):
             self._submit(b)
 
     def _submit(self, b: _Bucket) -> None:
@@ -224,7 +233,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         mine = self.rank
         for b in self._buckets:
             out, _ = synchronize(b.handle)
-            b.handle, b.ready = None, set()
+            b.handle, b.passes = None, {}
             n = b.splits[mine]
             if n == 0:
                 continue

@@ -10,6 +10,7 @@ from tests.torch.torch_mp import assert_passed, run_ranks
 
 CASES = ["adam_matches_distributed_optimizer", "sgd_momentum_with_sum_matches",
          "clip_grad_norm_matches_clipping_the_averaged_gradients",
+         "accumulation_over_backward_passes_matches",
          "shards_are_balanced_and_disjoint", "state_dict_consolidates_and_loads",
          "lr_scheduler_reaches_the_shards", "param_group_added_mid_training",
          "bad_input_is_refused_and_the_library_goes_on"]

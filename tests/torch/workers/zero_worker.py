@@ -62,13 +62,13 @@ def max_diff(m1: torch.nn.Module, m2: torch.nn.Module) -> float:
     return max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters()))
 
 
-def pair(optimizer_class, op=hvd.Average, **kw):
+def pair(optimizer_class, op=hvd.Average, backward_passes_per_step=1, **kw):
     """(model, ZeRO), (model, DistributedOptimizer) from the same start."""
     mz, md = Net(), Net()
     oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=optimizer_class, op=op,
-                                     bucket_cap_mb=0.004, **kw)
+                                     bucket_cap_mb=0.004, backward_passes_per_step=backward_passes_per_step, **kw)
     od = hvd.DistributedOptimizer(optimizer_class(groups(md), **kw), named_parameters=md.named_parameters(),
-                                  op=op)
+                                  op=op, backward_passes_per_step=backward_passes_per_step)
     return (mz, oz), (md, od)
 
 
@@ -132,6 +132,31 @@ def clip_grad_norm_matches_clipping_the_averaged_gradients() -> None:
         assert "before step()" in str(exc), exc
     else:
         raise AssertionError("a backward pass after clip_grad_norm_ and before step() was accepted")
+    oz.step()
+
+
+@case
+def accumulation_over_backward_passes_matches() -> None:
+    """backward_passes_per_step=3 against DistributedOptimizer's: three batches per step,
+    their gradients summed locally, then reduced; a fourth pass is refused."""
+    (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01, backward_passes_per_step=3)
+    data = batches(12)
+    for model, opt in ((mz, oz), (md, od)):
+        for step in range(4):
+            opt.zero_grad()
+            for x, y in data[3 * step:3 * step + 3]:
+                F.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert max_diff(mz, md) <= TOL, max_diff(mz, md)
+    oz.zero_grad()
+    x, y = data[0]
+    try:
+        for _ in range(4):
+            F.cross_entropy(mz(x), y).backward()
+    except RuntimeError as exc:
+        assert "backward_passes_per_step=3" in str(exc), exc
+    else:
+        raise AssertionError("a fourth backward pass was accepted")
     oz.step()
 
 
@@ -230,7 +255,8 @@ def bad_input_is_refused_and_the_library_goes_on() -> None:
     for kwargs, kind in (({"process_group": object()}, ValueError),
                          ({"overlap_with_ddp": True}, ValueError),
                          ({"op": hvd.Max}, ValueError),
-                         ({"bucket_cap_mb": 0}, ValueError)):
+                         ({"bucket_cap_mb": 0}, ValueError),
+                         ({"backward_passes_per_step": 0}, ValueError)):
         try:
             hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, **kwargs)
         except kind:
@@ -251,7 +277,7 @@ def bad_input_is_refused_and_the_library_goes_on() -> None:
     try:
         F.cross_entropy(m(x), y).backward()
     except RuntimeError as exc:
-        assert "before step()" in str(exc), exc
+        assert "before step()" in str(exc) and "backward_passes_per_step=1" in str(exc), exc
     else:
         raise AssertionError("a second backward pass before step() was accepted")
     oz.step()      # the buckets already in flight finish; the library goes on
