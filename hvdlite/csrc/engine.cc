@@ -340,28 +340,6 @@ void Engine::OnPeerFailure(const std::string& what) {
 }
 
 void Engine::Route(Request r, int64_t now, RequestList* to_coordinator) {
-  if (r.type != RequestType::kAllreduce || r.group_id < 0 || r.group_size <= 1) {
-    RouteOne(std::move(r), now, to_coordinator);
-    return;
-  }
-  std::vector<Request>& members = partial_groups_[r.group_id];
-  members.push_back(std::move(r));
-  if (static_cast<int>(members.size()) < members.front().group_size) return;
-  std::vector<Request> group = std::move(members);
-  partial_groups_.erase(group.front().group_id);
-  // Every rank puts a whole group into one cycle, so its members are agreed on in the
-  // same cycle everywhere and fused together, as the group asks. Where one member is
-  // not cached here, the others go to rank 0 with it; RouteInFull evicts their entries
-  // on every rank, so that the other ranks' members follow them there.
-  bool cached = !join_outstanding_;
-  for (const Request& m : group) cached = cached && cache_.Lookup(m) >= 0;
-  for (Request& m : group) {
-    if (cached) RouteOne(std::move(m), now, to_coordinator);
-    else RouteInFull(std::move(m), now, to_coordinator);
-  }
-}
-
-void Engine::RouteOne(Request r, int64_t now, RequestList* to_coordinator) {
   const int32_t id = join_outstanding_ ? -1 : cache_.Lookup(r);
   if (id >= 0) {
     ++requests_as_ids_;
@@ -369,13 +347,8 @@ void Engine::RouteOne(Request r, int64_t now, RequestList* to_coordinator) {
     cycle_->AddReady(id, std::move(r), now, input);
     return;
   }
-  RouteInFull(std::move(r), now, to_coordinator);
-}
-
-void Engine::RouteInFull(Request r, int64_t now, RequestList* to_coordinator) {
-  // The name is cached with another signature (or this rank refuses it, or another
-  // member of its group is not cached): every rank's request for it must go to rank 0,
-  // so the entry is evicted everywhere.
+  // The name is cached with another signature (or this rank refuses it): every rank's
+  // request for it must go to rank 0, so the entry is evicted everywhere.
   const int32_t stale = cache_.IdOf(r.name);
   if (stale >= 0) cycle_->Evict(stale);
   if (r.type == RequestType::kJoin) {
