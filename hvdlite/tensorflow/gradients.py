@@ -316,6 +316,22 @@ class _DistributedGradientTapeMixin:
             process_set=o["process_set"], name="DistributedGradientTape")
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names: bool = False):
+        """Horovod's: :meth:`gradient`, split by kind of source. Returns
+        ``(local, global)``: lists of ``(source, gradient)`` pairs for the sources
+        registered with :meth:`register_local_source` and for the others (reduced over
+        the ranks). ``use_generic_names`` is accepted for compatibility; hvdlite names its
+        requests itself."""
+        flat_sources = tf.nest.flatten(sources, expand_composites=False)
+        grads = tf.nest.flatten(self.gradient(target, sources, output_gradients=output_gradients),
+                                expand_composites=False)
+        local_sources = self._hvd_options["local_sources"]
+        local, shared = [], []
+        for source, grad in zip(flat_sources, grads):
+            (local if source in local_sources else shared).append((source, grad))
+        return local, shared
+
 
 _tape_classes: dict[type, type] = {}
 

@@ -951,7 +951,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     ``op`` is ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
     ``prescale_factor``/``postscale_factor`` multiply the input before and the result
     after the reduction. A ``tf.IndexedSlices`` is combined with two allgathers (values
-    and indices) instead, its values divided by the number of ranks for ``Average``.
+    and indices) instead, its values divided by the number of ranks for ``Average`` (true
+    division: integer values give floats, as in Horovod).
     ``tensor`` must have the same shape and dtype on every rank. Works eagerly and inside
     ``tf.function``; differentiable (the gradient is the same allreduce of the gradient).
     ``device_*`` are accepted for compatibility; tensors travel through host memory.
@@ -983,7 +984,11 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale: float
                        ignore_name_scope=ignore_name_scope)
     indices = allgather(slices.indices, name=f"{base}.indices" if name else None,
                         ignore_name_scope=ignore_name_scope)
-    scale = prescale * postscale / (_ops.current_size() if op == Average else 1)
+    if op == Average:
+        # True division, as Horovod: integer values average to floats (float32 for 8 and
+        # 16 bits, float64 for 32 and 64), not to zeros.
+        values = tf.math.truediv(values, _ops.current_size())
+    scale = prescale * postscale
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)

@@ -343,6 +343,11 @@ def indexed_slices_and_compression():
         v, i = wrap(sparse_reduce)(tf.constant(vals[R]), tf.constant(idx[R]))
         expect_close(v, np.concatenate(vals) / N, f"{mode} IndexedSlices values (Average)")
         expect(np.array_equal(np.asarray(i), np.concatenate(idx)), f"{mode} IndexedSlices indices")
+        # Integer values average with true division, as Horovod: floats, not zeros.
+        iv = wrap(lambda: hvd.allreduce(tf.IndexedSlices(tf.constant([[7, 8]], tf.int32), tf.constant([R], tf.int64),
+                                                         dense_shape=tf.constant([N, 2], tf.int64))).values)()
+        expect(iv.dtype == tf.float64, f"{mode} int32 IndexedSlices Average gives float64, not {iv.dtype}")
+        expect_close(iv, np.tile([[7 / N, 8 / N]], (N, 1)), f"{mode} int32 IndexedSlices Average")
         x = [data(r, (64,), np.float32, seed=21) for r in range(N)]
         for comp, tol in [(hvd.Compression.fp16, 1e-2), (hvd.Compression.bf16, 5e-2), (hvd.Compression.none, 1e-6)]:
             got = wrap(lambda t, comp=comp: hvd.allreduce(t, compression=comp))(tf.constant(x[R]))
@@ -856,6 +861,18 @@ def local_sources_keep_their_gradients():
             expect_close(gl, [2.0 * x / div] * 2, f"{mode} scale={scale}: local gradient")
             expect_close(ge, want_emb, f"{mode} scale={scale}: local embedding gradient")
             expect(bool(sparse), f"{mode}: a local IndexedSlices gradient stays IndexedSlices")
+
+    # Horovod's get_local_and_global_gradients: the same gradients, split by kind of source.
+    shared, local = tf.Variable([1.0, 2.0]), tf.Variable([3.0, 4.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared * x) + tf.reduce_sum(local * 2.0 * x)
+    tape = hvd.DistributedGradientTape(tape)
+    tape.register_local_source(local)
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(loss, [shared, local])
+    expect([v is local for v, _ in local_pairs] == [True], "get_local_and_global_gradients: local sources")
+    expect([v is shared for v, _ in global_pairs] == [True], "get_local_and_global_gradients: global sources")
+    expect_close(local_pairs[0][1], [2.0 * x / N] * 2, "get_local_and_global_gradients: local gradient")
+    expect_close(global_pairs[0][1], [mean_x, mean_x], "get_local_and_global_gradients: global gradient")
 
     # PartialDistributedGradientTape: the weights of the local layers stay local
     keras.utils.set_random_seed(7)
