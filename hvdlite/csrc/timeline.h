@@ -23,7 +23,6 @@ class TimelineWriter {
   bool Start(const std::string& path, bool mark_cycles, std::string* error);
   void Stop();
   bool Active() const { return active_; }  // read by the background threads without the lock
-  bool MarkCycles() const { return mark_cycles_; }
 
   // A phase of one tensor, [start_us, end_us] on the steady clock.
   void Phase(const std::string& tensor, const char* phase, int64_t start_us, int64_t end_us,
@@ -38,7 +37,7 @@ class TimelineWriter {
 
   std::mutex mu_;
   std::FILE* file_ = nullptr;
-  std::atomic<bool> mark_cycles_{false};
+  bool mark_cycles_ = false;
   std::atomic<bool> active_{false};
   bool first_ = true;
   int64_t origin_us_ = 0;
@@ -66,7 +65,6 @@ class Timeline {
     if (owner_ && writer_) writer_->Stop();
   }
   bool Active() const { return writer_->Active(); }
-  bool MarkCycles() const { return owner_ && writer_->MarkCycles(); }
   void Phase(const std::string& tensor, const char* phase, int64_t start_us, int64_t end_us,
              const std::string& args_json = "") {
     writer_->Phase(Name(tensor), phase, start_us, end_us, args_json);

@@ -83,7 +83,29 @@ def _free_subnet() -> int:
     raise RuntimeError("no free 10.77.N.0/24 subnet for emulated hosts")
 
 
-class EmulatedHosts:
+class SetUpAndTearDown:
+    """A context manager over ``up()`` and ``down()``: ``down()`` also runs when ``up()``
+    fails halfway, so nothing it made is left behind."""
+
+    def up(self) -> None:
+        raise NotImplementedError
+
+    def down(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+
+class EmulatedHosts(SetUpAndTearDown):
     """``n`` hosts named ``h1 .. hn``, each linked to a shared bridge at ``rate`` (tc's
     units: ``1gbit``, ``100mbit``) in each direction. Use as a context manager; the
     hosts, their processes and the bridge are removed on exit."""
@@ -103,17 +125,6 @@ class EmulatedHosts:
         self.agent = ""
 
     # -- set up and tear down
-    def __enter__(self) -> "EmulatedHosts":
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.down()
-
     def up(self) -> None:
         self.octet = _free_subnet()
         self.subnet = f"10.77.{self.octet}.0/24"

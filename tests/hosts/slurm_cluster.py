@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.hosts.emulated import EmulatedHosts
+from tests.hosts.emulated import EmulatedHosts, SetUpAndTearDown
 from tests.hosts.emulated import unavailable as hosts_unavailable
 
 _DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -54,7 +54,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class SlurmCluster:
+class SlurmCluster(SetUpAndTearDown):
     """Slurm over ``hosts``: node ``hI`` is emulated host ``hI`` with ``cpus`` CPUs (slots;
     they need not exist: the configuration overrides what ``slurmd`` finds), one
     partition ``emu`` holding them all. Use as a context manager."""
@@ -68,17 +68,6 @@ class SlurmCluster:
         self.conf = Path()
         self._procs: list[subprocess.Popen] = []
         self._logs: list = []
-
-    def __enter__(self) -> "SlurmCluster":
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.down()
 
     # -- set up and tear down
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
