@@ -120,6 +120,10 @@ class _TFError:
     ``UnimplementedError`` for a NotImplementedError)."""
 
     _code: int  # TensorFlow's error code
+    # Raised while AutoGraph traces a function (an op refused when the graph is built),
+    # the error would be rebuilt by AutoGraph, which cannot rebuild this class and makes
+    # it a StagingError: this attribute tells AutoGraph to let it through unchanged.
+    ag_pass_through = True
 
     def __init__(self, message: str) -> None:
         tf.errors.OpError.__init__(self, None, None, message, self._code)
@@ -952,7 +956,9 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     ``prescale_factor``/``postscale_factor`` multiply the input before and the result
     after the reduction. A ``tf.IndexedSlices`` is combined with two allgathers (values
     and indices) instead, its values divided by the number of ranks for ``Average`` (true
-    division: integer values give floats, as in Horovod).
+    division: integer values give floats, as in Horovod); other ops and scale factors are
+    refused for it with ``NotImplementedError``, on every rank and, in a graph, when the
+    graph is built (as Horovod).
     ``tensor`` must have the same shape and dtype on every rank. Works eagerly and inside
     ``tf.function``; differentiable (the gradient is the same allreduce of the gradient).
     ``device_*`` are accepted for compatibility; tensors travel through host memory.
@@ -973,13 +979,19 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale: float
                               postscale: float, name: str | None,
                               ignore_name_scope: bool) -> tf.IndexedSlices:
     base = name or "indexed_slices"
+    problem = None
     if op not in (Average, Sum):
-        # Refused on every rank, as the first of the two allgathers the others run.
+        problem = f"allreduce of tf.IndexedSlices supports only Average and Sum, not {_ops.describe_op(op)}"
+    elif prescale != 1.0 or postscale != 1.0:
+        problem = "allreduce of tf.IndexedSlices takes no prescale_factor or postscale_factor"
+    if problem is not None:
+        # Refused as the first of the two allgathers the other ranks run, so that a rank
+        # alone in passing this fails them too, and raised here, also while a graph is
+        # built (Horovod raises NotImplementedError there): the refusal goes through the
+        # engine at once, and a rank whose graph holds the allgather meets it when it runs.
         nm = _op_name("allgather", f"{base}.values" if name else None, ignore_name_scope)
-        spec = _Spec(_ops.ALLGATHER, nm, problem="allreduce of tf.IndexedSlices supports only "
-                     f"Average and Sum, not {_ops.describe_op(op)}", error=HvdliteNotImplementedError)
-        failed = _run([spec], [slices.values])[0]  # raises eagerly; fails when run in a graph
-        return tf.IndexedSlices(failed, slices.indices, dense_shape=slices.dense_shape)
+        _execute([_Spec(_ops.ALLGATHER, nm, problem=problem, error=HvdliteNotImplementedError)], [None])
+        raise AssertionError("a refused request returned")  # _execute raised
     values = allgather(slices.values, name=f"{base}.values" if name else None,
                        ignore_name_scope=ignore_name_scope)
     indices = allgather(slices.indices, name=f"{base}.indices" if name else None,
@@ -988,9 +1000,6 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale: float
         # True division, as Horovod: integer values average to floats (float32 for 8 and
         # 16 bits, float64 for 32 and 64), not to zeros.
         values = tf.math.truediv(values, _ops.current_size())
-    scale = prescale * postscale
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 

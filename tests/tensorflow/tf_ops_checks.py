@@ -348,6 +348,19 @@ def indexed_slices_and_compression():
                                                          dense_shape=tf.constant([N, 2], tf.int64))).values)()
         expect(iv.dtype == tf.float64, f"{mode} int32 IndexedSlices Average gives float64, not {iv.dtype}")
         expect_close(iv, np.tile([[7 / N, 8 / N]], (N, 1)), f"{mode} int32 IndexedSlices Average")
+        # Other ops and scale factors are refused with NotImplementedError, as Horovod; in
+        # a graph when it is built (traced here, never run).
+        for what, kwargs in [("Min", {"op": hvd.Min}), ("Adasum", {"op": hvd.Adasum}),
+                             ("prescale_factor", {"op": hvd.Sum, "prescale_factor": 0.5}),
+                             ("postscale_factor", {"postscale_factor": 2.0})]:
+            def refused(kwargs=kwargs):
+                return hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([R], tf.int64),
+                                                      dense_shape=tf.constant([N, 2], tf.int64)), **kwargs).values
+            try:
+                refused() if mode == "eager" else tf.function(refused).get_concrete_function()
+                FAILURES.append(f"{mode} IndexedSlices allreduce with {what}: rank {R} raised nothing")
+            except NotImplementedError as e:
+                expect("IndexedSlices" in str(e), f"{mode} IndexedSlices with {what}: error says {e}")
         x = [data(r, (64,), np.float32, seed=21) for r in range(N)]
         for comp, tol in [(hvd.Compression.fp16, 1e-2), (hvd.Compression.bf16, 5e-2), (hvd.Compression.none, 1e-6)]:
             got = wrap(lambda t, comp=comp: hvd.allreduce(t, compression=comp))(tf.constant(x[R]))
