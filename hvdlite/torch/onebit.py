@@ -27,7 +27,9 @@
   2(N-1)/N * 4n for the float32 allreduce: 32 times less once warm-up is over.
 
 Each rank's error buffers are its own: :meth:`state_dict` holds this rank's, so a
-checkpoint that is to resume the compression exactly saves one file per rank.
+checkpoint that is to resume the compression exactly saves one file per rank. Buffers
+of another rank (one checkpoint loaded everywhere, ``broadcast_optimizer_state``) are
+not loaded: each rank's error buffers then start from zero, as at the freeze.
 """
 from __future__ import annotations
 
@@ -85,43 +87,70 @@ def compress(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 class OneBitAdam(torch.optim.Optimizer):
     """Adam with 1-bit compressed momentum after ``freeze_step`` warm-up steps.
 
-    ``lr``, ``betas`` and ``eps`` mean what they do in ``torch.optim.Adam`` (``lr`` and
-    ``weight_decay`` may differ between groups; ``betas`` and ``eps`` are the first
-    group's). ``weight_decay`` is added to the update, ``weight_decay * p``, as DeepSpeed's
-    1-bit Adam does (not to the gradient). ``freeze_step`` is the number of uncompressed
-    warm-up steps. Every rank passes the same parameters in the same order. All
-    parameters must be float32 and on one device."""
+    ``lr``, ``betas`` and ``eps`` mean what they do in ``torch.optim.Adam``; each group
+    may set its own, and its own ``weight_decay``, which is added to the update,
+    ``weight_decay * p``, as DeepSpeed's 1-bit Adam does (not to the gradient).
+    ``freeze_step`` is the number of uncompressed warm-up steps. Every rank passes the
+    same parameters in the same order. All parameters must be float32 and on one device.
+    Groups may be added until the first step (the error buffers cover every parameter).
+    All parameters' moments form one flat vector, compressed as one."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, freeze_step: int = 100000,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0) -> None:
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"lr, eps and weight_decay must be non-negative (lr={lr}, eps={eps}, "
-                             f"weight_decay={weight_decay})")
-        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"betas must be in [0, 1): {betas}")
         if freeze_step < 0:
             raise ValueError(f"freeze_step must be non-negative, not {freeze_step}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.freeze_step = int(freeze_step)
+        self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
+        self.steps = 0
+        self.sent_bytes = 0                     # by this rank, since construction
+        self._denom: torch.Tensor | None = None  # sqrt(v̂) + eps, once v is frozen
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        global _instances
+        _instances += 1
+        self._name = f"onebit.{_instances}"
+        self._size_buffers()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (its ``lr``, ``betas``, ``eps`` and ``weight_decay`` checked like the
+        constructor's); only before the first step, when the error buffers are still zero."""
+        if self.steps:
+            raise ValueError("OneBitAdam: add parameter groups before the first step (its moments and "
+                             "error buffers cover the parameters it has stepped)")
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        if lr < 0 or eps < 0 or wd < 0:
+            self.param_groups.pop()
+            raise ValueError(f"lr, eps and weight_decay must be non-negative (lr={lr}, eps={eps}, "
+                             f"weight_decay={wd})")
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            self.param_groups.pop()
+            raise ValueError(f"betas must be in [0, 1): {group['betas']}")
+        if hasattr(self, "_name"):      # after the constructor: the buffers grow
+            self._size_buffers()
+
+    def _size_buffers(self) -> None:
         params_all = self._params()
         if any(p.dtype != torch.float32 for p in params_all):
             raise TypeError("OneBitAdam takes float32 parameters")
         if len({p.device for p in params_all}) > 1:
             raise ValueError("OneBitAdam takes parameters on one device")
-        global _instances
-        _instances += 1
-        self._name = f"onebit.{_instances}"
-        self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
-        self.steps = 0
         n = sum(p.numel() for p in params_all)
         quantum = 8 * self.world_size           # whole bytes of signs in every chunk
         self._numel, self._padded = n, -(-n // quantum) * quantum
         dev = params_all[0].device if params_all else torch.device("cpu")
         self.worker_error = torch.zeros(self._padded, device=dev)
         self.server_error = torch.zeros(self._padded // self.world_size, device=dev)
-        self.sent_bytes = 0                     # by this rank, since construction
-        self._denom: torch.Tensor | None = None  # sqrt(v̂) + eps, once v is frozen
+
+    def _spans(self) -> list[tuple[int, int, dict[str, Any]]]:
+        """(start, end, group) of each group's parameters in the flat vectors."""
+        spans, at = [], 0
+        for group in self.param_groups:
+            k = sum(p.numel() for p in group["params"])
+            spans.append((at, at + k, group))
+            at += k
+        return spans
 
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
@@ -191,43 +220,52 @@ class OneBitAdam(torch.optim.Optimizer):
             st["exp_avg_sq"] = torch.zeros_like(g)
             st["step"] = 0
         m, v = st["exp_avg"], st["exp_avg_sq"]
-        group0 = self.param_groups[0]
-        b1, b2 = group0["betas"]
         st["step"] += 1
-        m.mul_(b1).add_(g, alpha=1 - b1)
+        t = st["step"]
+        spans = self._spans()
         if not compressed:
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            st["frozen_bias2"] = 1 - b2 ** st["step"]
+            # 1 - b2^t of each group, kept: once v is frozen it stays divided by it.
+            st["frozen_bias2"] = [1 - grp["betas"][1] ** t for _, _, grp in spans]
         elif not st.get("floored"):
             self._floor_variance(v)
             st["floored"] = True
-        if compressed and self._denom is not None:
-            denom = self._denom            # v is frozen: so is the denominator
-        else:
-            denom = (v / st["frozen_bias2"]).sqrt_().add_(group0["eps"])
-            self._denom = denom if compressed else None
-        direction = m / denom
-        bias1 = 1 - b1 ** st["step"]
+        frozen_bias2 = st["frozen_bias2"]
+        if not isinstance(frozen_bias2, list):      # a checkpoint of one group's value
+            frozen_bias2 = [frozen_bias2] * len(spans)
+        reuse = compressed and self._denom is not None   # v is frozen: so is the denominator
+        denom = self._denom if reuse else torch.empty_like(v)
+        direction = torch.empty_like(m)
+        bias1 = []
+        for (a, b, grp), fb2 in zip(spans, frozen_bias2):
+            b1, b2 = grp["betas"]
+            m[a:b].mul_(b1).add_(g[a:b], alpha=1 - b1)
+            if not compressed:
+                v[a:b].mul_(b2).addcmul_(g[a:b], g[a:b], value=1 - b2)
+            if not reuse:
+                torch.div(v[a:b], fb2, out=denom[a:b]).sqrt_().add_(grp["eps"])
+            torch.div(m[a:b], denom[a:b], out=direction[a:b])
+            bias1.append(1 - b1 ** t)
+            if compressed:
+                # Adam bounds each step by about lr (|update| <= lr * max(1, (1 - b1) /
+                # sqrt(1 - b2)); Kingma & Ba, 2015, sec. 2.1), but with v frozen an
+                # element whose gradient was near zero through the warm-up can ask for far
+                # more, and one such element would set the 1-bit scale of all the others.
+                # Clipped to Adam's own bound before compression, it cannot.
+                bound = max(1.0, (1 - b1) / math.sqrt(1 - b2)) * bias1[-1]
+                direction[a:b].clamp_(-bound, bound)
+        self._denom = denom if compressed else None
         if compressed:
-            # Adam bounds each step by about lr (|update| <= lr * max(1, (1 - b1) /
-            # sqrt(1 - b2)); Kingma & Ba, 2015, sec. 2.1), but with v frozen an element
-            # whose gradient was near zero through the warm-up can ask for far more, and
-            # one such element would set the 1-bit scale of all the others. Clipped to
-            # Adam's own bound before compression, it cannot.
-            bound = max(1.0, (1 - b1) / math.sqrt(1 - b2)) * bias1
-            direction.clamp_(-bound, bound)
             # The momentum divided by the frozen denominator (the same on every rank, so
             # its average is the average momentum divided by it) is what is compressed:
             # the 1-bit noise is then on the scale of the updates, not of m, which an
             # element with a small v would otherwise blow up.
             direction = self._compressed_average(direction)
             m.copy_(direction * denom)
-        update = direction / bias1
-        at = 0
-        for group in self.param_groups:
+        for (a, _, group), b1t in zip(spans, bias1):
+            at = a
             for p in group["params"]:
                 k = p.numel()
-                u = update[at:at + k].view_as(p)
+                u = direction[at:at + k].view_as(p) / b1t
                 if group["weight_decay"]:
                     u = u + group["weight_decay"] * p
                 p.add_(u, alpha=-group["lr"])
@@ -254,8 +292,14 @@ class OneBitAdam(torch.optim.Optimizer):
                           "ranks; they start from zero", stacklevel=2)
             return
         if extra["rank"] != self.rank:
-            warnings.warn(f"OneBitAdam: rank {self.rank} loads rank {extra['rank']}'s error-feedback "
-                          f"buffers; save one checkpoint per rank to resume the compression exactly",
-                          stacklevel=2)
+            # Another rank's errors belong to its momentum and its chunk of the average:
+            # added here they would be counted twice, or in the wrong chunk.
+            self.worker_error.zero_()
+            self.server_error.zero_()
+            if extra["worker_error"].any() or extra["server_error"].any():
+                warnings.warn(f"OneBitAdam: rank {self.rank} was given rank {extra['rank']}'s error-feedback "
+                              f"buffers and starts its own from zero; save one checkpoint per rank to "
+                              f"resume the compression exactly", stacklevel=2)
+            return
         self.worker_error.copy_(extra["worker_error"])
         self.server_error.copy_(extra["server_error"])

@@ -19,7 +19,7 @@ from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import resolve as _process_set_id
 from hvdlite.runner.discovery import in_elastic_job
 from hvdlite.torch import uneven
-from hvdlite.torch.compression import Compression, Compressor
+from hvdlite.torch.compression import Compression, Compressor, TopKCompressor
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
                                    allreduce_async, allreduce_async_, sparse_allreduce_async,
                                    synchronize)
@@ -54,6 +54,10 @@ def _remove_hooks(hooks: dict[torch.Tensor, Any]) -> None:
     for handle in hooks.values():
         handle.remove()
     hooks.clear()
+
+
+# Where state_dict() keeps Compression.topk's residuals (and this rank's number).
+_TOPK_KEY = "hvdlite_topk"
 
 
 def _outside(process_set: Any) -> bool:
@@ -474,8 +478,31 @@ class _DistributedOptimizer:
             if self._hvd_active:
                 self._hvd_hook(p)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state; with ``Compression.topk`` also this rank's
+        residuals, by parameter name (one checkpoint per rank resumes them exactly)."""
+        sd = super().state_dict()  # type: ignore[misc]
+        if isinstance(getattr(self, "_hvd_compression", None), TopKCompressor):
+            sd[_TOPK_KEY] = {"rank": _ops.current_rank(), "residuals": self._hvd_compression.state_dict()}
+        return sd
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load optimizer state; outstanding allreduces are waited for and dropped."""
+        """Load optimizer state; outstanding allreduces are waited for and dropped.
+        ``Compression.topk`` residuals are taken only from this rank's own checkpoint:
+        another rank's (one file loaded everywhere, ``broadcast_optimizer_state``) would
+        send that rank's unsent gradients a second time, so this rank's start from zero."""
+        state_dict = dict(state_dict)
+        topk = state_dict.pop(_TOPK_KEY, None)
+        comp = getattr(self, "_hvd_compression", None)
+        if isinstance(comp, TopKCompressor):
+            if topk is not None and topk["rank"] == _ops.current_rank():
+                comp.load_state_dict(topk["residuals"])
+            else:
+                comp.load_state_dict({})
+                if topk is not None and any(bool(r.any()) for r in topk["residuals"].values()):
+                    warnings.warn(f"Compression.topk: rank {_ops.current_rank()} was given rank {topk['rank']}'s "
+                                  f"residuals and starts its own from zero; save one checkpoint per rank to "
+                                  f"resume them exactly", stacklevel=2)
         if getattr(self, "_hvd_pending", None):
             for pending in self._hvd_pending.values():
                 try:

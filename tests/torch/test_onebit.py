@@ -10,9 +10,11 @@ import pytest
 
 from tests.torch.torch_mp import assert_passed, run_ranks
 
-CASES = ["signs_pack_and_unpack", "warm_up_is_adam", "compressed_average_matches_its_definition",
+CASES = ["signs_pack_and_unpack", "warm_up_is_adam", "per_group_betas_after_the_freeze",
+         "another_ranks_buffers_are_not_loaded", "compressed_average_matches_its_definition",
          "error_feedback_keeps_the_average", "trains_like_adam", "state_dict_resumes_the_compression",
          "bad_input_is_refused", "topk_sends_the_largest_and_keeps_the_rest", "topk_trains",
+         "topk_residuals_are_checkpointed",
          "topk_bad_input_is_refused"]
 
 

@@ -3,6 +3,7 @@ on 2 or 3 ranks (run by test_onebit.py). Prints ``PASS <case> rank <r>``."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import torch
@@ -63,14 +64,73 @@ def signs_pack_and_unpack() -> None:
 def warm_up_is_adam() -> None:
     """Before freeze_step, OneBitAdam is Adam on averaged gradients."""
     m1, m2 = net(), net()
-    groups1 = [{"params": list(m1[0].parameters())}, {"params": list(m1[2].parameters()), "lr": 0.003}]
-    groups2 = [{"params": list(m2[0].parameters())}, {"params": list(m2[2].parameters()), "lr": 0.003}]
+    # Each group with its own lr, betas and eps; the third added after construction.
+    second = {"lr": 0.003, "betas": (0.8, 0.99), "eps": 1e-3}
+    third = {"lr": 0.02, "betas": (0.5, 0.9), "eps": 1e-6}
+    groups1 = [{"params": list(m1[0].parameters())}, {"params": [m1[2].weight], **second}]
+    groups2 = [{"params": list(m2[0].parameters())}, {"params": [m2[2].weight], **second}]
     o1 = hvd.OneBitAdam(groups1, lr=0.01, freeze_step=100)
-    o2 = hvd.DistributedOptimizer(torch.optim.Adam(groups2, lr=0.01), named_parameters=m2.named_parameters())
+    o1.add_param_group({"params": [m1[2].bias], **third})
+    adam = torch.optim.Adam(groups2, lr=0.01)
+    adam.add_param_group({"params": [m2[2].bias], **third})
+    o2 = hvd.DistributedOptimizer(adam, named_parameters=m2.named_parameters())
     data = task(15)
     train(m1, o1, data)
     train(m2, o2, data)
     assert max_diff(m1, m2) <= 1e-5, max_diff(m1, m2)
+    try:
+        o1.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    except ValueError as exc:
+        assert "before the first step" in str(exc), exc
+    else:
+        raise AssertionError("a group added after stepping was accepted")
+
+
+@case
+def per_group_betas_after_the_freeze() -> None:
+    """Past freeze_step each group's variance stays divided by its own bias correction
+    (1 - b2^freeze_step) and offset by its own eps: the frozen denominators of the two
+    groups' spans of the flat vector, against their definition."""
+    m = net()
+    a = {"betas": (0.8, 0.99), "eps": 1e-3}
+    b = {"betas": (0.5, 0.9), "eps": 1e-6, "lr": 0.02}
+    o = hvd.OneBitAdam([{"params": list(m[0].parameters()), **a},
+                        {"params": list(m[2].parameters()), **b}], lr=0.01, freeze_step=4)
+    train(m, o, task(10, seed=4))
+    st = o.state[next(iter(m.parameters()))]
+    assert st["frozen_bias2"] == [1 - 0.99 ** 4, 1 - 0.9 ** 4], st["frozen_bias2"]
+    n0 = sum(p.numel() for p in m[0].parameters())
+    v = st["exp_avg_sq"]
+    assert torch.allclose(o._denom[:n0], (v[:n0] / (1 - 0.99 ** 4)).sqrt() + 1e-3)
+    assert torch.allclose(o._denom[n0:], (v[n0:] / (1 - 0.9 ** 4)).sqrt() + 1e-6)
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+@case
+def another_ranks_buffers_are_not_loaded() -> None:
+    """broadcast_optimizer_state gives every rank rank 0's state: Adam's moments are
+    taken, rank 0's error-feedback buffers are not (they belong to rank 0's momentum and
+    chunk): the other ranks' start from zero, with a warning."""
+    data = task(12, seed=3)
+    m = net()
+    o = hvd.OneBitAdam(m.parameters(), lr=0.01, freeze_step=4)
+    train(m, o, data)
+    assert o.worker_error.abs().sum() > 0 and o.server_error.abs().sum() > 0
+    mine = o.worker_error.clone(), o.server_error.clone()
+    moments = o.state[next(iter(m.parameters()))]["exp_avg"].clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.broadcast_optimizer_state(o, root_rank=0)
+    said = [str(w.message) for w in caught if "error-feedback" in str(w.message)]
+    got = o.state[next(iter(m.parameters()))]["exp_avg"]
+    root = hvd.broadcast(moments, 0, name="onebit.root_moments")
+    assert torch.equal(got, root)
+    if hvd.rank() == 0:
+        assert torch.equal(o.worker_error, mine[0]) and torch.equal(o.server_error, mine[1]) and not said
+    else:
+        assert o.worker_error.abs().sum() == 0 and o.server_error.abs().sum() == 0
+        assert len(said) == 1 and "starts its own from zero" in said[0], said
+    train(m, o, task(3, seed=5))       # and it goes on
 
 
 def reference_average(xs: list[np.ndarray], werrs: list[np.ndarray], serrs: list[np.ndarray]):
@@ -243,6 +303,42 @@ def topk_trains() -> None:
     assert final1 <= 1.5 * final2, (final1, final2)
     everyone = hvd.allgather_object([p.detach().clone() for p in m1.parameters()])
     assert all(torch.equal(a, b) for other in everyone for a, b in zip(other, m1.parameters()))
+
+
+@case
+def topk_residuals_are_checkpointed() -> None:
+    """state_dict() holds this rank's residuals: a run resumed from it (a fresh model,
+    optimizer and compressor) takes the same steps as the run that went on. Given rank
+    0's state (broadcast_optimizer_state), the other ranks keep the momentum and start
+    their residuals from zero, with a warning."""
+    def opt(model):
+        return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                        named_parameters=model.named_parameters(),
+                                        compression=hvd.Compression.topk(0.05))
+    data = task(20, seed=6)
+    m1 = net()
+    o1 = opt(m1)
+    train(m1, o1, data[:8])
+    sd = copy.deepcopy(o1.state_dict())
+    kept = sd["hvdlite_topk"]
+    assert kept["rank"] == hvd.rank() and sum(r.abs().sum() for r in kept["residuals"].values()) > 0
+    m2 = net()
+    m2.load_state_dict(m1.state_dict())
+    o2 = opt(m2)
+    o2.load_state_dict(sd)
+    train(m1, o1, data[8:])
+    train(m2, o2, data[8:])
+    assert max_diff(m1, m2) == 0.0, max_diff(m1, m2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.broadcast_optimizer_state(o2, root_rank=0)
+    said = [str(w.message) for w in caught if "residuals" in str(w.message)]
+    left = o2._hvd_compression.residuals
+    if hvd.rank() == 0:
+        assert not said and torch.equal(left["0.weight"], o1._hvd_compression.residuals["0.weight"])
+    else:
+        assert not left and len(said) == 1 and "starts its own from zero" in said[0], said
+    train(m2, o2, task(3, seed=7))       # and it goes on
 
 
 @case
