@@ -37,18 +37,21 @@ from typing import Any, Callable, Iterable
 import torch
 
 from hvdlite.common import ops as _ops
+from hvdlite.common.process_set_table import ProcessSet, global_process_set
 from hvdlite.torch.functions import broadcast_object
 from hvdlite.torch.mpi_ops import (Average, Max, Sum, allgather_async, allreduce, allreduce_async,
                                    alltoall_async, synchronize)
 
 DEFAULT_BUCKET_CAP_MB = 4.0
-_instances = 0
+_instances: dict[int, int] = defaultdict(int)   # by process set id
 
 
-def _next_index() -> int:
-    global _instances
-    _instances += 1
-    return _instances
+def _next_index(process_set_id: int) -> int:
+    """The number of this optimizer among those over its process set, which names its
+    requests: counted per set, it agrees on every member however many optimizers of
+    other sets each rank has built."""
+    _instances[process_set_id] += 1
+    return _instances[process_set_id]
 
 
 class _Bucket:
@@ -80,18 +83,31 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     ``backward_passes_per_step`` (as ``DistributedOptimizer``'s): the number of backward
     passes whose gradients are summed locally before they are reduced; a bucket leaves
     once the last pass has produced its gradients.
-    ``process_group`` must be ``None`` (the whole world), and ``overlap_with_ddp`` is
-    refused: without DDP the gradient reduction already overlaps backward.
+    ``process_group`` (or ``process_set``, Horovod's name) is ``None`` for the whole world
+    or an hvdlite :class:`~hvdlite.ProcessSet` registered on every rank: the optimizer
+    then shards over the set's ranks only, and is built only on them; ``rank``,
+    ``world_size`` and the ``to`` of :meth:`consolidate_state_dict` count within the set,
+    as PyTorch's do within a process group. ``overlap_with_ddp`` is refused: without DDP
+    the gradient reduction already overlaps backward.
     ``parameters_as_bucket_view`` is accepted and changes nothing."""
 
     def __init__(self, params: Iterable[Any], optimizer_class: type[torch.optim.Optimizer],
                  process_group: Any = None, parameters_as_bucket_view: bool = False,
                  overlap_with_ddp: bool = False, *, op: int = Average,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, backward_passes_per_step: int = 1,
-                 **defaults: Any) -> None:
-        if process_group is not None:
-            raise ValueError("hvdlite's ZeroRedundancyOptimizer shards over hvdlite's world: pass "
-                             "process_group=None")
+                 process_set: Any = None, **defaults: Any) -> None:
+        if process_group is not None and process_set is not None:
+            raise ValueError("pass the ranks to shard over as process_group or as process_set, not both")
+        process_set = process_group if process_group is not None else process_set
+        if process_set is global_process_set:
+            process_set = None
+        if process_set is not None and not isinstance(process_set, ProcessSet):
+            raise ValueError("hvdlite's ZeroRedundancyOptimizer shards over hvdlite's ranks: pass "
+                             "process_group=None (the world) or an hvdlite ProcessSet, not "
+                             f"{type(process_set).__name__}")
+        if process_set is not None and process_set.included() is False:
+            raise ValueError(f"rank {_ops.current_rank()} is not in {process_set}: build the "
+                             f"ZeroRedundancyOptimizer of a process set on its members only")
         if overlap_with_ddp:
             raise ValueError("overlap_with_ddp=True is for DDP's communication hook; hvdlite's "
                              "ZeroRedundancyOptimizer reduces the gradients itself and already "
@@ -110,8 +126,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.op = op
         self.bucket_bytes = int(bucket_cap_mb * 1024 * 1024)
         self.backward_passes_per_step = int(backward_passes_per_step)
-        self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
-        self._index = _next_index()
+        self.process_set = process_set
+        with self._scope():             # checks that the set is registered
+            self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
+        # World ranks of the ranks it shards over (roots of broadcasts are world ranks).
+        self._world_ranks = list(process_set.ranks) if process_set is not None else list(range(self.world_size))
+        self._index = _next_index(process_set.process_set_id if process_set is not None else 0)
         self._owner: dict[torch.Tensor, int] = {}
         self._loads = [0] * self.world_size       # elements owned per rank
         self._hooks: dict[torch.Tensor, Any] = {}
@@ -124,6 +144,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._partition(self._all_params())
         self.optim = optimizer_class(self._local_groups(), **defaults)
         self._build_buckets()
+
+    def _scope(self) -> Any:
+        """The collectives submitted inside run over this optimizer's ranks."""
+        return _ops.process_set_scope(self.process_set)
 
     # -- partition and buckets -----------------------------------------------------------
 
@@ -209,23 +233,27 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             else:
                 flat[at:at + n].copy_(p.grad.reshape(-1))
             at += n
-        b.handle = alltoall_async(flat, splits=b.splits, name=b.name)
+        with self._scope():
+            b.handle = alltoall_async(flat, splits=b.splits, name=b.name)
 
     def reduce_gradients(self) -> None:
         """Finish the gradient reduction of this step: afterwards each parameter this rank
         owns has the average (or sum) over ranks of its gradient. ``step()`` calls it
         (once a step: after :meth:`clip_grad_norm_` it does nothing)."""
-        if (_ops.current_rank(), _ops.current_size()) != (self.rank, self.world_size):
+        with self._scope():
+            now = _ops.current_rank(), _ops.current_size()
+        if now != (self.rank, self.world_size):
             raise RuntimeError(f"ZeroRedundancyOptimizer was built for rank {self.rank} of {self.world_size}, "
-                               f"but this is now rank {_ops.current_rank()} of {_ops.current_size()} (an "
-                               f"elastic reset?): its shards no longer fit; build it again")
+                               f"but this is now rank {now[0]} of {now[1]} (an elastic reset?): its shards "
+                               f"no longer fit; build it again")
         if self.world_size == 1 or self._reduced:
             return
         # As DistributedOptimizer: a parameter no rank has a gradient for keeps grad None
         # (so the optimizer leaves it alone); every rank says which gradients it has.
         params = list(self._bucket_of)
         flags = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8)
-        flag_handle = allreduce_async(flags, name=f"zero.{self._index}.has_grad.{len(params)}", op=Max)
+        with self._scope():
+            flag_handle = allreduce_async(flags, name=f"zero.{self._index}.has_grad.{len(params)}", op=Max)
         for b in self._buckets:
             if b.handle is None:    # some gradient never came (an unused parameter): the rest now
                 self._submit(b)
@@ -264,11 +292,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         grads = [p.grad for p in self._all_params() if self._owner[p] == self.rank and p.grad is not None]
         if norm_type == float("inf"):
             local = max((g.detach().abs().max().double() for g in grads), default=torch.zeros((), dtype=torch.float64))
-            total = allreduce(local.reshape(1).cpu(), op=Max, name=f"zero.{self._index}.grad_norm")[0]
+            total = allreduce(local.reshape(1).cpu(), op=Max, name=f"zero.{self._index}.grad_norm",
+                              process_set=self.process_set)[0]
         else:
             local = sum((torch.linalg.vector_norm(g.detach().double(), norm_type) ** norm_type for g in grads),
                         torch.zeros((), dtype=torch.float64))
-            total = allreduce(local.reshape(1).cpu(), op=Sum, name=f"zero.{self._index}.grad_norm")[0]
+            total = allreduce(local.reshape(1).cpu(), op=Sum, name=f"zero.{self._index}.grad_norm",
+                              process_set=self.process_set)[0]
             total = total ** (1.0 / norm_type)
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite, so it "
@@ -296,7 +326,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             mine = b.by_rank[self.rank]
             part = (torch.cat([p.detach().reshape(-1) for p in mine]) if mine
                     else torch.empty(0, dtype=b.dtype, device=b.device))
-            pending.append((b, allgather_async(part, name=b.name + ".params")))
+            with self._scope():
+                pending.append((b, allgather_async(part, name=b.name + ".params")))
         for b, h in pending:
             full = synchronize(h)
             at = 0
@@ -352,6 +383,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collect the whole optimizer state on rank ``to`` (a collective: every rank
+        calls it; with a process set, ``to`` is a rank within the set and every member
         calls it); :meth:`state_dict` then returns it there. Each rank's share travels in
         turn, so no rank holds more than its own share and one other at a time, except
         ``to``, which keeps them all."""
@@ -360,9 +392,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         local_params = [p for g in self.optim.param_groups for p in g["params"]]
         mine = {index[local_params[k]]: v for k, v in local["state"].items()}
         state: dict[int, Any] = {}
+        if not 0 <= to < self.world_size:
+            raise ValueError(f"consolidate_state_dict: to={to} is not a rank of the {self.world_size} "
+                             f"this optimizer shards over")
         for r in range(self.world_size):
-            got = broadcast_object(mine if r == self.rank else None, root_rank=r,
-                                   name=f"zero.{self._index}.consolidate.{r}")
+            got = broadcast_object(mine if r == self.rank else None, root_rank=self._world_ranks[r],
+                                   name=f"zero.{self._index}.consolidate.{r}", process_set=self.process_set)
             if self.rank == to:     # a snapshot: its own share is copied, not the live state
                 state.update(copy.deepcopy(got) if r == to else got)
         if self.rank != to:

@@ -1,7 +1,8 @@
 """ZeRO stage 1 (``hvdlite.torch.ZeroRedundancyOptimizer``) through the real launcher on
 2 and 3 ranks: parameters equal to DistributedOptimizer's over the same torch optimizer,
 balanced and disjoint shards, the whole state consolidated and loaded, an LR scheduler,
-a group added mid-training, and bad input (see ``workers/zero_worker.py``)."""
+a group added mid-training, a process set of some of the ranks, and bad input (see
+``workers/zero_worker.py``; dynamic process sets are on for the set's case)."""
 from __future__ import annotations
 
 import pytest
@@ -13,13 +14,14 @@ CASES = ["adam_matches_distributed_optimizer", "sgd_momentum_with_sum_matches",
          "accumulation_over_backward_passes_matches",
          "shards_are_balanced_and_disjoint", "state_dict_consolidates_and_loads",
          "lr_scheduler_reaches_the_shards", "param_group_added_mid_training",
+         "process_set_shards_over_its_ranks",
          "bad_input_is_refused_and_the_library_goes_on"]
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("n", [2, 3])
 def test_zero_redundancy_optimizer(n: int) -> None:
-    out = run_ranks(n, "zero_worker.py", timeout=200)
+    out = run_ranks(n, "zero_worker.py", timeout=200, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     assert_passed(out, n, CASES)
 
 

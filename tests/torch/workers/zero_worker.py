@@ -250,6 +250,54 @@ def param_group_added_mid_training() -> None:
 
 
 @case
+def process_set_shards_over_its_ranks() -> None:
+    """Over ProcessSet([0, N-1]) ZeRO shards among those two ranks only and equals
+    DistributedOptimizer over the same set; consolidate_state_dict's ``to`` is a rank
+    within the set (1: world rank N-1). A rank outside the set is refused with a
+    ValueError naming it."""
+    n = hvd.size()
+    ps = hvd.add_process_set([0, n - 1])
+    try:
+        if not ps.included():
+            try:
+                hvd.ZeroRedundancyOptimizer(Net().parameters(), optimizer_class=torch.optim.SGD, lr=0.1,
+                                            process_group=ps)
+            except ValueError as exc:
+                assert f"rank {hvd.rank()} is not in" in str(exc), exc
+            else:
+                raise AssertionError("a rank outside the process set built its optimizer")
+            return
+        mz, md = Net(), Net()
+        oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=torch.optim.Adam, lr=0.01,
+                                         bucket_cap_mb=0.004, process_group=ps)
+        od = hvd.DistributedOptimizer(torch.optim.Adam(groups(md), lr=0.01), named_parameters=md.named_parameters(),
+                                      process_set=ps)
+        assert (oz.rank, oz.world_size) == (ps.rank(), 2), (oz.rank, oz.world_size)
+        data = batches(8)
+        train(mz, oz, data)
+        train(md, od, data)
+        assert max_diff(mz, md) <= TOL, max_diff(mz, md)
+        assert (mz.a.weight - Net().a.weight).abs().max() > 1e-3, "the parameters did not move"
+        full = sum(v.numel() * v.element_size() for s in od.state.values() for v in s.values()
+                   if isinstance(v, torch.Tensor) and v.dim() > 0)
+        assert oz.state_bytes() < 0.75 * full, (oz.state_bytes(), full)
+        oz.consolidate_state_dict(to=1)
+        if ps.rank() == 1:
+            sd, ref = oz.state_dict(), od.state_dict()
+            assert sorted(sd["state"]) == sorted(ref["state"]), (sorted(sd["state"]), sorted(ref["state"]))
+            for k, st in ref["state"].items():
+                assert torch.allclose(sd["state"][k]["exp_avg"], st["exp_avg"], atol=TOL), k
+        try:
+            oz.consolidate_state_dict(to=2)
+        except ValueError as exc:
+            assert "to=2" in str(exc), exc
+        else:
+            raise AssertionError("consolidate_state_dict(to=2) was accepted on a set of 2")
+    finally:
+        hvd.remove_process_set(ps)
+
+
+@case
 def bad_input_is_refused_and_the_library_goes_on() -> None:
     m = Net()
     for kwargs, kind in (({"process_group": object()}, ValueError),
