@@ -81,6 +81,23 @@ int32_t g_next_set_id = 1;
 // interface (c_api.h), which TensorFlow's threads call without the GIL.
 std::mutex g_sets_mu;
 
+// The settings the global set's autotuner last applied (HOROVOD_AUTOTUNE), under
+// g_sets_mu: process sets take them up, those added later included.
+std::optional<Tunables> g_tuned;
+
+// Called on the world engine's thread, on every rank, when it applies tuned settings:
+// each process set's rank 0 sends them on in its own order (Engine::ProposeTunables).
+void ForwardTunablesToSets(const Tunables& t) {
+  std::vector<std::shared_ptr<Engine>> engines;
+  {
+    std::lock_guard<std::mutex> lk(g_sets_mu);
+    g_tuned = t;
+    for (auto& [id, entry] : g_sets)
+      if (entry.engine) engines.push_back(entry.engine);
+  }
+  for (auto& e : engines) e->ProposeTunables(t);
+}
+
 // For the C interface: the engine of process set `id` (0: the world's), or null and why.
 std::shared_ptr<Engine> SetEngineForC(int32_t id, std::string* why) {
   if (id == 0) return EngineForC();
@@ -226,6 +243,11 @@ Handle HandleFromNumber(uintptr_t number) {
 // Makes `engine` this process's (called with the GIL held).
 void Install(std::shared_ptr<Engine> engine) {
   g_engine_pid = getpid();
+  {
+    std::lock_guard<std::mutex> lk(g_sets_mu);
+    g_tuned.reset();  // a new world tunes afresh
+  }
+  engine->OnTunablesApplied(ForwardTunablesToSets);
   SetEngine(std::move(engine));
 }
 
@@ -324,6 +346,7 @@ int32_t AddProcessSet(const std::vector<int>& ranks) {
   }
   {
     std::lock_guard<std::mutex> lk(g_sets_mu);
+    if (entry.engine && g_tuned) entry.engine->ProposeTunables(*g_tuned);
     g_sets.emplace(id, std::move(entry));
   }
   return id;
@@ -891,8 +914,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("cross_size", [] { return Known().topology().cross_size(); });
   m.def("is_homogeneous", [] { return Known().topology().homogeneous(); });
   m.def("mpi_threads_supported", [] { return g_thread_level >= MPI_THREAD_MULTIPLE; });
-  m.def("stats", [] {
-    const Engine::Stats s = Known().GetStats();
+  m.def("stats", [](int32_t process_set) {
+    std::shared_ptr<Engine> set_engine;
+    if (process_set != 0) {
+      std::string why;
+      set_engine = SetEngineForC(process_set, &why);
+      if (!set_engine) throw std::invalid_argument(why);
+    }
+    const Engine::Stats s = set_engine ? set_engine->GetStats() : Known().GetStats();
     py::dict d;
     d["requests_in_full"] = s.requests_in_full;
     d["requests_as_ids"] = s.requests_as_ids;
@@ -903,8 +932,13 @@ PYBIND11_MODULE(_core, m) {
     d["waits_driven"] = s.waits_driven;
     d["huge_page_extents"] = s.huge_page_extents;
     d["device_collectives"] = s.device_collectives;
+    d["tunables_applied"] = s.tunables_applied;
+    d["fusion_threshold_bytes"] = s.tunables.fusion_threshold_bytes;
+    d["cycle_time_ms"] = s.tunables.cycle_time_ms;
+    d["response_cache"] = s.tunables.cache_enabled != 0;
+    d["hierarchical_allreduce"] = s.tunables.hierarchical;
     return d;
-  });
+  }, py::arg("process_set") = 0);
   m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("in_ptr"), py::arg("out_ptr"),
         py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"), py::arg("prescale"),
         py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),

@@ -128,14 +128,12 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, in
   cycle_ = std::make_unique<CacheCycle>(comm, params_.cache_capacity, fusion,
                                         static_cast<int64_t>(params_.cycle_time_ms * 1000),
                                         topology_->cross_size() == 1);
-  if (rank == 0 && process_set_ == 0 && params_.autotune) {
-    Tunables defaults;
-    defaults.fusion_threshold_bytes = params_.fusion_threshold_bytes;
-    defaults.cycle_time_ms = params_.cycle_time_ms;
-    defaults.cache_enabled = params_.cache_capacity > 0 ? 1 : 0;
-    defaults.hierarchical = params_.two_level.allreduce;
-    tuner_ = std::make_unique<Autotuner>(defaults, mpi_->HierarchicalPossible(), params_.autotune_options);
-  }
+  applied_.fusion_threshold_bytes = params_.fusion_threshold_bytes;
+  applied_.cycle_time_ms = params_.cycle_time_ms;
+  applied_.cache_enabled = params_.cache_capacity > 0 ? 1 : 0;
+  applied_.hierarchical = params_.two_level.allreduce;
+  if (rank == 0 && process_set_ == 0 && params_.autotune)
+    tuner_ = std::make_unique<Autotuner>(applied_, mpi_->HierarchicalPossible(), params_.autotune_options);
   if (rank == 0 && process_set_ == 0 && !params_.timeline_path.empty()) {
     std::string err;
     if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
@@ -267,6 +265,9 @@ Engine::Stats Engine::GetStats() const {
   s.waits_driven = waits_driven_;
   s.huge_page_extents = mpi_->huge_page_extents();
   s.device_collectives = device_collectives_;
+  std::lock_guard<std::mutex> lk(tunables_mu_);
+  s.tunables_applied = tunables_applied_;
+  s.tunables = applied_;
   return s;
 }
 
@@ -393,6 +394,15 @@ bool Engine::CoordinatorStep() {
   if (!shutting_down_) {
     // GPU tensors wait while this rank's GPU work runs, so that they go out fused.
     ResponseList ready = coordinator_->TakeReady(/*hold_device=*/in_flight_count_ > 0);
+    if (has_proposal_.load(std::memory_order_acquire)) {  // the global tuner's, for this set
+      std::lock_guard<std::mutex> lk(tunables_mu_);
+      if (proposed_) {
+        proposed_->hierarchical = applied_.hierarchical;
+        if (*proposed_ != applied_) tunables_to_send_ = *proposed_;
+        proposed_.reset();
+      }
+      has_proposal_.store(false, std::memory_order_relaxed);
+    }
     if (tunables_to_send_) {
       // The autotuner's next settings ride on this list (alone if it is empty): every
       // rank applies them before its collectives, where it falls in the one order.
@@ -845,6 +855,27 @@ void Engine::ApplyTunables(const Tunables& t) {
     coordinator_->SetFusion(fusion);
     coordinator_->SetCaching(caching_);
   }
+  std::function<void(const Tunables&)> tell;
+  {
+    std::lock_guard<std::mutex> lk(tunables_mu_);
+    applied_ = t;
+    ++tunables_applied_;
+    tell = on_tunables_;
+  }
+  if (tell) tell(t);
+}
+
+void Engine::ProposeTunables(const Tunables& t) {
+  if (!coordinator_) return;  // the set's other ranks apply what its rank 0 sends
+  std::lock_guard<std::mutex> lk(tunables_mu_);
+  proposed_ = t;
+  has_proposal_.store(true, std::memory_order_release);
+  queue_.Wake();
+}
+
+void Engine::OnTunablesApplied(std::function<void(const Tunables&)> fn) {
+  std::lock_guard<std::mutex> lk(tunables_mu_);
+  on_tunables_ = std::move(fn);
 }
 
 void Engine::Tune(const std::vector<std::string>& names, int64_t bytes) {

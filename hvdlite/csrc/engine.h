@@ -14,6 +14,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -103,6 +104,8 @@ class Engine {
     int64_t waits_driven = 0;         // blocking waits in which the caller ran the engine itself
     int64_t huge_page_extents = 0;    // 2 MiB extents of reused buffers remapped as huge pages
     int64_t device_collectives = 0;   // responses queued on a GPU
+    int64_t tunables_applied = 0;     // autotuner settings applied (HOROVOD_AUTOTUNE)
+    Tunables tunables;                // the settings in force
   };
   Stats GetStats() const;
 
@@ -112,6 +115,16 @@ class Engine {
   // Queues a device-to-device copy on hvdlite's stream of `device`, after the work
   // queued on `after` so far (the producer of `src`), if given. Throws std::runtime_error.
   void CopyOnDevice(int device, void* dst, const void* src, int64_t bytes, std::optional<uintptr_t> after);
+
+  // HOROVOD_AUTOTUNE with process sets: the settings the global set's tuner chose, for
+  // this process set's engine to take up. The set's rank 0 sends them in its own next
+  // response list, so that every member applies them at the same point of the set's
+  // order (set engines do not run in step with the global one). The set keeps its own
+  // hierarchical-allreduce choice. Any thread; ignored except on the set's rank 0.
+  void ProposeTunables(const Tunables& t);
+  // Called on this engine's thread, on every rank, with the settings it has just
+  // applied (the global engine hands them on to the process sets' engines).
+  void OnTunablesApplied(std::function<void(const Tunables&)> fn);
 
   bool StartTimeline(const std::string& path, bool mark_cycles, std::string* error);
   void StopTimeline();
@@ -187,6 +200,14 @@ class Engine {
   std::unique_ptr<Autotuner> tuner_;
   std::optional<Tunables> tunables_to_send_;
   bool caching_ = true;
+  // Settings proposed by another thread (ProposeTunables), those in force, and whom to
+  // tell when new ones apply; under tunables_mu_.
+  mutable std::mutex tunables_mu_;
+  std::atomic<bool> has_proposal_{false};
+  std::optional<Tunables> proposed_;
+  Tunables applied_;
+  int64_t tunables_applied_ = 0;
+  std::function<void(const Tunables&)> on_tunables_;
 
   // Device work queued by a backend and not yet seen finished.
   struct InFlight {

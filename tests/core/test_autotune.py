@@ -53,6 +53,28 @@ def test_autotune_searches_logs_and_keeps_results_exact(tmp_path: Path, n: int, 
     assert keep in {(r["fusion_threshold_mb"], r["cycle_time_ms"], r["response_cache"]) for r in search}
 
 
+@pytest.mark.timeout(300)
+def test_process_sets_take_up_the_tuned_settings(tmp_path: Path) -> None:
+    """Ranks 1 and 2 of 3 form a process set that reduces its own gradients beside the
+    global ones while rank 0 tunes: the set's results stay exact through every switch,
+    and at the end its engine runs with the settings the global tuner kept, on both
+    members (as in Horovod, where one set of tuned parameters serves every set)."""
+    log = tmp_path / "autotune.csv"
+    proc = run_job(3, WORKER, "60", "sets", timeout=240, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"},
+                   launcher_args=["--autotune", "--autotune-log-file", str(log), "--autotune-warmup-samples",
+                                  "1", "--autotune-steps-per-sample", "3", "--autotune-bayes-opt-max-samples", "6"])
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, detail
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("OK rank ")) == \
+        [f"OK rank {r} steps 60" for r in range(3)], detail
+    rows = list(csv.DictReader(log.open()))
+    assert rows[-1]["kind"] == "best", rows
+    best = rows[-1]
+    kept = f"fusion_threshold_bytes={int(float(best['fusion_threshold_mb']) * 1024 * 1024)}"
+    said = [line for line in proc.stdout.splitlines() if line.startswith("SET rank ")]
+    assert len(said) == 2 and all(kept in line for line in said), (kept, said, detail)
+
+
 @pytest.mark.timeout(120)
 def test_gaussian_process_noise_is_refused_by_name(tmp_path: Path) -> None:
     proc = run_job(2, WORKER, "2", timeout=100,
