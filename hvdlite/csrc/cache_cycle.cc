@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include "backends/mpi/reduce_ops.h"
 
@@ -114,11 +115,21 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
   }
   announced_.clear();
   const bool waited = !ready_.empty();
+  auto is_evicted = [&](int32_t id) {
+    return out->evict_all || std::binary_search(out->evicted.begin(), out->evicted.end(), id);
+  };
+  // A grouped allreduce travels as a whole (Engine::Route): when one member's entry is
+  // evicted, its ready partners here go to rank 0 with it, even one every rank agreed
+  // on in this cycle (then every rank had the whole group ready, and moves it too).
+  // Split, the members sent in full would wait at rank 0 for partners run here.
+  std::unordered_set<int32_t> split_groups;
+  for (const auto& [id, r] : ready_)
+    if (r.request.group_id >= 0 && r.request.group_size > 1 && is_evicted(id)) split_groups.insert(r.request.group_id);
   std::vector<int32_t> ids;
   for (auto it = ready_.begin(); it != ready_.end();) {
     const int32_t id = it->first;
-    const bool evicted =
-        out->evict_all || std::binary_search(out->evicted.begin(), out->evicted.end(), id);
+    const Request& q = it->second.request;
+    const bool evicted = is_evicted(id) || (q.group_id >= 0 && split_groups.count(q.group_id) > 0);
     if (evicted) {
       out->moved.push_back(std::move(it->second.request));
       it = ready_.erase(it);

@@ -524,17 +524,41 @@ std::string Coordinator::CheckStalls(int64_t now_us) {
       if (w.have[r]) first_us = std::min(first_us, w.since_us[r]);
     ReportStall(w.type, w.name, w.have, first_us, &w.last_warn_us, now_us, &reason);
   }
+  // Members of a grouped allreduce that every rank submitted, held for the rest of
+  // their group: a member no rank has submitted is in no table, so say it here.
+  for (auto& [gid, members] : groups_) {
+    if (members.empty()) continue;
+    Pending& first = members.front().second;
+    const int group_size = first.requests[FirstRank(first.have)].group_size;
+    std::ostringstream os;
+    os << "grouped allreduce '" << members.front().first << "' (and " << members.size() - 1
+       << " more) has waited " << (now_us - first.first_us) / 1000000 << " s for the other "
+       << group_size - static_cast<int>(members.size()) << " of its " << group_size
+       << " members, which no rank has submitted: check that every rank submits the whole group";
+    WarnOfStall(os.str(), now_us - first.first_us, &first.last_warn_us, now_us, &reason);
+  }
   return reason;
+}
+
+void Coordinator::WarnOfStall(const std::string& what, int64_t waited_us, int64_t* last_warn_us, int64_t now_us,
+                              std::string* reason) const {
+  const int64_t check_us = static_cast<int64_t>(params_.stall_check_seconds * 1e6);
+  const int64_t shutdown_us = static_cast<int64_t>(params_.stall_shutdown_seconds * 1e6);
+  if (waited_us < check_us) return;
+  if (now_us - *last_warn_us >= check_us) {  // warn once per check interval
+    HVD_WARN("stall detected: " << what);
+    *last_warn_us = now_us;
+  }
+  if (shutdown_us > 0 && waited_us >= shutdown_us && reason->empty())
+    *reason = "hvdlite shut down after a stall of " + std::to_string(waited_us / 1000000) + " s: " + what;
 }
 
 // Warns (once per check interval) about a tensor that some ranks submitted long ago
 // and others not; sets `reason` when the stall has lasted past the shutdown limit.
 void Coordinator::ReportStall(RequestType type, const std::string& name, const std::vector<char>& have,
                               int64_t first_us, int64_t* last_warn_us, int64_t now_us, std::string* reason) const {
-  const int64_t check_us = static_cast<int64_t>(params_.stall_check_seconds * 1e6);
-  const int64_t shutdown_us = static_cast<int64_t>(params_.stall_shutdown_seconds * 1e6);
   const int64_t waited = now_us - first_us;
-  if (waited < check_us) return;
+  if (waited < static_cast<int64_t>(params_.stall_check_seconds * 1e6)) return;
   std::vector<int> present, missing;
   for (int r = 0; r < size_; ++r) {
     if (have[r]) present.push_back(r);
@@ -545,12 +569,7 @@ void Coordinator::ReportStall(RequestType type, const std::string& name, const s
      << " s: submitted by ranks " << RankList(present) << ", missing ranks " << RankList(missing)
      << ". One or more ranks did not submit this tensor: check that every rank runs the same "
         "collectives with the same names";
-  if (now_us - *last_warn_us >= check_us) {  // warn once per check interval
-    HVD_WARN("stall detected: " << os.str());
-    *last_warn_us = now_us;
-  }
-  if (shutdown_us > 0 && waited >= shutdown_us && reason->empty())
-    *reason = "hvdlite shut down after a stall of " + std::to_string(waited / 1000000) + " s: " + os.str();
+  WarnOfStall(os.str(), waited, last_warn_us, now_us, reason);
 }
 
 }  // namespace hvdlite

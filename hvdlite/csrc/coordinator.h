@@ -109,6 +109,9 @@ class Coordinator {
   Response MakeResponse(const std::string& name, const Pending& p, const std::string& error) const;
   void RecordNegotiation(const std::string& name, RequestType type, const std::vector<char>& have,
                          const std::vector<int64_t>& arrival_us, int64_t first_us, int64_t now_us);
+  // Warns of `what` once per check interval, and sets `reason` past the shutdown limit.
+  void WarnOfStall(const std::string& what, int64_t waited_us, int64_t* last_warn_us, int64_t now_us,
+                   std::string* reason) const;
   void ReportStall(RequestType type, const std::string& name, const std::vector<char>& have, int64_t first_us,
                    int64_t* last_warn_us, int64_t now_us, std::string* reason) const;
 

@@ -341,6 +341,46 @@ void Engine::OnPeerFailure(const std::string& what) {
 }
 
 void Engine::Route(Request r, int64_t now, RequestList* to_coordinator) {
+  if (r.type != RequestType::kAllreduce || r.group_id < 0 || r.group_size <= 1) {
+    RouteOne(std::move(r), now, to_coordinator);
+    return;
+  }
+  PartialGroup& held = partial_groups_[r.group_id];
+  if (held.members.empty()) held.since_us = now;
+  held.members.push_back(std::move(r));
+  if (static_cast<int>(held.members.size()) < held.members.front().group_size) return;
+  std::vector<Request> group = std::move(held.members);
+  partial_groups_.erase(group.front().group_id);
+  // Every rank puts a whole group into one cycle, so its members are agreed on in the
+  // same cycle everywhere and fused together, as the group asks. Where one member is
+  // not cached here, the others go to rank 0 with it; RouteInFull evicts their entries
+  // on every rank, so that the other ranks' members follow them there.
+  bool cached = !join_outstanding_;
+  for (const Request& m : group) cached = cached && cache_.Lookup(m) >= 0;
+  for (Request& m : group) {
+    if (cached) RouteOne(std::move(m), now, to_coordinator);
+    else RouteInFull(std::move(m), now, to_coordinator);
+  }
+}
+
+// A front end submits a group's members in one call, so a group held for long lacks a
+// member this rank will not send (a bug in the caller): it goes to rank 0 in full, where
+// the stall inspector names what is missing, rather than wait here unseen.
+bool Engine::FlushHeldGroups(int64_t now, RequestList* to_coordinator) {
+  bool flushed = false;
+  for (auto it = partial_groups_.begin(); it != partial_groups_.end();) {
+    if (now - it->second.since_us < kGroupHoldMicros) {
+      ++it;
+      continue;
+    }
+    for (Request& m : it->second.members) RouteInFull(std::move(m), now, to_coordinator);
+    it = partial_groups_.erase(it);
+    flushed = true;
+  }
+  return flushed;
+}
+
+void Engine::RouteOne(Request r, int64_t now, RequestList* to_coordinator) {
   const int32_t id = join_outstanding_ ? -1 : cache_.Lookup(r);
   if (id >= 0) {
     ++requests_as_ids_;
@@ -348,8 +388,13 @@ void Engine::Route(Request r, int64_t now, RequestList* to_coordinator) {
     cycle_->AddReady(id, std::move(r), now, input);
     return;
   }
-  // The name is cached with another signature (or this rank refuses it): every rank's
-  // request for it must go to rank 0, so the entry is evicted everywhere.
+  RouteInFull(std::move(r), now, to_coordinator);
+}
+
+void Engine::RouteInFull(Request r, int64_t now, RequestList* to_coordinator) {
+  // The name is cached with another signature (or this rank refuses it, or another
+  // member of its group is not cached): every rank's request for it must go to rank 0,
+  // so the entry is evicted everywhere.
   const int32_t stale = cache_.IdOf(r.name);
   if (stale >= 0) cycle_->Evict(stale);
   if (r.type == RequestType::kJoin) {
@@ -425,6 +470,7 @@ bool Engine::CoordinatorStep() {
     if (t - last_stall_check_us_ >= kStallCheckEveryMicros) {
       last_stall_check_us_ = t;
       SendStallReports(t);
+      FlushHeldGroups(t, nullptr);
       std::string reason = coordinator_->CheckStalls(t);
       if (!reason.empty()) {
         HVD_ERROR(reason);
@@ -464,6 +510,9 @@ bool Engine::WorkerStep() {
   if (now - last_stall_check_us_ >= kStallCheckEveryMicros) {
     last_stall_check_us_ = now;
     SendStallReports(now);
+    RequestList list;
+    if (FlushHeldGroups(now, &list))
+      channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(list)));
   }
   return progress;
 }

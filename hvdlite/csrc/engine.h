@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "autotune.h"
@@ -139,8 +140,15 @@ class Engine {
   bool CoordinatorStep();
   bool WorkerStep();
   // A new request of this rank: into the next cycle if its signature is cached, else
-  // to rank 0 (appended to `to_coordinator` on the other ranks).
+  // to rank 0 (appended to `to_coordinator` on the other ranks). A member of a grouped
+  // allreduce waits for the rest of its group, and the group goes one way as a whole:
+  // into the cycle if every member is cached, else every member to rank 0 (whose
+  // coordinator holds a group until it is whole).
   void Route(Request r, int64_t now, RequestList* to_coordinator);
+  void RouteOne(Request r, int64_t now, RequestList* to_coordinator);
+  void RouteInFull(Request r, int64_t now, RequestList* to_coordinator);
+  // Sends the members of groups held longer than kGroupHoldMicros to rank 0 in full.
+  bool FlushHeldGroups(int64_t now, RequestList* to_coordinator);
   void CompleteCarried(int32_t id, const void* sum, int64_t now);
   // Starts and moves on the cycles; runs what a completed one agreed on.
   bool CycleStep(int64_t now);
@@ -186,6 +194,14 @@ class Engine {
   TensorQueue queue_;
   ResponseCache cache_;
   Timeline timeline_;
+  // Members of grouped allreduces held until this rank has submitted the whole group
+  // (see Route), by group id, and since when.
+  struct PartialGroup {
+    int64_t since_us = 0;
+    std::vector<Request> members;
+  };
+  std::unordered_map<int32_t, PartialGroup> partial_groups_;
+  static constexpr int64_t kGroupHoldMicros = 1000000;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<CacheCycle> cycle_;
   int64_t lists_sent_ = 0;           // rank 0: response lists sent so far

@@ -5,7 +5,8 @@
 namespace hvdlite {
 
 bool ResponseCache::Cacheable(const Request& r) {
-  return r.group_id < 0 && r.error.empty() && !IsOneOffName(r.name) &&
+  // Grouped allreduces too: the engine routes a group as a whole (Engine::Route).
+  return (r.group_id < 0 || r.type == RequestType::kAllreduce) && r.error.empty() && !IsOneOffName(r.name) &&
          (r.type == RequestType::kAllreduce || r.type == RequestType::kBroadcast ||
           r.type == RequestType::kReducescatter || r.type == RequestType::kAllgather ||
           r.type == RequestType::kAlltoall);
@@ -18,7 +19,7 @@ int32_t ResponseCache::Lookup(const Request& r) const {
   const Request& c = entries_.at(it->second).sig;
   if (c.type == r.type && c.dtype == r.dtype && c.shape == r.shape && c.reduce_op == r.reduce_op &&
       c.prescale == r.prescale && c.postscale == r.postscale && c.root == r.root && c.device == r.device &&
-      c.process_set == r.process_set && c.splits == r.splits)
+      c.process_set == r.process_set && c.splits == r.splits && c.group_size == r.group_size)
     return it->second;
   return -1;
 }

@@ -252,6 +252,20 @@ def test_stall_inspector_warns_then_shuts_down_every_rank(how: str) -> None:
     assert proc.stdout.count("stalled.tensor") >= 3
 
 
+def test_stall_inspector_names_members_of_a_group_no_rank_sent() -> None:
+    """Members of a grouped allreduce held by rank 0 for a member no rank submits are
+    reported (they are in no table of pending tensors) and end the job like a stall."""
+    proc = run_ranks(3, "stall_job.py", "group", env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+                                                      "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"}, timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "stall detected: grouped allreduce 'short.group.0' (and 1 more)" in proc.stderr, out
+    assert "for the other 1 of its 3 members, which no rank has submitted" in proc.stderr, out
+    for r in range(3):
+        assert f"rank {r} GOT ERROR" in proc.stdout, out
+        assert f"rank {r} exiting" in proc.stdout, out
+
+
 def test_killed_rank_ends_the_job_quickly() -> None:
     start = time.time()
     proc = run_ranks(2, "kill_job.py", timeout=60)
