@@ -122,9 +122,12 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
   // evicted, its ready partners here go to rank 0 with it, even one every rank agreed
   // on in this cycle (then every rank had the whole group ready, and moves it too).
   // Split, the members sent in full would wait at rank 0 for partners run here.
+  // (With evict_all every ready entry leaves anyway; without evictions none does.)
   std::unordered_set<int32_t> split_groups;
-  for (const auto& [id, r] : ready_)
-    if (r.request.group_id >= 0 && r.request.group_size > 1 && is_evicted(id)) split_groups.insert(r.request.group_id);
+  if (!out->evict_all && !out->evicted.empty())
+    for (const auto& [id, r] : ready_)
+      if (r.request.group_id >= 0 && r.request.group_size > 1 && is_evicted(id))
+        split_groups.insert(r.request.group_id);
   std::vector<int32_t> ids;
   for (auto it = ready_.begin(); it != ready_.end();) {
     const int32_t id = it->first;

@@ -11,10 +11,10 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
-#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>

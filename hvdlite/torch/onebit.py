@@ -117,16 +117,14 @@ class OneBitAdam(torch.optim.Optimizer):
         if self.steps:
             raise ValueError("OneBitAdam: add parameter groups before the first step (its moments and "
                              "error buffers cover the parameters it has stepped)")
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        settings = {**self.defaults, **param_group}   # as the group will have them
+        lr, (b1, b2), eps, wd = settings["lr"], settings["betas"], settings["eps"], settings["weight_decay"]
         if lr < 0 or eps < 0 or wd < 0:
-            self.param_groups.pop()
             raise ValueError(f"lr, eps and weight_decay must be non-negative (lr={lr}, eps={eps}, "
                              f"weight_decay={wd})")
         if not (0 <= b1 < 1 and 0 <= b2 < 1):
-            self.param_groups.pop()
-            raise ValueError(f"betas must be in [0, 1): {group['betas']}")
+            raise ValueError(f"betas must be in [0, 1): {settings['betas']}")
+        super().add_param_group(param_group)
         if hasattr(self, "_name"):      # after the constructor: the buffers grow
             self._size_buffers()
 

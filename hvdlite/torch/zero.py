@@ -146,7 +146,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._build_buckets()
 
     def _scope(self) -> Any:
-        """The collectives submitted inside run over this optimizer's ranks."""
+        """Inside, ``_ops.current_rank()``/``current_size()`` count within this
+        optimizer's ranks (its collectives take ``process_set=`` themselves)."""
         return _ops.process_set_scope(self.process_set)
 
     # -- partition and buckets -----------------------------------------------------------
@@ -233,8 +234,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             else:
                 flat[at:at + n].copy_(p.grad.reshape(-1))
             at += n
-        with self._scope():
-            b.handle = alltoall_async(flat, splits=b.splits, name=b.name)
+        b.handle = alltoall_async(flat, splits=b.splits, name=b.name, process_set=self.process_set)
 
     def reduce_gradients(self) -> None:
         """Finish the gradient reduction of this step: afterwards each parameter this rank
@@ -252,8 +252,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         # (so the optimizer leaves it alone); every rank says which gradients it has.
         params = list(self._bucket_of)
         flags = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8)
-        with self._scope():
-            flag_handle = allreduce_async(flags, name=f"zero.{self._index}.has_grad.{len(params)}", op=Max)
+        flag_handle = allreduce_async(flags, name=f"zero.{self._index}.has_grad.{len(params)}", op=Max,
+                                      process_set=self.process_set)
         for b in self._buckets:
             if b.handle is None:    # some gradient never came (an unused parameter): the rest now
                 self._submit(b)
@@ -326,8 +326,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             mine = b.by_rank[self.rank]
             part = (torch.cat([p.detach().reshape(-1) for p in mine]) if mine
                     else torch.empty(0, dtype=b.dtype, device=b.device))
-            with self._scope():
-                pending.append((b, allgather_async(part, name=b.name + ".params")))
+            pending.append((b, allgather_async(part, name=b.name + ".params", process_set=self.process_set)))
         for b, h in pending:
             full = synchronize(h)
             at = 0
@@ -387,14 +386,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         calls it); :meth:`state_dict` then returns it there. Each rank's share travels in
         turn, so no rank holds more than its own share and one other at a time, except
         ``to``, which keeps them all."""
+        if not 0 <= to < self.world_size:
+            raise ValueError(f"consolidate_state_dict: to={to} is not a rank of the {self.world_size} "
+                             f"this optimizer shards over")
         index = self._global_index()
         local = self.optim.state_dict()
         local_params = [p for g in self.optim.param_groups for p in g["params"]]
         mine = {index[local_params[k]]: v for k, v in local["state"].items()}
         state: dict[int, Any] = {}
-        if not 0 <= to < self.world_size:
-            raise ValueError(f"consolidate_state_dict: to={to} is not a rank of the {self.world_size} "
-                             f"this optimizer shards over")
         for r in range(self.world_size):
             got = broadcast_object(mine if r == self.rank else None, root_rank=self._world_ranks[r],
                                    name=f"zero.{self._index}.consolidate.{r}", process_set=self.process_set)
