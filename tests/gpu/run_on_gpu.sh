@@ -34,6 +34,10 @@ export PATH="$($PY -c 'import os, sys; print(os.path.dirname(sys.executable))'):
 step "hvdlite-run --check-build"
 timeout 60 $PY -m hvdlite.runner --check-build
 
+step "tests that need a GPU"
+timeout 240 $PY -m pytest -v -rs -p no:cacheprovider tests/torch/test_torch_gpu.py \
+  tests/gpu/test_gpu.py::test_cupy_arrays_on_a_real_gpu tests/gpu/test_gpu.py::test_loader_opens_the_real_nccl_wheel
+
 step "digits example on CUDA, 1 rank"
 TIMEFORMAT="wall seconds: %R"
 time timeout 90 $PY -m hvdlite.runner -np 1 $PY examples/pytorch/train_digits_cnn.py --device cuda --no-progress \
@@ -55,7 +59,3 @@ PYEOF
 
 step "benchmarks/bench_gpu.py, 1 rank"
 timeout 120 $PY -m hvdlite.runner -np 1 $PY benchmarks/bench_gpu.py --json-out "$OUT/bench_gpu.json"
-
-step "tests that need a GPU"
-timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/torch/test_torch_gpu.py \
-  tests/gpu/test_gpu.py::test_cupy_arrays_on_a_real_gpu tests/gpu/test_gpu.py::test_loader_opens_the_real_nccl_wheel

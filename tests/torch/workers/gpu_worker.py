@@ -176,5 +176,39 @@ def gpu_zero_and_one_bit_adam() -> None:
         assert got.is_cuda and torch.allclose(got.cpu(), want, atol=1e-5), call
 
 
+@case
+def gpu_topk_compression() -> None:
+    """DistributedOptimizer with Compression.topk on CUDA parameters ends where the same
+    steps end on the CPU (the residuals stay on the GPU with their parameters). At size 1
+    the optimizer adds no hooks and sends nothing, as Horovod's."""
+    r = hvd.rank()
+    dev = device()
+
+    def make() -> nn.Module:
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(10, 24), nn.Tanh(), nn.Linear(24, 3)).double()
+
+    g = torch.Generator().manual_seed(200 + r)
+    data = [(torch.randn(8, 10, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g))
+            for _ in range(8)]
+    runs = []
+    for i, d in enumerate((dev, torch.device("cpu"))):
+        m = make().to(d)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                       named_parameters=[(f"topk{i}.{k}", v) for k, v in m.named_parameters()],
+                                       compression=hvd.Compression.topk(0.25))
+        runs.append((m, opt, d))
+    for xb, yb in data:
+        for m, opt, d in runs:
+            opt.zero_grad()
+            F.cross_entropy(m(xb.to(d)), yb.to(d)).backward()
+            opt.step()
+    (on_gpu, o_gpu, _), (on_cpu, _, _) = runs
+    for p, q in zip(on_gpu.parameters(), on_cpu.parameters()):
+        assert p.is_cuda and torch.allclose(p.cpu(), q, atol=1e-9), "top-k on CUDA differs from the CPU"
+    if hvd.size() > 1:  # at size 1 the optimizer sends nothing, so keeps no residuals
+        residuals = o_gpu.state_dict()["hvdlite_topk"]["residuals"]
+        assert residuals and all(t.is_cuda for t in residuals.values()), residuals
+
 if __name__ == "__main__":
     run_cases()
