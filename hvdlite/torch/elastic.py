@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import random
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
@@ -33,6 +34,8 @@ import torch
 from hvdlite.common.basics import rank, size
 from hvdlite.common.elastic import ObjectState, State, run_fn, sync_root
 from hvdlite.torch import uneven
+from hvdlite.torch.onebit import OneBitAdam
+from hvdlite.torch.zero import ZeroRedundancyOptimizer
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 
@@ -198,6 +201,61 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=sync_root())
 
 
+class _OneBitHandler(_OptimizerHandler):
+    """``OneBitAdam``: Adam's moments are the same on every rank and come from the sync
+    root; the error-feedback buffers are each rank's own, so they are kept (the world
+    unchanged) or laid out again for the new world, never taken from the root."""
+
+    def sync(self) -> None:
+        own = self.value.state_dict()["onebit"]
+        with warnings.catch_warnings():     # the root's buffers are not loaded: no warning
+            warnings.filterwarnings("ignore", message="OneBitAdam")
+            super().sync()
+        self.value._follow_world(own)
+
+
+class _ZeroHandler(_Handler):
+    """A ``ZeroRedundancyOptimizer``: its live state is sharded, so a rank that dies takes
+    its share with it. A commit therefore keeps the whole state (every share, gathered,
+    on the CPU) on every rank, and a sync after a reset shards the optimizer again over
+    the new world and loads that state into it."""
+
+    def set_value(self, value: Any) -> None:
+        # Not a collective (a joining worker builds its state alone): until the first
+        # sync, only this rank's share.
+        self.value = value
+        self._saved: dict[str, Any] | None = None
+        self._initial = copy.deepcopy(value.optim.state_dict())
+
+    def save(self) -> None:
+        self._saved = self.value._gathered_state()
+
+    def restore(self) -> None:
+        if self._saved is None:
+            self.value.optim.load_state_dict(self._initial)
+        elif self.value._fits_world():
+            self.value.load_state_dict(self._saved)
+        # else: the world changed since the commit; sync() shards again and loads it
+
+    def sync(self) -> None:
+        zero = self.value
+        # The sync root's last whole state; before any rank has one (the first sync),
+        # the live shards, which every rank still holds for the same world.
+        have = allgather_object(self._saved is not None, name="hvdlite.elastic.zero.have")
+        root = sync_root()
+        src = root if have[root] else next((r for r, h in enumerate(have) if h), None)
+        if src is None:
+            whole = zero._gathered_state()
+        else:
+            whole = broadcast_object(self._saved if rank() == src else None, root_rank=src,
+                                     name="hvdlite.elastic.zero.state")
+        # Shard again even where this rank's number and the world's size are the same:
+        # gradients in flight when the old world failed are dropped with its buckets.
+        zero._reshard()
+        zero.load_state_dict(whole)
+        self._saved = whole
+
+
 class _SamplerHandler(_Handler):
     def save(self) -> None:
         # What every rank processed since the epoch began, so that a restored sampler
@@ -226,6 +284,8 @@ _LRScheduler = getattr(torch.optim.lr_scheduler, "LRScheduler",
 # else is a plain Python value (ObjectState).
 _HANDLERS: list[tuple[type, type[_Handler]]] = [
     (torch.nn.Module, _ModelHandler),
+    (ZeroRedundancyOptimizer, _ZeroHandler),     # these two before Optimizer, which they also are
+    (OneBitAdam, _OneBitHandler),
     (torch.optim.Optimizer, _OptimizerHandler),
     (ElasticSampler, _SamplerHandler),
 ] + ([(_LRScheduler, _Handler)] if _LRScheduler is not None else [])

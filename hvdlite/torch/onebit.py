@@ -204,7 +204,8 @@ class OneBitAdam(torch.optim.Optimizer):
         if (_ops.current_rank(), _ops.current_size()) != (self.rank, self.world_size):
             raise RuntimeError(f"OneBitAdam was built for rank {self.rank} of {self.world_size}, but this is "
                                f"now rank {_ops.current_rank()} of {_ops.current_size()} (an elastic "
-                               f"reset?): its error buffers no longer fit; build it again")
+                               f"reset?): its error buffers no longer fit; in an elastic job keep it in "
+                               f"hvd.elastic.TorchState, which lays them out again after a reset, or build it again")
         self.steps += 1
         compressed = self.steps > self.freeze_step and self.world_size > 1
         g = self._flat_grads()
@@ -269,6 +270,20 @@ class OneBitAdam(torch.optim.Optimizer):
                 p.add_(u, alpha=-group["lr"])
                 at += k
         return loss
+
+    def _follow_world(self, own: dict[str, Any]) -> None:
+        """After an elastic sync (``hvd.elastic.TorchState``): lay the error buffers out
+        for the ranks there are now. ``own`` is this rank's ``state_dict()["onebit"]``
+        from before the sync: kept where this rank's number and the world's size are
+        unchanged, else the buffers start from zero (what they held was this rank's
+        share of the old world's exchange; dropping it loses one step's residual)."""
+        self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
+        self._denom = None
+        if (own["rank"], own["world_size"]) == (self.rank, self.world_size):
+            self.worker_error.copy_(own["worker_error"])
+            self.server_error.copy_(own["server_error"])
+        else:
+            self._size_buffers()
 
     def state_dict(self) -> dict[str, Any]:
         """Adam's state, and this rank's error-feedback buffers (one checkpoint per rank

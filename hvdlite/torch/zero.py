@@ -38,7 +38,7 @@ import torch
 
 from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import ProcessSet, global_process_set
-from hvdlite.torch.functions import broadcast_object
+from hvdlite.torch.functions import allgather_object, broadcast_object
 from hvdlite.torch.mpi_ops import (Average, Max, Sum, allgather_async, allreduce, allreduce_async,
                                    alltoall_async, synchronize)
 
@@ -245,7 +245,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if now != (self.rank, self.world_size):
             raise RuntimeError(f"ZeroRedundancyOptimizer was built for rank {self.rank} of {self.world_size}, "
                                f"but this is now rank {now[0]} of {now[1]} (an elastic reset?): its shards "
-                               f"no longer fit; build it again")
+                               f"no longer fit; in an elastic job keep it in hvd.elastic.TorchState, which "
+                               f"shards it again after a reset, or build it again")
         if self.world_size == 1 or self._reduced:
             return
         # As DistributedOptimizer: a parameter no rank has a gradient for keeps grad None
@@ -380,6 +381,20 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _global_index(self) -> dict[torch.Tensor, int]:
         return {p: i for i, p in enumerate(self._all_params())}
 
+    def _my_share(self) -> tuple[dict[int, Any], list[dict[str, Any]]]:
+        """This rank's state by global parameter number, and :attr:`optim`'s groups."""
+        index = self._global_index()
+        local = self.optim.state_dict()
+        local_params = [p for g in self.optim.param_groups for p in g["params"]]
+        return {index[local_params[k]]: v for k, v in local["state"].items()}, local["param_groups"]
+
+    def _whole(self, state: dict[int, Any], local_groups: list[dict[str, Any]]) -> dict[str, Any]:
+        """A whole state dict from every share's state and this rank's groups."""
+        index = self._global_index()
+        groups = [{**{k: v for k, v in lg.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
+                  for g, lg in zip(self.param_groups, local_groups)]
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
+
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collect the whole optimizer state on rank ``to`` (a collective: every rank
         calls it; with a process set, ``to`` is a rank within the set and every member
@@ -389,24 +404,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if not 0 <= to < self.world_size:
             raise ValueError(f"consolidate_state_dict: to={to} is not a rank of the {self.world_size} "
                              f"this optimizer shards over")
-        index = self._global_index()
-        local = self.optim.state_dict()
-        local_params = [p for g in self.optim.param_groups for p in g["params"]]
-        mine = {index[local_params[k]]: v for k, v in local["state"].items()}
+        mine, local_groups = self._my_share()
         state: dict[int, Any] = {}
         for r in range(self.world_size):
             got = broadcast_object(mine if r == self.rank else None, root_rank=self._world_ranks[r],
                                    name=f"zero.{self._index}.consolidate.{r}", process_set=self.process_set)
             if self.rank == to:     # a snapshot: its own share is copied, not the live state
                 state.update(copy.deepcopy(got) if r == to else got)
-        if self.rank != to:
-            self._consolidated = None
-            return
-        groups = []
-        for g, lg in zip(self.param_groups, local["param_groups"]):
-            groups.append({**{k: v for k, v in lg.items() if k != "params"},
-                           "params": [index[p] for p in g["params"]]})
-        self._consolidated = {"state": dict(sorted(state.items())), "param_groups": groups}
+        self._consolidated = self._whole(state, local_groups) if self.rank == to else None
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state, in ``optimizer_class``'s own format with parameters
@@ -436,6 +441,48 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                                  "params": [local_of[p] for p in lg["params"]]})
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self._sync_groups(self.optim.param_groups, self.param_groups)
+
+    # -- elastic jobs (hvd.elastic.TorchState) -------------------------------------------
+
+    def _fits_world(self) -> bool:
+        """Its shards were laid out for the ranks there are now."""
+        with self._scope():
+            return (self.rank, self.world_size) == (_ops.current_rank(), _ops.current_size())
+
+    def _gathered_state(self) -> dict[str, Any]:
+        """The whole state on every rank, its tensors copied to the CPU (a collective:
+        every rank's share goes to all). What an elastic commit keeps, so that a lost
+        rank's share survives on the others."""
+        mine, local_groups = self._my_share()
+        mine = {k: {n: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                    for n, v in st.items()} for k, st in mine.items()}
+        state: dict[int, Any] = {}
+        for share in allgather_object(mine, name=f"zero.{self._index}.gather", process_set=self.process_set):
+            state.update(share)
+        return self._whole(state, local_groups)
+
+    def _reshard(self) -> None:
+        """Shard again over the ranks there are now (after an elastic reset): new owners,
+        a new :attr:`optim` with no state (the caller loads the whole state next), new
+        buckets. The same local work on every rank; gradients in flight in the old world
+        are dropped."""
+        for b in self._buckets:
+            b.handle = None
+        if self.process_set is not None:
+            if not self._fits_world():
+                raise RuntimeError("a ZeroRedundancyOptimizer over a process set cannot follow an elastic "
+                                   "reset that changed the set: build it again after the reset")
+            self._build_buckets()
+            self._reduced = False
+            return
+        self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
+        self._world_ranks = list(range(self.world_size))
+        self._owner, self._loads = {}, [0] * self.world_size
+        self._partition(self._all_params())
+        self.optim = self.optimizer_class(self._local_groups(), **self.defaults)
+        self._build_buckets()
+        self._consolidated = None
+        self._reduced = False
 
     # -- figures -------------------------------------------------------------------------
 

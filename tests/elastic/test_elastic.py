@@ -79,6 +79,36 @@ def test_survivors_finish_when_a_rank_dies(tmp_path: Path, victim: int) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_zero_optimizer_reshards_when_a_rank_dies(tmp_path: Path) -> None:
+    """ZeroRedundancyOptimizer(Adam) in a TorchState: rank 1 dies with its share of the
+    optimizer state; the survivors shard again over 3 ranks and load the whole committed
+    state, so every parameter's Adam step count equals the committed steps (a share lost
+    and rebuilt empty would count from 0)."""
+    proc, results = _run(tmp_path, 4, "1:20", "--optimizer", "zero")
+    _check_survivors(proc, results, 4, {1})
+    steps = results[0]["steps"]
+    for r in results:
+        assert r["optimizer_steps"] == [float(steps)], (r["optimizer_steps"], steps)
+        assert r["optimizer_params"] == 4 and r["shards"] == [r["rank"], 3], r
+
+
+@pytest.mark.timeout(300)
+def test_one_bit_adam_follows_the_new_world_when_a_rank_dies(tmp_path: Path) -> None:
+    """OneBitAdam in a TorchState, compressing from step 11; rank 2 dies at step 20: the
+    survivors lay their error buffers out for 3 ranks, keep compressing and finish with
+    equal parameters, the committed step count, and no warning about another rank's
+    buffers (each keeps its own)."""
+    proc, results = _run(tmp_path, 4, "2:20", "--optimizer", "onebit")
+    _check_survivors(proc, results, 4, {2})
+    steps = results[0]["steps"]
+    for r in results:
+        assert r["optimizer_steps"] == [steps], (r["optimizer_steps"], steps)
+        rank, size, worker, server = r["error_layout"]
+        assert (rank, size) == (r["rank"], 3) and worker % (8 * 3) == 0 and server * 3 == worker, r
+    assert "error-feedback buffers" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
 def test_two_ranks_die_at_different_times(tmp_path: Path) -> None:
     proc, results = _run(tmp_path, 4, "1:12,0:40")
     _check_survivors(proc, results, 4, {0, 1})

@@ -14,6 +14,10 @@ writes it. What it adds for the tests:
   its reset callback, while the others recover from the first failure;
 * ``HVDLITE_TEST_OFFER="S:FILE:TEXT"``: at step S, rank 0 writes TEXT (``;`` for new
   lines) to FILE, which the test's discovery script prints: more slots on offer;
+* ``--optimizer zero``: ``ZeroRedundancyOptimizer(Adam)`` instead of
+  ``DistributedOptimizer(SGD)``; the result then has Adam's step count of every
+  parameter, from the whole (gathered) state; ``--optimizer onebit``: ``OneBitAdam``
+  (compressed from step 11); the result then has its step count and error buffers' layout;
 * at the end each surviving process writes ``OUT/<pid>.json``: its first and last
   rank and size, a hash of the final parameters, the samples of every epoch that were
   committed as processed, every sample trained in the epoch's committed steps (each
@@ -45,6 +49,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--commit-every", type=int, default=2)
     ap.add_argument("--step-sleep", type=float, default=0.01)
+    ap.add_argument("--optimizer", choices=["sgd", "zero", "onebit"], default="sgd",
+                    help="zero: hvd.ZeroRedundancyOptimizer(Adam), its state sharded over the ranks; "
+                         "onebit: hvd.OneBitAdam, compressed after 10 steps")
     args = ap.parse_args()
 
     hvd.init()
@@ -75,8 +82,13 @@ def main() -> None:
 
     torch.manual_seed(100 + first_rank)  # different until the first sync
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
-                                   named_parameters=model.named_parameters())
+    if args.optimizer == "zero":
+        opt = hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    elif args.optimizer == "onebit":
+        opt = hvd.OneBitAdam(model.parameters(), lr=0.01, freeze_step=10)
+    else:
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+                                       named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=7)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, steps=0,
                                    committed=[], trained=())
@@ -140,6 +152,16 @@ def main() -> None:
         "completed": completed, "epoch_samples": epoch_samples,
         "epoch_trained": epoch_trained,
     }
+    if args.optimizer == "zero":
+        # Adam's step count of every parameter, from the whole state: each equals the
+        # committed steps unless a lost rank's share was not recovered.
+        whole = opt._gathered_state()
+        result["optimizer_steps"] = sorted({float(st["step"]) for st in whole["state"].values()})
+        result["optimizer_params"] = len(whole["state"])
+        result["shards"] = [opt.rank, opt.world_size]
+    if args.optimizer == "onebit":
+        result["optimizer_steps"] = [opt.steps]
+        result["error_layout"] = [opt.rank, opt.world_size, opt.worker_error.numel(), opt.server_error.numel()]
     with open(os.path.join(args.out, f"{os.getpid()}.json"), "w") as f:
         json.dump(result, f)
 
