@@ -346,21 +346,34 @@ def emulated_cluster(params: dict, rate_name: str) -> tuple[Cluster, Emulation]:
     return cl, Emulation(rate=em["rate"], burst=em["burst"], wire=cl.inter, cores=params.get("cores", 2))
 
 
-def _mpi_small(cl: Cluster, H: int, G: int, c: float) -> tuple[float, float]:
+def _one_per_host(cl: Cluster, H: int, s: float, streams: int, rd_max: float) -> tuple[float, float]:
+    """Open MPI's MPI_Allreduce of s bytes among H ranks on H hosts (tuned), while
+    `streams` such run at once from each host: recursive doubling below `rd_max` bytes
+    (measured: --measure-mpi-bytes), above it an algorithm that sends 2(H-1)/H * s per
+    rank, taken as Rabenseifner's. (time, bytes each of the streams sends)"""
+    if s < rd_max or H <= 2:
+        return cross_allreduce(cl, H, s, streams, "rd"), log2ceil(H) * s
+    return cross_allreduce(cl, H, s, streams, "rabenseifner"), 2 * (H - 1) / H * s
+
+
+def _mpi_small(cl: Cluster, H: int, G: int, c: float, rd_max: float = math.inf) -> tuple[float, float]:
     """What an MPI_Allreduce of c bytes (below hvdlite's ring threshold) is modelled as.
     Open MPI 5 gives a communicator spanning several hosts with several ranks each to
     its HAN component (priority 35 over tuned's 30, `ompi_info --param coll all`):
     reduce in the host, allreduce among one leader per host, broadcast in the host; the
     leaders' small allreduce is taken as recursive doubling. One rank per host: tuned's
-    recursive doubling. Returns (time, bytes per host link and direction)."""
+    choice (_one_per_host). Returns (time, bytes per host link and direction)."""
     if G > 1 and H > 1:
         return leader(cl, H, G, c, "rd"), log2ceil(H) * c
+    if G == 1 and H > 1:
+        return _one_per_host(cl, H, c, 1, rd_max)
     return recursive_doubling(cl, H, G, c), log2ceil(H) * G * c
 
 
-def hvdlite_flat(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float, list[str]]:
+def hvdlite_flat(cl: Cluster, H: int, G: int, S: float, rd_max: float = math.inf) -> tuple[float, float, list[str]]:
     """hvdlite with HOROVOD_HIERARCHICAL_ALLREDUCE=0: 4 MiB pieces, each a ring over all
-    ranks if its segments reach 256 KiB, else MPI_Allreduce. (time, link bytes, what ran)"""
+    ranks if its segments reach 256 KiB, else MPI_Allreduce. (time, link bytes, what ran)
+    `rd_max`: see _one_per_host."""
     P = H * G
     t = x = 0.0
     used = set()
@@ -370,19 +383,21 @@ def hvdlite_flat(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float, l
             x += 2 * (P - 1) / P * c if H > 1 else 0.0
             used.add("ring")
         else:
-            dt, dx = _mpi_small(cl, H, G, c)
+            dt, dx = _mpi_small(cl, H, G, c, rd_max)
             t += dt
             x += dx if H > 1 else 0.0
             used.add("MPI_Allreduce")
     return t, x, sorted(used)
 
 
-def hvdlite_two_level(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float, list[str]]:
+def hvdlite_two_level(cl: Cluster, H: int, G: int, S: float,
+                      rd_max: float = math.inf) -> tuple[float, float, list[str]]:
     """hvdlite with HOROVOD_HIERARCHICAL_ALLREDUCE=1: 2 MiB pieces, one after the other;
     across hosts hvdlite's ring if each rank's share per host reaches 256 KiB, else
-    MPI_Allreduce. With one rank per host it is the flat allreduce."""
+    MPI_Allreduce (one rank per host: _one_per_host). With one rank per host it is the
+    flat allreduce."""
     if G <= 1 or H <= 1:
-        return hvdlite_flat(cl, H, G, S)
+        return hvdlite_flat(cl, H, G, S, rd_max)
     t = x = 0.0
     used = set()
     for c in _pieces(S, HVD_TWO_LEVEL_PIECE):
@@ -393,8 +408,8 @@ def hvdlite_two_level(cl: Cluster, H: int, G: int, S: float) -> tuple[float, flo
             used.add("ring")
         else:
             rs, _, ag = two_level_phases(cl, H, G, c, "ring")
-            xt = log2ceil(H) * (cl.inter.alpha + seg / cl.stream_bw(G) + seg * cl.gamma)
-            x += log2ceil(H) * c
+            xt, per_stream = _one_per_host(cl, H, seg, G, rd_max)
+            x += G * per_stream
             used.add("MPI_Allreduce")
         t += rs + xt + ag
     return t, x, sorted(used)
@@ -554,6 +569,37 @@ def _hvdlite_overhead(comm, reps: int) -> dict:
     return {"hvdlite_s": h, "mpi_s": m, "overhead_s": h - m}
 
 
+MPI_BYTES_SIZES = [2 * KiB, 4 * KiB, 6 * KiB, 8 * KiB, 16 * KiB, 64 * KiB, 256 * KiB]
+
+
+def _mpi_link_bytes(comm, sizes: list[int], reps: int = 20) -> dict:
+    """Bytes this rank's emulated host sent on its link (eth0's tx counter, frames with
+    their headers) per MPI_Allreduce of each size, one rank per host: which algorithm
+    Open MPI's tuned component picks shows in how much each host sends (recursive
+    doubling log2(P) * S, the bandwidth-optimal ones 2(P-1)/P * S). The largest host's
+    figure, as rank 0 gathers them."""
+    import numpy as np
+    from mpi4py import MPI
+
+    def tx() -> int:
+        with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+            return int(f.read())
+
+    out = {}
+    for size in sizes:
+        buf = np.ones(size // 4, np.float32)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        comm.Barrier()
+        before = tx()
+        for _ in range(reps):
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            buf.fill(1.0)
+        comm.Barrier()
+        per_op = (tx() - before) / reps
+        out[size] = max(comm.allgather(per_op))
+    return out
+
+
 def _reduction_speed(comm, sizes: list[int]) -> dict:
     """Seconds per byte of a float32 sum a += b (NumPy's vectorized loop, as hvdlite's
     reduction kernel), on rank 0 alone and on both ranks at once."""
@@ -584,7 +630,10 @@ def measure_worker(kind: str, rate: str) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     res: dict = {"kind": kind, "hosts": comm.allgather(MPI.Get_processor_name())}
-    if kind == "intra":
+    if kind == "mpibytes":     # one rank on each of 4 emulated hosts
+        res["ranks"] = comm.Get_size()
+        res["tx_bytes_per_op"] = _mpi_link_bytes(comm, MPI_BYTES_SIZES)
+    elif kind == "intra":
         res.update(_pingpong_and_exchange(comm, [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 4 * MiB,
                                                  16 * MiB, 64 * MiB], 256 * MiB))
         res["reduce_s_per_byte"] = _reduction_speed(comm, [256 * KiB, 2 * MiB, 64 * MiB])
@@ -653,9 +702,9 @@ def measure_worker(kind: str, rate: str) -> None:
         print("RESULT " + json.dumps(res), flush=True)
 
 
-def _launch_worker(kind: str, rate: str, hosts=None) -> dict:
+def _launch_worker(kind: str, rate: str, hosts=None, ranks: int = 2) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), HVDLITE_LOG_LEVEL="error")
-    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", "2"]
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(ranks)]
     if hosts is not None:
         env.update(hosts.env())
         cmd += ["-H", hosts.host_spec(1)]
@@ -794,6 +843,32 @@ def run_measure(rates: list[str], rounds: int, out: Path) -> dict:
         "shm": shm, "emulated": emulated, "control": control, "runs": runs,
     }
     out.write_text(json.dumps(params, indent=1))
+    return params
+
+
+def run_measure_mpi_bytes(out: Path) -> dict:
+    """What Open MPI's MPI_Allreduce sends per host with one rank on each of 4 emulated
+    hosts (1 Gbit/s), size by size (_mpi_link_bytes); stored in the parameters as
+    `mpi_one_per_host` with the size from which it stops sending recursive doubling's
+    log2(4) * S (the model's rd_max)."""
+    sys.path.insert(0, str(REPO))
+    from tests.hosts.emulated import EmulatedHosts
+    params = json.loads(out.read_text())
+    with EmulatedHosts(4, "1gbit") as hosts:
+        run = _launch_worker("mpibytes", "1gbit", hosts, ranks=4)
+    ratios = {int(k): v / int(k) for k, v in run["tx_bytes_per_op"].items()}
+    # Frames carry headers (1514 bytes on the wire per 1448 of payload, plus the
+    # acknowledgements), so recursive doubling shows as a little above 2 * S.
+    rd_max = next((size for size in sorted(ratios) if ratios[size] < 1.8), math.inf)
+    params["mpi_one_per_host"] = {
+        "measured": _now(), "ranks": 4, "rate": "1gbit",
+        "how": "python benchmarks/cost_model.py --measure-mpi-bytes: eth0 tx bytes of each emulated host per "
+               "MPI_Allreduce (20 of each size), the largest host's, divided by the size",
+        "tx_over_size": ratios, "rd_max": rd_max}
+    out.write_text(json.dumps(params, indent=1))
+    for size in sorted(ratios):
+        print(f"measure: MPI_Allreduce of {size} B, 4 hosts x 1: each host sends {ratios[size]:.2f} x the size",
+              flush=True)
     return params
 
 
@@ -944,7 +1019,8 @@ def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
         P = H * G
         over = hvdlite_overhead(params, rate, H, G)
         row = {"table": "validation", "config": config, "bytes": S, "runs": len(samples["flat"])}
-        models = {"flat": hvdlite_flat(cl, H, G, S), "two_level": hvdlite_two_level(cl, H, G, S)}
+        rd_max = params.get("mpi_one_per_host", {}).get("rd_max", math.inf)
+        models = {"flat": hvdlite_flat(cl, H, G, S, rd_max), "two_level": hvdlite_two_level(cl, H, G, S, rd_max)}
         mpi = mpi_leader_two_hosts(cl, H, G, S)
         if mpi is not None:
             models["mpi"] = mpi
@@ -1122,6 +1198,19 @@ def print_params(params: dict) -> None:
                     if k.startswith("hvdlite_overhead_") and not k.endswith("shm")))
 
 
+def validation_summary(rows: list[dict]) -> list[str]:
+    """The counts docs/scale.md gives under the validation table."""
+    lines = []
+    for label, modes in (("hvdlite flat and two-level", ("flat", "two_level")), ("MPI_Allreduce (2 hosts)", ("mpi",))):
+        big = [abs(r[f"{m}_error"]) for r in rows for m in modes if f"{m}_error" in r and r["bytes"] >= MiB]
+        small = [abs(r[f"{m}_error"]) for r in rows for m in modes if f"{m}_error" in r and r["bytes"] < MiB]
+        if big:
+            lines.append(f"- {label}: {sum(e <= 0.25 for e in big)} of {len(big)} rows within 25 % from 1 MiB up "
+                         f"(median |error| {statistics.median(big) * 100:.0f} %), {sum(e <= 0.25 for e in small)} of "
+                         f"{len(small)} at 4 and 64 KiB.")
+    return lines
+
+
 def print_validation(rows: list[dict]) -> None:
     print("\nValidation: measured (median of runs) vs modelled on emulated hosts")
     head = (f"{'config':<11} {'size':>8} | {'flat':>8} {'model':>8} {'err':>6} | {'2-level':>8} {'model':>8} "
@@ -1214,6 +1303,11 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
     for k, v in c.items():
         if k.startswith("hvdlite_overhead_") and not k.endswith("shm"):
             out.append(f"| … across 2 emulated hosts, {k.split('_')[-1]} | {v * 1e6:.1f} µs |")
+    one = params.get("mpi_one_per_host")
+    if one:
+        sent = ", ".join(f"{fmt_b(int(k))}: {v:.2f}" for k, v in sorted(one["tx_over_size"].items(), key=lambda kv: int(kv[0])))
+        out.append(f"| `MPI_Allreduce`, 4 hosts × 1 rank: bytes each host sends ÷ S (frames with headers) | {sent}; "
+                   f"recursive doubling below {fmt_b(one['rd_max'])} |")
     out.append("")
     # validation
     out.append("| config | size | flat: measured | model | error | two-level: measured | model | error | "
@@ -1226,6 +1320,8 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
             meas = fmt_t(r.get(f"{m}_measured_s")) + (" ±" if spread > 0.3 else "")
             cells += [meas, fmt_t(r.get(f"{m}_model_s")), fmt_e(r.get(f"{m}_error"))]
         out.append(f"| {r['config']} | {fmt_b(r['bytes'])} | " + " | ".join(cells) + f" | {r.get('two_level_regime', '')} |")
+    out.append("")
+    out += validation_summary(vrows)
     out.append("")
     # extrapolation
     short = {"flat_ring": "flat ring", "two_level": "2D torus", "two_level_hvdlite": "hvdlite 2-level",
@@ -1418,6 +1514,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--measure", action="store_true", help="re-measure the parameters into --params")
     p.add_argument("--rates", default="1gbit,10gbit", help="emulated link rates to measure")
+    p.add_argument("--measure-mpi-bytes", action="store_true",
+                   help="measure what Open MPI's allreduce sends per host, 4 hosts x 1 rank, into --params (root)")
     p.add_argument("--validate", action="store_true", help="run bench_hosts.py on emulated hosts (root)")
     p.add_argument("--configs", default=VALIDATE_CONFIGS, help="for --validate: HxG@RATE,...")
     p.add_argument("--sizes", default=VALIDATE_SIZES, help="for --validate")
@@ -1429,7 +1527,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot-dir", default=str(DOCS))
     p.add_argument("--no-json", action="store_true", help="tables only")
     p.add_argument("--markdown", action="store_true", help="print docs/scale.md's tables in Markdown instead")
-    p.add_argument("--measure-worker", choices=["intra", "inter"], help=argparse.SUPPRESS)
+    p.add_argument("--measure-worker", choices=["intra", "inter", "mpibytes"], help=argparse.SUPPRESS)
     p.add_argument("--rate", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.measure_worker:
@@ -1438,6 +1536,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.measure:
         run_measure([r for r in args.rates.split(",") if r], args.rounds, Path(args.params))
+    if args.measure_mpi_bytes:
+        run_measure_mpi_bytes(Path(args.params))
     if args.validate:
         run_validation(args.configs, args.sizes, args.rounds, Path(args.validation_file), args.max_reps)
     if not Path(args.params).exists():

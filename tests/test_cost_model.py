@@ -19,6 +19,7 @@ cm = importlib.util.module_from_spec(_spec)
 sys.modules["cost_model"] = cm  # dataclasses look their module up there
 _spec.loader.exec_module(cm)
 
+KiB = 1 << 10
 MiB = 1 << 20
 
 # A made-up cluster with round numbers: shared memory 1 us and 10 GB/s, the network
@@ -172,6 +173,23 @@ def test_hvdlite_piece_rules():
     assert close(t, 4 * sum(cm.two_level_phases(cl, 2, 2, 2 * MiB)))
     # with one rank per host it is the flat allreduce
     assert cm.hvdlite_two_level(cl, 4, 1, 8 * MiB) == cm.hvdlite_flat(cl, 4, 1, 8 * MiB)
+
+
+def test_mpi_allreduce_one_rank_per_host_switches_algorithm_at_rd_max():
+    cl = cluster()
+    # below rd_max: recursive doubling, log2(4) = 2 whole buffers out of each host
+    t, x = cm._one_per_host(cl, 4, 4 * KiB, 1, rd_max=8 * KiB)
+    assert close(x, 2 * 4 * KiB) and close(t, cm.cross_allreduce(cl, 4, 4 * KiB, 1, "rd"))
+    # from rd_max on: 2(H-1)/H of the buffer (Rabenseifner's), 2 log2(4) latencies
+    t, x = cm._one_per_host(cl, 4, 64 * KiB, 1, rd_max=8 * KiB)
+    assert close(x, 1.5 * 64 * KiB) and close(t, cm.cross_allreduce(cl, 4, 64 * KiB, 1, "rabenseifner"))
+    # on 2 hosts both send the buffer once: recursive doubling (one exchange)
+    assert close(cm._one_per_host(cl, 2, 64 * KiB, 1, rd_max=8 * KiB)[1], 64 * KiB)
+    # flat on 4 x 1 at 64 KiB calls MPI_Allreduce: its bytes follow
+    assert close(cm.hvdlite_flat(cl, 4, 1, 64 * KiB, rd_max=8 * KiB)[1], 1.5 * 64 * KiB)
+    assert close(cm.hvdlite_flat(cl, 4, 1, 64 * KiB)[1], 2 * 64 * KiB)  # no rd_max: as before
+    # two-level on 4 x 2 at 64 KiB: each rank's 32 KiB across 4 hosts, 2 streams a host
+    assert close(cm.hvdlite_two_level(cl, 4, 2, 64 * KiB, rd_max=8 * KiB)[1], 2 * 1.5 * 32 * KiB)
 
 
 def test_emulated_time_regimes():
