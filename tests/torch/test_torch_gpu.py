@@ -28,3 +28,24 @@ def test_cuda_tensors(n: int, backend: str) -> None:
                     f"this machine has {torch.cuda.device_count()}")
     out = run_ranks(n, "gpu_worker.py", timeout=250, env={"HOROVOD_GPU_OPERATIONS": backend})
     assert_passed(out, n, CASES)
+
+
+@pytest.mark.timeout(300)
+def test_zero_optimizer_on_cuda_follows_an_elastic_reset(tmp_path) -> None:
+    """tests/elastic's ZeRO case with the model on the GPU and the collectives through
+    host memory (HOROVOD_GPU_OPERATIONS=MPI: 4 ranks may share one GPU, which NCCL
+    refuses): rank 1 dies at step 20; the survivors shard again and reload the whole
+    committed state (kept on the CPU) into their CUDA optimizers."""
+    import json
+    from tests.elastic.test_elastic import ELASTIC, TRAIN, _check_survivors
+    from tests.launch import run_job
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(4, TRAIN, "--out", str(out), "--optimizer", "zero", "--device", "cuda",
+                   env={"HVDLITE_TEST_KILL": "1:20", "HOROVOD_GPU_OPERATIONS": "MPI"},
+                   launcher_args=ELASTIC, timeout=250)
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    _check_survivors(proc, results, 4, {1})
+    for r in results:
+        assert r["device"].startswith("cuda"), r["device"]
+        assert r["optimizer_steps"] == [float(r["steps"])], (r["optimizer_steps"], r["steps"])

@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--commit-every", type=int, default=2)
     ap.add_argument("--step-sleep", type=float, default=0.01)
+    ap.add_argument("--device", default="cpu", help="cuda: the model and batches on GPU local_rank % count")
     ap.add_argument("--optimizer", choices=["sgd", "zero", "onebit"], default="sgd",
                     help="zero: hvd.ZeroRedundancyOptimizer(Adam), its state sharded over the ranks; "
                          "onebit: hvd.OneBitAdam, compressed after 10 steps")
@@ -80,8 +81,12 @@ def main() -> None:
     y = x @ w + 0.1 * torch.randn(args.samples, 1)
     data = torch.utils.data.TensorDataset(x, y)
 
+    dev = torch.device("cpu")
+    if args.device == "cuda":
+        dev = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
     torch.manual_seed(100 + first_rank)  # different until the first sync
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)).to(dev)
     if args.optimizer == "zero":
         opt = hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
     elif args.optimizer == "onebit":
@@ -118,7 +123,7 @@ def main() -> None:
                     with open(offer[1], "w") as f:
                         f.write(offer[2].replace(";", "\n") + "\n")
                 state.optimizer.zero_grad()
-                F.mse_loss(state.model(xb), yb).backward()
+                F.mse_loss(state.model(xb.to(dev)), yb.to(dev)).backward()
                 state.optimizer.step()
                 state.sampler.record_batch(idx, args.batch)
                 # Every rank's samples trained in this step (a padding batch has none);
@@ -141,16 +146,16 @@ def main() -> None:
             state.commit()
 
     train(state)
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     with torch.no_grad():
-        loss = float(F.mse_loss(model(x), y))
+        loss = float(F.mse_loss(model(x.to(dev)), y.to(dev)))
     result = {
         "first_rank": first_rank, "first_size": first_size, "joined": joined,
         "rank": hvd.rank(), "size": hvd.size(),
         "params_sha": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
         "loss": loss, "steps": state.steps, "resets": resets,
         "completed": completed, "epoch_samples": epoch_samples,
-        "epoch_trained": epoch_trained,
+        "epoch_trained": epoch_trained, "device": str(next(model.parameters()).device),
     }
     if args.optimizer == "zero":
         # Adam's step count of every parameter, from the whole state: each equals the
