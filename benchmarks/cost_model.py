@@ -924,7 +924,7 @@ class _OwnCpu:
 
 
 # ---------------------------------------------------------------- validation runs
-VALIDATE_CONFIGS = "2x2@1gbit,4x1@1gbit,4x2@1gbit,2x4@1gbit,2x2@10gbit,4x2@10gbit"
+VALIDATE_CONFIGS = "2x1@1gbit,2x2@1gbit,4x1@1gbit,4x2@1gbit,2x4@1gbit,2x1@10gbit,2x2@10gbit,4x2@10gbit"
 VALIDATE_SIZES = "4K,64K,1M,4M,16M,64M"
 
 
@@ -1000,7 +1000,8 @@ def group_validation(val: dict) -> tuple[dict, dict]:
         for row in run["rows"]:
             g = grouped.setdefault((row["config"], row["bytes"]), {m: [] for m in ("flat", "two_level", "default", "mpi")})
             g["flat"].append(row["flat_s"])
-            g["two_level"].append(row["hierarchical_s"])
+            # bench_hosts.py named the column "hierarchical" until session 26, "two-level" since
+            g["two_level"].append(row["hierarchical_s"] if "hierarchical_s" in row else row["two-level_s"])
             g["default"].append(row["default_s"])
             g["mpi"].append(row["mpi_s"])
     return grouped, notes
