@@ -174,12 +174,12 @@ def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: 
     return _direct_run(kind, tensor, output, name, average, op, prescale_factor, postscale_factor, root_rank)
 
 
-def _on_global_set(process_set: Any) -> bool:
-    """Whether a collective given `process_set` runs on the global set: none given and
-    none set by an enclosing scope (``broadcast(..., process_set=ps)`` calls
-    ``broadcast_`` inside one). Only then may it take :func:`_direct_run`, which submits
-    to the global set's engine."""
-    return process_set is None and _ops.current_process_set() is None
+# Whether a collective runs on the global set: no process_set given and none set by an
+# enclosing scope (``broadcast(..., process_set=ps)`` calls ``broadcast_`` inside one).
+# Only then may it take _direct_run, which submits to the global set's engine. Written
+# out at each call site, `process_set is None and _SCOPE.process_set is None`: a helper
+# function cost 0.2 us a call, 4 % of a lone 4 KiB allreduce.
+_SCOPE = _ops._scope
 
 
 def _run(kind: int, arr: np.ndarray, out: np.ndarray | None, name: str | None, op: int = Sum,
@@ -241,7 +241,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
-    if _on_global_set(process_set) and type(tensor) is np.ndarray:
+    if process_set is None and _SCOPE.process_set is None and type(tensor) is np.ndarray:
         out = np.empty_like(tensor, order="C")
         if _direct_run(_ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
             return out
@@ -278,7 +278,7 @@ def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None
                op: int | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks in place and return it."""
-    if _on_global_set(process_set) and _direct_run(_ALLREDUCE, tensor, tensor, name, average, op,
+    if process_set is None and _SCOPE.process_set is None and _direct_run(_ALLREDUCE, tensor, tensor, name, average, op,
                                                    prescale_factor, postscale_factor, -1):
         return tensor
     with _ops.process_set_scope(process_set):
@@ -382,7 +382,7 @@ def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None, proce
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
-    if _on_global_set(process_set) and _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0,
+    if process_set is None and _SCOPE.process_set is None and _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0,
                                                    root_rank):
         return tensor
     with _ops.process_set_scope(process_set):
