@@ -278,8 +278,8 @@ def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None
                op: int | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks in place and return it."""
-    if process_set is None and _SCOPE.process_set is None and _direct_run(_ALLREDUCE, tensor, tensor, name, average, op,
-                                                   prescale_factor, postscale_factor, -1):
+    if process_set is None and _SCOPE.process_set is None and _direct_run(
+            _ALLREDUCE, tensor, tensor, name, average, op, prescale_factor, postscale_factor, -1):
         return tensor
     with _ops.process_set_scope(process_set):
         if _device.is_device_array(tensor):
@@ -382,8 +382,8 @@ def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None, proce
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
-    if process_set is None and _SCOPE.process_set is None and _direct_run(_BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0,
-                                                   root_rank):
+    if process_set is None and _SCOPE.process_set is None and _direct_run(
+            _BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
         return tensor
     with _ops.process_set_scope(process_set):
         if _device.is_device_array(tensor):
