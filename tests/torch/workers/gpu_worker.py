@@ -134,6 +134,32 @@ def gpu_digits_cnn_matches_cpu() -> None:
 
 
 
+def same_steps_on_gpu_and_cpu(build_optimizer, seed: int, sizes: tuple[int, int, int], steps: int,
+                              batch: int, what: str):
+    """Trains a float64 MLP of `sizes` (inputs, hidden, classes) on this rank's GPU and a
+    copy on the CPU with the same batches, each under ``build_optimizer(model, i)`` (i: 0
+    for the GPU's, 1 for the CPU's), and checks that the GPU's parameters end where the
+    CPU's do. Returns the GPU's optimizer."""
+    dev = device()
+    inputs, hidden, classes = sizes
+    g = torch.Generator().manual_seed(seed + hvd.rank())
+    data = [(torch.randn(batch, inputs, generator=g, dtype=torch.float64),
+             torch.randint(0, classes, (batch,), generator=g)) for _ in range(steps)]
+    runs = []
+    for i, d in enumerate((dev, torch.device("cpu"))):
+        torch.manual_seed(seed)
+        m = nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(), nn.Linear(hidden, classes)).double().to(d)
+        runs.append((m, build_optimizer(m, i), d))
+    for xb, yb in data:
+        for m, opt, d in runs:
+            opt.zero_grad()
+            F.cross_entropy(m(xb.to(d)), yb.to(d)).backward()
+            opt.step()
+    for p, q in zip(runs[0][0].parameters(), runs[1][0].parameters()):
+        assert p.is_cuda and torch.allclose(p.cpu(), q, atol=1e-9), f"{what} on CUDA differs from the CPU"
+    return runs[0][1]
+
+
 @case
 def gpu_zero_and_one_bit_adam() -> None:
     """ZeroRedundancyOptimizer on CUDA parameters (float64) ends where the same steps end
@@ -149,23 +175,10 @@ def gpu_zero_and_one_bit_adam() -> None:
     assert torch.equal(unpack_signs(pack_signs(x).to(dev), torch.float32).cpu(),
                        unpack_signs(pack_signs(x), torch.float32))
 
-    def make() -> nn.Module:
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 4)).double()
-
-    g = torch.Generator().manual_seed(100 + r)
-    data = [(torch.randn(16, 12, generator=g, dtype=torch.float64), torch.randint(0, 4, (16,), generator=g))
-            for _ in range(12)]
-    on_gpu, on_cpu = make().to(dev), make()
-    o_gpu, o_cpu = (hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.01,
-                                                bucket_cap_mb=0.002) for m in (on_gpu, on_cpu))
-    for xb, yb in data:
-        for m, o, d in ((on_gpu, o_gpu, dev), (on_cpu, o_cpu, torch.device("cpu"))):
-            o.zero_grad()
-            F.cross_entropy(m(xb.to(d)), yb.to(d)).backward()
-            o.step()
-    for p, q in zip(on_gpu.parameters(), on_cpu.parameters()):
-        assert p.is_cuda and torch.allclose(p.cpu(), q, atol=1e-9), "ZeRO on CUDA differs from the CPU"
+    same_steps_on_gpu_and_cpu(
+        lambda m, i: hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.01,
+                                                 bucket_cap_mb=0.002),
+        seed=100, sizes=(12, 32, 4), steps=12, batch=16, what="ZeRO")
 
     length = 8 * n * 64
     b_gpu, b_cpu = (hvd.OneBitAdam(nn.Linear(length, 1, bias=False).to(d).parameters(), lr=0.1, freeze_step=0)
@@ -181,34 +194,15 @@ def gpu_topk_compression() -> None:
     """DistributedOptimizer with Compression.topk on CUDA parameters ends where the same
     steps end on the CPU (the residuals stay on the GPU with their parameters). At size 1
     the optimizer adds no hooks and sends nothing, as Horovod's."""
-    r = hvd.rank()
-    dev = device()
-
-    def make() -> nn.Module:
-        torch.manual_seed(1)
-        return nn.Sequential(nn.Linear(10, 24), nn.Tanh(), nn.Linear(24, 3)).double()
-
-    g = torch.Generator().manual_seed(200 + r)
-    data = [(torch.randn(8, 10, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g))
-            for _ in range(8)]
-    runs = []
-    for i, d in enumerate((dev, torch.device("cpu"))):
-        m = make().to(d)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                       named_parameters=[(f"topk{i}.{k}", v) for k, v in m.named_parameters()],
-                                       compression=hvd.Compression.topk(0.25))
-        runs.append((m, opt, d))
-    for xb, yb in data:
-        for m, opt, d in runs:
-            opt.zero_grad()
-            F.cross_entropy(m(xb.to(d)), yb.to(d)).backward()
-            opt.step()
-    (on_gpu, o_gpu, _), (on_cpu, _, _) = runs
-    for p, q in zip(on_gpu.parameters(), on_cpu.parameters()):
-        assert p.is_cuda and torch.allclose(p.cpu(), q, atol=1e-9), "top-k on CUDA differs from the CPU"
+    opt = same_steps_on_gpu_and_cpu(
+        lambda m, i: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                              named_parameters=[(f"topk{i}.{k}", v) for k, v in m.named_parameters()],
+                                              compression=hvd.Compression.topk(0.25)),
+        seed=200, sizes=(10, 24, 3), steps=8, batch=8, what="top-k")
     if hvd.size() > 1:  # at size 1 the optimizer sends nothing, so keeps no residuals
-        residuals = o_gpu.state_dict()["hvdlite_topk"]["residuals"]
+        residuals = opt.state_dict()["hvdlite_topk"]["residuals"]
         assert residuals and all(t.is_cuda for t in residuals.values()), residuals
+
 
 if __name__ == "__main__":
     run_cases()
