@@ -355,11 +355,16 @@ void Engine::Route(Request r, int64_t now, RequestList* to_coordinator) {
   // same cycle everywhere and fused together, as the group asks. Where one member is
   // not cached here, the others go to rank 0 with it; RouteInFull evicts their entries
   // on every rank, so that the other ranks' members follow them there.
-  bool cached = !join_outstanding_;
-  for (const Request& m : group) cached = cached && cache_.Lookup(m) >= 0;
-  for (Request& m : group) {
-    if (cached) RouteOne(std::move(m), now, to_coordinator);
-    else RouteInFull(std::move(m), now, to_coordinator);
+  std::vector<int32_t> ids;
+  for (const Request& m : group) {
+    const int32_t id = join_outstanding_ ? -1 : cache_.Lookup(m);
+    if (id < 0) break;
+    ids.push_back(id);
+  }
+  const bool cached = ids.size() == group.size();
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (cached) ToCycle(ids[i], std::move(group[i]), now);
+    else RouteInFull(std::move(group[i]), now, to_coordinator);
   }
 }
 
@@ -382,13 +387,14 @@ bool Engine::FlushHeldGroups(int64_t now, RequestList* to_coordinator) {
 
 void Engine::RouteOne(Request r, int64_t now, RequestList* to_coordinator) {
   const int32_t id = join_outstanding_ ? -1 : cache_.Lookup(r);
-  if (id >= 0) {
-    ++requests_as_ids_;
-    const void* input = CacheCycle::CanCarry(r) ? queue_.InputOf(r.name) : nullptr;
-    cycle_->AddReady(id, std::move(r), now, input);
-    return;
-  }
-  RouteInFull(std::move(r), now, to_coordinator);
+  if (id >= 0) ToCycle(id, std::move(r), now);
+  else RouteInFull(std::move(r), now, to_coordinator);
+}
+
+void Engine::ToCycle(int32_t id, Request r, int64_t now) {
+  ++requests_as_ids_;
+  const void* input = CacheCycle::CanCarry(r) ? queue_.InputOf(r.name) : nullptr;
+  cycle_->AddReady(id, std::move(r), now, input);
 }
 
 void Engine::RouteInFull(Request r, int64_t now, RequestList* to_coordinator) {

@@ -146,6 +146,8 @@ class Engine {
   // coordinator holds a group until it is whole).
   void Route(Request r, int64_t now, RequestList* to_coordinator);
   void RouteOne(Request r, int64_t now, RequestList* to_coordinator);
+  // A request whose signature is cached under `id`: into the next cycle.
+  void ToCycle(int32_t id, Request r, int64_t now);
   void RouteInFull(Request r, int64_t now, RequestList* to_coordinator);
   // Sends the members of groups held longer than kGroupHoldMicros to rank 0 in full.
   bool FlushHeldGroups(int64_t now, RequestList* to_coordinator);

@@ -207,7 +207,7 @@ class _OneBitHandler(_OptimizerHandler):
     unchanged) or laid out again for the new world, never taken from the root."""
 
     def sync(self) -> None:
-        own = self.value.state_dict()["onebit"]
+        own = self.value._error_feedback_state()
         with warnings.catch_warnings():     # the root's buffers are not loaded: no warning
             warnings.filterwarnings("ignore", message="OneBitAdam")
             super().sync()

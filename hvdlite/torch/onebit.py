@@ -271,9 +271,15 @@ class OneBitAdam(torch.optim.Optimizer):
                 at += k
         return loss
 
+    def _error_feedback_state(self) -> dict[str, Any]:
+        """This rank's error-feedback buffers (copies), with whose they are: what
+        :meth:`state_dict` keeps under ``"onebit"``."""
+        return {"rank": self.rank, "world_size": self.world_size, "steps": self.steps,
+                "worker_error": self.worker_error.clone(), "server_error": self.server_error.clone()}
+
     def _follow_world(self, own: dict[str, Any]) -> None:
         """After an elastic sync (``hvd.elastic.TorchState``): lay the error buffers out
-        for the ranks there are now. ``own`` is this rank's ``state_dict()["onebit"]``
+        for the ranks there are now. ``own`` is this rank's :meth:`_error_feedback_state`
         from before the sync: kept where this rank's number and the world's size are
         unchanged, else the buffers start from zero (what they held was this rank's
         share of the old world's exchange; dropping it loses one step's residual)."""
@@ -289,8 +295,7 @@ class OneBitAdam(torch.optim.Optimizer):
         """Adam's state, and this rank's error-feedback buffers (one checkpoint per rank
         resumes the compression exactly)."""
         sd = super().state_dict()
-        sd["onebit"] = {"rank": self.rank, "world_size": self.world_size, "steps": self.steps,
-                        "worker_error": self.worker_error.clone(), "server_error": self.server_error.clone()}
+        sd["onebit"] = self._error_feedback_state()
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -240,9 +240,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """Finish the gradient reduction of this step: afterwards each parameter this rank
         owns has the average (or sum) over ranks of its gradient. ``step()`` calls it
         (once a step: after :meth:`clip_grad_norm_` it does nothing)."""
-        with self._scope():
-            now = _ops.current_rank(), _ops.current_size()
-        if now != (self.rank, self.world_size):
+        if not self._fits_world():
+            with self._scope():
+                now = _ops.current_rank(), _ops.current_size()
             raise RuntimeError(f"ZeroRedundancyOptimizer was built for rank {self.rank} of {self.world_size}, "
                                f"but this is now rank {now[0]} of {now[1]} (an elastic reset?): its shards "
                                f"no longer fit; in an elastic job keep it in hvd.elastic.TorchState, which "

@@ -313,15 +313,24 @@ def check_response_cache(r: int, n: int) -> None:
     assert as_ids == 3, f"{as_ids} of the 3 repeats were agreed through the cache"
 
 
+def cache_hits_from_now():
+    """A function giving how many requests this rank has sent as cache ids since now;
+    None where HVDLITE_CACHE_CAPACITY turns the response cache off."""
+    if int(os.environ.get("HVDLITE_CACHE_CAPACITY", "1024")) == 0:
+        return None
+    core = _basics.core()
+    before = core.stats()["requests_as_ids"]
+    return lambda: core.stats()["requests_as_ids"] - before
+
+
 def check_cache_gathers_and_alltoalls(r: int, n: int) -> None:
     """Allgathers (ranks sending different rows) and alltoalls (with splits) repeated
     under one name are agreed through the response cache, fused in the cycle where
     small, and stay exact when one rank changes its part: that rank's rows, or its
     splits, evict the entry on every rank and the call is negotiated again."""
-    if int(os.environ.get("HVDLITE_CACHE_CAPACITY", "1024")) == 0:
+    hits = cache_hits_from_now()
+    if hits is None:
         return
-    core = _basics.core()
-    before = core.stats()["requests_as_ids"]
     rounds = 8
     for k in range(rounds):
         # Rank n-1 sends one row more from round 4 on: an eviction, then cached again.
@@ -339,7 +348,7 @@ def check_cache_gathers_and_alltoalls(r: int, n: int) -> None:
         np.testing.assert_array_equal(received, sent_to_me, err_msg=f"alltoall received splits round {k}")
         np.testing.assert_array_equal(got, np.concatenate([np.full(sent_to_me[q], 10 * q + r, np.int64)
                                                            for q in range(n)]), err_msg=f"alltoall round {k}")
-    as_ids = core.stats()["requests_as_ids"] - before
+    as_ids = hits()
     # 4 tensors a round. Sent in full on every rank: round 0's 4, round 4's 3 allgathers
     # (evicted), the alltoall of rounds 5 and 6 (its splits changed, then changed back).
     # Everything else goes as an id (a rank whose request matched an entry evicted in
@@ -354,10 +363,9 @@ def check_cache_grouped_allreduces(r: int, n: int) -> None:
     as whole groups, and stay exact when one rank changes a member's shape for a round
     (every member of that group then goes to rank 0 again, on every rank) and when a
     group gains a member (a new group size)."""
-    if int(os.environ.get("HVDLITE_CACHE_CAPACITY", "1024")) == 0:
+    hits = cache_hits_from_now()
+    if hits is None:
         return
-    core = _basics.core()
-    before = core.stats()["requests_as_ids"]
     rounds = 8
     for k in range(rounds):
         # Round 3: rank n-1's member 1 is one element longer on every rank (shapes must
@@ -368,7 +376,7 @@ def check_cache_grouped_allreduces(r: int, n: int) -> None:
         for t, (o, m) in enumerate(zip(outs, sizes)):
             np.testing.assert_allclose(o, np.full(m, sum(q + 10 * t + k for q in range(n))),
                                        err_msg=f"member {t} round {k}")
-    as_ids = core.stats()["requests_as_ids"] - before
+    as_ids = hits()
     # 3 members a round, 4 in round 5. In full: round 0's 3, round 3's 3 (a member
     # changed), round 4's 3 (back to the old shape: that entry was evicted), round 5's
     # 4 and round 6's 3 (a different group size). Rounds 1 and 2 go as ids; round 7's
