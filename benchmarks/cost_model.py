@@ -332,6 +332,10 @@ class Emulation:
     burst: float
     wire: Link
     cores: int = 2
+    # Two ranks alone on two hosts exchange both ways at once over their one TCP
+    # connection; measured (--measure-pair-exchange), such exchanges take this many
+    # times what the rate allows (docs/scale.md, "One connection, both ways").
+    lone_pair: float = 1.0
 
 
 def emulated_cluster(params: dict, rate_name: str) -> tuple[Cluster, Emulation]:
@@ -343,7 +347,9 @@ def emulated_cluster(params: dict, rate_name: str) -> tuple[Cluster, Emulation]:
     shm, em = params["shm"], params["emulated"][rate_name]
     cl = Cluster(name=f"emulated {rate_name}", intra=Link(shm["alpha"], shm["bw"]),
                  inter=Link(em["alpha"], em["wire_bw"]), nics=1 << 20, gamma=shm["gamma"])
-    return cl, Emulation(rate=em["rate"], burst=em["burst"], wire=cl.inter, cores=params.get("cores", 2))
+    pair = max(1.0, params.get("pair_exchange", {}).get(rate_name, {}).get("factor", 1.0))
+    return cl, Emulation(rate=em["rate"], burst=em["burst"], wire=cl.inter, cores=params.get("cores", 2),
+                         lone_pair=pair)
 
 
 def _one_per_host(cl: Cluster, H: int, s: float, streams: int, rd_max: float) -> tuple[float, float]:
@@ -431,7 +437,7 @@ def bench_reps(S: float, max_reps: int = 20, budget: float = 512 * MiB) -> int:
 
 
 def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: float, S: float,
-                  overhead: float, max_reps: int = 20) -> tuple[float, str]:
+                  overhead: float, max_reps: int = 20, pair_pieces: int = 1) -> tuple[float, str]:
     """Turns an algorithm's alpha-beta time on the emulated hosts (`path`, with the
     inter-host links at wire speed) into a predicted median of bench_hosts.py.
 
@@ -441,7 +447,11 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
       ops of a repetition need more tokens than refill meanwhile, the bucket drains after
       burst/deficit repetitions. If it still holds tokens for the median repetition the
       link is not the limit (`burst`); otherwise the link's payload rate is, and the
-      time is at least link_bytes/rate (`rate`)."""
+      time is at least link_bytes/rate (`rate`).
+    - `pair_pieces`: the link carries one pair of ranks exchanging both ways over one
+      TCP connection (2 hosts x 1 rank), in this many pieces back to back. The first
+      starts with the ranks in step; each later one takes em.lone_pair times what the
+      rate allows (measured: docs/scale.md, "One connection, both ways")."""
     t = (path + overhead) * max(1.0, P / em.cores)
     if link_bytes <= 0:
         return t, "one host"
@@ -449,7 +459,8 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
     reps = bench_reps(S, max_reps)
     if deficit <= 0 or em.burst / deficit >= 2 + reps / 2:
         return t, "burst"
-    return max(t, link_bytes / em.rate), "rate"
+    pairs = max(1, pair_pieces)
+    return max(t, link_bytes / em.rate * (1 + (pairs - 1) * em.lone_pair) / pairs), "rate"
 
 
 # ================================================================ measuring the parameters
@@ -622,6 +633,37 @@ def _reduction_speed(comm, sizes: list[int]) -> dict:
     return out
 
 
+def _pair_exchanges(comm, rate_bytes: float, piece: int = 2 * MiB, rings: int = 32) -> dict:
+    """Two ranks on two emulated hosts run what hvdlite's flat ring does with them: per
+    4 MiB piece, exchange 2 MiB both ways, add, exchange 2 MiB both ways, back to back.
+    Each exchange's time against what the rate allows for it (piece / rate), with the
+    bucket drained first. hvdlite was initialized before (as in every benchmark), so
+    its first messages opened the ranks' one TCP connection."""
+    import numpy as np
+    from mpi4py import MPI
+    peer = 1 - comm.Get_rank()
+    n = piece // 4
+    data = np.ones(2 * n, np.float32)
+    inc = np.empty(n, np.float32)
+    mine, give = (data[:n], data[n:]) if comm.Get_rank() == 0 else (data[n:], data[:n])
+    times = []
+    for r in range(rings + 4):  # the first 4 drain the bucket
+        t0 = time.perf_counter()
+        comm.Sendrecv([give, MPI.FLOAT], peer, 31, [inc, MPI.FLOAT], peer, 31)
+        t1 = time.perf_counter()
+        np.add(mine, inc, out=mine)
+        t2 = time.perf_counter()
+        comm.Sendrecv([mine, MPI.FLOAT], peer, 32, [give, MPI.FLOAT], peer, 32)
+        t3 = time.perf_counter()
+        data.fill(1.0)
+        if r >= 4:
+            times += [t1 - t0, t3 - t2]
+    ideal = piece / rate_bytes
+    return {"piece": piece, "exchanges": len(times), "ideal_s": ideal,
+            "median_s": statistics.median(times), "factor": sum(times) / (len(times) * ideal),
+            "slow_fraction": sum(1 for t in times if t > 1.5 * ideal) / len(times)}
+
+
 def measure_worker(kind: str, rate: str) -> None:
     """Runs inside a 2-rank job (`intra`: one host; `inter`: one rank on each of two
     emulated hosts) and prints rank 0's findings as one RESULT line."""
@@ -630,7 +672,13 @@ def measure_worker(kind: str, rate: str) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     res: dict = {"kind": kind, "hosts": comm.allgather(MPI.Get_processor_name())}
-    if kind == "mpibytes":     # one rank on each of 4 emulated hosts
+    if kind == "pairx":        # one rank on each of 2 emulated hosts
+        import hvdlite as hvd
+        from tests.hosts.emulated import _rate_bytes
+        hvd.init()
+        res["pair_exchange"] = _pair_exchanges(comm, _rate_bytes(rate))
+        hvd.shutdown()
+    elif kind == "mpibytes":     # one rank on each of 4 emulated hosts
         res["ranks"] = comm.Get_size()
         res["tx_bytes_per_op"] = _mpi_link_bytes(comm, MPI_BYTES_SIZES)
     elif kind == "intra":
@@ -872,6 +920,32 @@ def run_measure_mpi_bytes(out: Path) -> dict:
     return params
 
 
+def run_measure_pair_exchange(rates: list[str], rounds: int, out: Path) -> dict:
+    """How long a pair of ranks alone on two emulated hosts takes for hvdlite's ring
+    exchanges (_pair_exchanges), per rate: the median over `rounds` jobs of the factor
+    over the rate, stored in the parameters as `pair_exchange`."""
+    sys.path.insert(0, str(REPO))
+    from tests.hosts.emulated import EmulatedHosts
+    params = json.loads(out.read_text())
+    found = params.setdefault("pair_exchange", {})
+    for rate in rates:
+        runs = []
+        for _ in range(rounds):
+            with EmulatedHosts(2, rate) as hosts:
+                runs.append(_launch_worker("pairx", rate, hosts)["pair_exchange"])
+        found[rate] = {
+            "measured": _now(), "rounds": runs,
+            "how": "python benchmarks/cost_model.py --measure-pair-exchange: 2 hosts x 1 rank, hvdlite "
+                   "initialized, 64 back-to-back 2 MiB exchanges both ways (hvdlite's ring on 4 MiB pieces); "
+                   "factor = their total time / (64 x 2 MiB / rate), the median of the rounds",
+            "factor": statistics.median(r["factor"] for r in runs),
+            "slow_fraction": statistics.median(r["slow_fraction"] for r in runs)}
+        print(f"measure: {rate}, 2 hosts x 1: 2 MiB exchanges take {found[rate]['factor']:.2f} x the rate's time "
+              f"({found[rate]['slow_fraction']:.0%} of them over 1.5 x)", flush=True)
+    out.write_text(json.dumps(params, indent=1))
+    return params
+
+
 def _machine_busy_seconds() -> float:
     """CPU seconds the whole machine has spent in user and system mode since boot."""
     with open("/proc/stat") as f:
@@ -1033,7 +1107,11 @@ def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
             if mode not in models:
                 continue
             path, link_bytes, used = models[mode]
-            t, regime = emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else over, max_reps)
+            # A lone pair (2 x 1): hvdlite's ring pieces follow each other back to back.
+            # Open MPI's segments are not modelled, so its column gets no such term.
+            pieces = len(_pieces(S, HVD_FLAT_PIECE)) if (H, G) == (2, 1) and mode != "mpi" else 1
+            t, regime = emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else over, max_reps,
+                                      pair_pieces=pieces)
             row[f"{mode}_model_s"] = t
             row[f"{mode}_regime"] = regime
             row[f"{mode}_algorithm"] = "+".join(used)
@@ -1309,6 +1387,9 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
         sent = ", ".join(f"{fmt_b(int(k))}: {v:.2f}" for k, v in sorted(one["tx_over_size"].items(), key=lambda kv: int(kv[0])))
         out.append(f"| `MPI_Allreduce`, 4 hosts × 1 rank: bytes each host sends ÷ S (frames with headers) | {sent}; "
                    f"recursive doubling below {fmt_b(one['rd_max'])} |")
+    for rate, pair in sorted(params.get("pair_exchange", {}).items()):
+        out.append(f"| 2 hosts × 1 rank, {rate}: 2 MiB exchanges back to back ÷ what the rate allows "
+                   f"(share over 1.5 ×) | {pair['factor']:.2f} ({pair['slow_fraction']:.0%}) |")
     out.append("")
     # validation
     out.append("| config | size | flat: measured | model | error | two-level: measured | model | error | "
@@ -1517,6 +1598,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="1gbit,10gbit", help="emulated link rates to measure")
     p.add_argument("--measure-mpi-bytes", action="store_true",
                    help="measure what Open MPI's allreduce sends per host, 4 hosts x 1 rank, into --params (root)")
+    p.add_argument("--measure-pair-exchange", action="store_true",
+                   help="measure, per --rates, how long a lone pair's ring exchanges take across 2 hosts (root)")
     p.add_argument("--validate", action="store_true", help="run bench_hosts.py on emulated hosts (root)")
     p.add_argument("--configs", default=VALIDATE_CONFIGS, help="for --validate: HxG@RATE,...")
     p.add_argument("--sizes", default=VALIDATE_SIZES, help="for --validate")
@@ -1528,7 +1611,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot-dir", default=str(DOCS))
     p.add_argument("--no-json", action="store_true", help="tables only")
     p.add_argument("--markdown", action="store_true", help="print docs/scale.md's tables in Markdown instead")
-    p.add_argument("--measure-worker", choices=["intra", "inter", "mpibytes"], help=argparse.SUPPRESS)
+    p.add_argument("--measure-worker", choices=["intra", "inter", "mpibytes", "pairx"], help=argparse.SUPPRESS)
     p.add_argument("--rate", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.measure_worker:
@@ -1539,6 +1622,8 @@ def main(argv: list[str] | None = None) -> int:
         run_measure([r for r in args.rates.split(",") if r], args.rounds, Path(args.params))
     if args.measure_mpi_bytes:
         run_measure_mpi_bytes(Path(args.params))
+    if args.measure_pair_exchange:
+        run_measure_pair_exchange([r for r in args.rates.split(",") if r], args.rounds, Path(args.params))
     if args.validate:
         run_validation(args.configs, args.sizes, args.rounds, Path(args.validation_file), args.max_reps)
     if not Path(args.params).exists():

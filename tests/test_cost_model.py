@@ -201,6 +201,11 @@ def test_emulated_time_regimes():
     # 64 MB through the link: the bucket is gone at once, the rate holds
     t, regime = cm.emulated_time(cl, em, 4, 1e-3, 64e6, 64 * MiB, 0.0)
     assert regime == "rate" and close(t, 64e6 / 100e6)
+    # A lone pair in 16 pieces: the first at the rate, the other 15 at the measured factor
+    pair = cm.Emulation(rate=100e6, burst=1e6, wire=cl.inter, cores=2, lone_pair=1.5)
+    t, regime = cm.emulated_time(cl, pair, 2, 1e-3, 64e6, 64 * MiB, 0.0, pair_pieces=16)
+    assert regime == "rate" and close(t, 64e6 / 100e6 * (1 + 15 * 1.5) / 16)
+    assert close(cm.emulated_time(cl, pair, 2, 1e-3, 64e6, 64 * MiB, 0.0)[0], 64e6 / 100e6)
 
 
 def test_efficiency():

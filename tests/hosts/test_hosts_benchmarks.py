@@ -99,3 +99,22 @@ def test_64mib_allreduce_through_hvdlite_run_H(hosts: EmulatedHosts, monkeypatch
     print(f"\n64 MiB allreduce, 2 hosts x 2 ranks at {hosts.rate}, HOROVOD_HIERARCHICAL_ALLREDUCE={mode}: "
           f"hvdlite {hv:.3f} s ({hv / floor:.2f} x the link floor {floor:.3f} s), "
           f"MPI_Allreduce {mpi:.3f} s ({mpi / floor:.2f} x), hvdlite / MPI {hv / mpi:.3f}")
+
+
+def test_cost_model_measures_a_lone_pair_across_two_hosts(tmp_path: Path) -> None:
+    """``cost_model.py --measure-pair-exchange`` runs its probe on 2 emulated hosts and
+    stores, per rate, how long the 64 exchanges took against what the rate allows."""
+    params = tmp_path / "params.json"
+    params.write_text((REPO / "benchmarks" / "cost_model_params.json").read_text())
+    cmd = [sys.executable, str(REPO / "benchmarks" / "cost_model.py"), "--measure-pair-exchange",
+           "--rates", "1gbit", "--rounds", "1", "--params", str(params), "--no-json"]
+    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    found = json.loads(params.read_text())["pair_exchange"]["1gbit"]
+    (run,) = found["rounds"]
+    assert run["exchanges"] == 64 and run["piece"] == 2 << 20
+    assert run["ideal_s"] == pytest.approx((2 << 20) / _rate_bytes("1gbit"))
+    # No exchange beats the token bucket's rate for long: 128 MiB cannot pass in much
+    # less than the rate's time, so the factor cannot be far below 1.
+    assert 0.9 < found["factor"] < 4 and 0.0 <= found["slow_fraction"] <= 1.0
+    print(proc.stdout[-500:])
