@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backends/mpi/exchange.h"
 #include "half.h"
 #include "membership.h"
 
@@ -83,9 +84,8 @@ void AdasumAllreduce::RunTyped(T* data, int64_t count) {
     const int64_t keep_len = lower ? first : second;
     const int64_t give_off = lower ? offsets[k] + first : offsets[k];
     const int64_t give_len = lower ? second : first;
-    CheckMpi(MPI_Sendrecv(data + give_off, static_cast<int>(give_len * sizeof(T)), bytes, partner, 0, theirs,
-                          static_cast<int>(keep_len * sizeof(T)), bytes, partner, 0, comm_, MPI_STATUS_IGNORE),
-             "MPI_Sendrecv (Adasum)");
+    Exchange(data + give_off, static_cast<int>(give_len * sizeof(T)), partner, theirs,
+             static_cast<int>(keep_len * sizeof(T)), partner, bytes, 0, comm_, "MPI exchange (Adasum)");
     // a: the lower block's vector, b: the upper block's, as every rank of the level sees them.
     T* mine = data + keep_off;
     const T* a = lower ? mine : theirs;
@@ -113,10 +113,8 @@ void AdasumAllreduce::RunTyped(T* data, int64_t count) {
     const int64_t first = lengths[k] / 2, second = lengths[k] - first;
     const int64_t recv_off = lower ? offsets[k] + first : offsets[k];
     const int64_t recv_len = lower ? second : first;
-    CheckMpi(MPI_Sendrecv(data + offsets[k + 1], static_cast<int>(lengths[k + 1] * sizeof(T)), bytes, partner, 1,
-                          data + recv_off, static_cast<int>(recv_len * sizeof(T)), bytes, partner, 1, comm_,
-                          MPI_STATUS_IGNORE),
-             "MPI_Sendrecv (Adasum)");
+    Exchange(data + offsets[k + 1], static_cast<int>(lengths[k + 1] * sizeof(T)), partner, data + recv_off,
+             static_cast<int>(recv_len * sizeof(T)), partner, bytes, 1, comm_, "MPI exchange (Adasum)");
   }
 }
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backends/mpi/exchange.h"
 #include "backends/mpi/reduce_ops.h"
 #include "membership.h"
 
@@ -82,7 +83,7 @@ void MpiCollectives::Allreduce(const void* sendbuf, void* recvbuf, int64_t count
 // phase, out of place the input is read where it lies (never copied to the output
 // first), and a scale factor costs no pass of its own; docs/architecture.md has the
 // measurements against MPI_Allreduce. Every segment is reduced on one rank only, so all
-// ranks get the same bits. The transfers are MPI_Sendrecv of the element type, which
+// ranks get the same bits. The transfers are exchanges (exchange.h) of the element type, which
 // Open MPI carries between processes of one host as a single copy (CMA).
 void MpiCollectives::RingAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dt, ReduceOp op,
                                    double postscale) {
@@ -118,9 +119,8 @@ RingSegment MpiCollectives::RingReduceScatter(const void* sendbuf, void* recvbuf
     const int send_seg = ((rank_ - s) % n + n) % n;
     const int recv_seg = ((rank_ - s - 1) % n + n) % n;
     const void* from = s == 0 ? at(sendbuf, cut.offset(send_seg)) : at(recvbuf, cut.offset(send_seg));
-    Check(MPI_Sendrecv(from, static_cast<int>(cut.length(send_seg)), type, right, 0, incoming,
-                       static_cast<int>(cut.length(recv_seg)), type, left, 0, comm_, MPI_STATUS_IGNORE),
-          "Sendrecv");
+    Exchange(from, static_cast<int>(cut.length(send_seg)), right, incoming, static_cast<int>(cut.length(recv_seg)),
+             left, type, 0, comm_, "MPI exchange (ring reduce-scatter)");
     const int64_t off = cut.offset(recv_seg);
     ReduceScaled(at(recvbuf, off), at(sendbuf, off), incoming, cut.length(recv_seg), dt, op,
                  s == n - 2 ? postscale : 1.0);
@@ -140,10 +140,9 @@ void MpiCollectives::RingAllgather(void* recvbuf, int64_t count, DataType dt) {
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = ((rank_ + 1 - s) % n + n) % n;
     const int recv_seg = ((rank_ - s) % n + n) % n;
-    Check(MPI_Sendrecv(buf + cut.offset(send_seg) * es, static_cast<int>(cut.length(send_seg)), type, right, 1,
-                       buf + cut.offset(recv_seg) * es, static_cast<int>(cut.length(recv_seg)), type, left, 1,
-                       comm_, MPI_STATUS_IGNORE),
-          "Sendrecv");
+    Exchange(buf + cut.offset(send_seg) * es, static_cast<int>(cut.length(send_seg)), right,
+             buf + cut.offset(recv_seg) * es, static_cast<int>(cut.length(recv_seg)), left, type, 1, comm_,
+             "MPI exchange (ring allgather)");
   }
 }
 
