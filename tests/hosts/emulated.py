@@ -22,9 +22,11 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 # The stand-in for ssh. Open MPI runs ``AGENT [ssh options] HOST COMMAND...``; COMMAND is
@@ -83,9 +85,18 @@ def _free_subnet() -> int:
     raise RuntimeError("no free 10.77.N.0/24 subnet for emulated hosts")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 class SetUpAndTearDown:
     """A context manager over ``up()`` and ``down()``: ``down()`` also runs when ``up()``
-    fails halfway, so nothing it made is left behind."""
+    fails halfway, so nothing it made is left behind. While it is entered (from the main
+    thread, where SIGTERM still has its default action) SIGTERM exits through
+    ``SystemExit``, so that ``kill PID`` of a benchmark also runs ``down()`` instead of
+    leaving namespaces, links and a bridge behind."""
+
+    _sigterm: object = None
 
     def up(self) -> None:
         raise NotImplementedError
@@ -94,15 +105,26 @@ class SetUpAndTearDown:
         raise NotImplementedError
 
     def __enter__(self):
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self.up()
         except BaseException:
-            self.down()
+            self._leave()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.down()
+        self._leave()
+
+    def _leave(self) -> None:
+        try:
+            self.down()
+        finally:
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
 
 
 class EmulatedHosts(SetUpAndTearDown):

@@ -323,3 +323,30 @@ def test_torch_digits_example_trains_across_two_hosts(hosts: EmulatedHosts, tmp_
     assert got.keys() == ref_params.keys()
     for k in got:
         np.testing.assert_allclose(got[k], ref_params[k], rtol=1e-8, atol=1e-10, err_msg=k)
+
+
+def test_sigterm_tears_the_hosts_down() -> None:
+    """``kill`` of a command running on emulated hosts (as of a benchmark someone stops)
+    still removes the namespaces: SIGTERM exits through the context manager."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.hosts.emulated", "--hosts", "2", "--", "sleep", "60"],
+                            cwd=REPO, env=job_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("emulated hosts h1, h2"), line
+        tag = f"hvd{proc.pid % 100000}-"
+
+        def ours() -> list[str]:
+            out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            return [l.split()[0] for l in out.splitlines() if l.startswith(tag)]
+        assert sorted(ours()) == [tag + "h1", tag + "h2"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        time.sleep(0.2)
+        assert ours() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
