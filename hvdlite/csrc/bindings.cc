@@ -930,6 +930,7 @@ PYBIND11_MODULE(_core, m) {
     d["control_bytes_sent"] = s.control_bytes_sent;
     d["control_bytes_received"] = s.control_bytes_received;
     d["waits_driven"] = s.waits_driven;
+    d["waits_handed_back"] = s.waits_handed_back;
     d["huge_page_extents"] = s.huge_page_extents;
     d["device_collectives"] = s.device_collectives;
     d["tunables_applied"] = s.tunables_applied;

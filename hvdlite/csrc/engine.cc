@@ -115,7 +115,13 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, in
   // Polling without sleeping only pays while every rank on this host has a core to
   // itself; with more ranks than cores it would take time from a rank that computes.
   spin_us_ = (cores == 0 || static_cast<unsigned>(topology_->local_size()) <= cores) ? params_.spin_us : 0;
-  if (spin_us_ > 0) handles_->SetWaiterHook(process_set_, [this] { queue_.Wake(); });
+  // A blocked caller runs the engine itself unless polling is turned off (spin_us 0).
+  // With more ranks than cores it yields the core at every poll (as Open MPI's
+  // mpi_yield_when_idle does) and hands the wait back after a cycle time without
+  // progress: there the background thread's hand-overs and sleeps between polls cost
+  // each step of a small collective a scheduler round trip (docs/scale.md).
+  drive_ = params_.spin_us > 0;
+  if (drive_) handles_->SetWaiterHook(process_set_, [this] { queue_.Wake(); });
   if (spin_us_ > 0 && params_.malloc_tuning) TuneHostAllocator();
   InitReduceOps();
   registry_ = std::make_unique<BackendRegistry>(params_);
@@ -211,7 +217,7 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
     const std::string problem = PrepareGpuRequest(e, stream);
     if (!problem.empty()) e.request.error = RequestLabel(e.request.type, e.request.name) + ": " + problem;
   }
-  if (!queue_.Push(e, /*wake=*/!(caller_waits && spin_us_ > 0))) {  // refused: `e` is intact
+  if (!queue_.Push(e, /*wake=*/!(caller_waits && drive_))) {  // refused: `e` is intact
     handles_->Release(h);
     throw DuplicateName(RequestLabel(e.request.type, e.request.name) + ": a " + RequestTypeName(e.request.type) +
                         " with this name is already in flight on rank " + std::to_string(rank()) +
@@ -263,6 +269,7 @@ Engine::Stats Engine::GetStats() const {
   s.control_bytes_sent = channel_->bytes_sent();
   s.control_bytes_received = channel_->bytes_received();
   s.waits_driven = waits_driven_;
+  s.waits_handed_back = waits_handed_back_;
   s.huge_page_extents = mpi_->huge_page_extents();
   s.device_collectives = device_collectives_;
   std::lock_guard<std::mutex> lk(tunables_mu_);
@@ -819,12 +826,14 @@ void Engine::Loop() {
 }
 
 // The caller's thread runs the engine until `h` is done, if the background thread is
-// not running it right now. It polls without sleeping, which is only done while every
-// rank of the host has a core to itself (spin_us_ > 0); the caller's core would
-// otherwise sit idle in the wait. Shutdown and failures are left to the background
-// thread, which is woken whenever the caller leaves work behind.
+// not running it right now: the caller's core would otherwise sit idle in the wait.
+// While every rank of the host has a core to itself (spin_us_ > 0) it polls without
+// sleeping until `h` is done. With more ranks than cores it yields at every poll and
+// gives up after a cycle time without progress (a slow peer), leaving the wait to the
+// background thread, which sleeps between polls. Shutdown and failures are left to the
+// background thread, which is woken whenever the caller leaves work behind.
 void Engine::Drive(int64_t h) {
-  if (spin_us_ == 0) return;
+  if (!drive_) return;
   // Only an idle engine is taken over. While the background thread is busy (async
   // requests in flight) it notices results the moment they are in, and taking the
   // lock from it would only add hand-overs between the two threads; the caller then
@@ -836,13 +845,19 @@ void Engine::Drive(int64_t h) {
     // Poll without yielding for the first spin_us_ after the last progress: a yield
     // costs a system call each time (~0.7 us here), which would add to every hop of
     // the negotiation. Past that the peer is slow, and the core is offered to others.
+    const int64_t give_up_us = spin_us_ > 0 ? -1 : static_cast<int64_t>(params_.cycle_time_ms * 1000);
     int64_t last_progress = NowMicros();
     while (running_ && !shutting_down_ && !fatal_ && !handles_->Poll(h)) {
       if (Step()) {
         last_progress = NowMicros();
-      } else if (NowMicros() - last_progress >= spin_us_) {
-        std::this_thread::yield();
+        continue;
       }
+      const int64_t idle = NowMicros() - last_progress;
+      if (give_up_us >= 0 && idle >= give_up_us) {
+        ++waits_handed_back_;
+        break;
+      }
+      if (idle >= spin_us_) std::this_thread::yield();
     }
   } catch (const std::exception&) {
     fatal_ = std::current_exception();

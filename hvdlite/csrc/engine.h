@@ -103,6 +103,7 @@ class Engine {
     int64_t control_bytes_sent = 0;   // bytes this rank sent on the control plane
     int64_t control_bytes_received = 0;
     int64_t waits_driven = 0;         // blocking waits in which the caller ran the engine itself
+    int64_t waits_handed_back = 0;    // of those, left to the background thread (ranks outnumber cores)
     int64_t huge_page_extents = 0;    // 2 MiB extents of reused buffers remapped as huge pages
     int64_t device_collectives = 0;   // responses queued on a GPU
     int64_t tunables_applied = 0;     // autotuner settings applied (HOROVOD_AUTOTUNE)
@@ -255,7 +256,9 @@ class Engine {
   int64_t last_stall_check_us_ = 0;
   int64_t last_stall_report_us_ = 0;
   std::atomic<int64_t> requests_in_full_{0}, requests_as_ids_{0}, waits_driven_{0}, device_collectives_{0};
+  std::atomic<int64_t> waits_handed_back_{0};
   int64_t spin_us_ = 0;  // see Parameters::spin_us; 0 when ranks outnumber cores
+  bool drive_ = false;   // a blocked caller runs the engine itself (Engine::Drive)
 };
 
 }  // namespace hvdlite

@@ -63,8 +63,9 @@ struct Parameters {
   // is blocked waiting on a result (its core is idle then). Otherwise it sleeps
   // between polls, backing off up to the cycle time, so that it takes no time from
   // computation. A caller that runs the engine itself (Engine::Drive) polls without
-  // even yielding for this long after progress. 0 turns polling without sleeping off;
-  // it is also off when this host runs more ranks than it has cores.
+  // even yielding for this long after progress. 0 turns polling without sleeping off.
+  // When this host runs more ranks than it has cores, only a caller that runs the
+  // engine polls, yielding its core at every poll, for at most the cycle time.
   int64_t spin_us = 50;
   // Raise glibc's malloc thresholds to the ceiling its own adaptive policy reaches
   // (see TuneHostAllocator in engine.cc). HVDLITE_MALLOC_TUNING=0 leaves malloc alone.
