@@ -131,6 +131,10 @@ def worker(args: argparse.Namespace) -> None:
             hvd.init()
             for s in sizes:
                 reps = max(args.min_reps, min(args.max_reps, int(args.budget_bytes / s / args.rounds)))
+                # Every size starts with the links' token buckets full (tests/hosts/emulated.py
+                # sizes them to 10 ms at the link's rate), whatever the size before it moved.
+                comm.Barrier()
+                time.sleep(args.refill)
                 for rep in range(reps + args.warmup):
                     comm.Barrier()
                     t0 = time.perf_counter()
@@ -173,7 +177,7 @@ def run_config(config: str, args: argparse.Namespace) -> dict:
                "-H", hosts.host_spec(per_host), sys.executable, str(Path(__file__).resolve()),
                "--worker", "--op", args.op, "--sizes", args.sizes, "--rounds", str(args.rounds),
                "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps),
-               "--warmup", str(args.warmup), "--budget-bytes", str(args.budget_bytes)]
+               "--warmup", str(args.warmup), "--budget-bytes", str(args.budget_bytes), "--refill", str(args.refill)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -238,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-reps", type=int, default=20, help="and at most")
     p.add_argument("--budget-bytes", type=float, default=512 << 20,
                    help="timed repetitions per size: about this many bytes over all rounds")
+    p.add_argument("--refill", type=float, default=0.05,
+                   help="seconds idle before each size, so that it starts with the token buckets full")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--json-out", default="")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -61,6 +61,12 @@ HVD_FLAT_PIECE = 4 * MiB          # HVDLITE_HOST_CHUNK_BYTES: a flat allreduce r
 HVD_TWO_LEVEL_PIECE = 2 * MiB     # HVDLITE_HIERARCHICAL_CHUNK_BYTES
 HVD_RING_MIN_SEGMENT = 256 * KiB  # HVDLITE_RING_MIN_SEGMENT_BYTES: below, MPI_Allreduce instead of the ring
 HVD_TWO_LEVEL_MIN = 64 * KiB      # default: two-level from 64 KiB on
+# The steady state's cycle (cache_cycle.cc, bit_allreduce.cc): one recursive-doubling
+# allreduce over all ranks of 36 words (its header, the ready and evict bits of the
+# 1,024-entry cache, the payload's key and length), which also carries a cached Sum or
+# Average allreduce of up to CacheCycle::kMaxCarriedBytes.
+HVD_CYCLE_BYTES = 36 * 8
+HVD_CARRY_MAX = 16 * KiB
 ELEMENT = 4                       # float32
 
 
@@ -84,14 +90,36 @@ class Cluster:
     nics: int = 1
     gamma: float = 0.0
     note: str = ""
+    # Measured exchanges of small messages between hosts, ((bytes, seconds), ...) by size:
+    # where per-message costs rule rather than alpha + bytes/bw (TCP between the emulated
+    # hosts). Empty: alpha + bytes/bw at every size.
+    inter_small: tuple[tuple[float, float], ...] = ()
 
     def stream_bw(self, streams: int) -> float:
         """Bandwidth of each of `streams` concurrent streams leaving (or entering) a host."""
         return self.inter.bw * min(1.0, self.nics / max(1, streams))
 
+    def inter_exchange(self, s: float, streams: int = 1) -> float:
+        """Two ranks on two hosts send each other s bytes at once (one step of recursive
+        doubling or halving): measured where inter_small covers s (interpolated between
+        its sizes), else alpha + s / the stream's bandwidth."""
+        if self.inter_small and s <= self.inter_small[-1][0]:
+            return interpolate(self.inter_small, s)
+        return self.inter.alpha + s / self.stream_bw(streams)
+
     @property
     def host_bw(self) -> float:
         return self.inter.bw * self.nics
+
+
+def interpolate(table: tuple[tuple[float, float], ...], s: float) -> float:
+    """Linear interpolation in ((x, y), ...) sorted by x; below the first x, its y."""
+    if s <= table[0][0]:
+        return table[0][1]
+    for (s0, t0), (s1, t1) in zip(table, table[1:]):
+        if s <= s1:
+            return t0 + (t1 - t0) * (s - s0) / (s1 - s0)
+    return table[-1][1]
 
 
 def log2ceil(n: int) -> int:
@@ -156,9 +184,13 @@ def cross_allreduce(cl: Cluster, H: int, s: float, streams: int, alg: str = "rin
     if alg == "ring":
         return ring_allreduce(H, s, a, bw, cl.gamma)
     if alg == "rd":
-        return log2ceil(H) * (a + s / bw + s * cl.gamma)
-    if alg == "rabenseifner":
-        return 2 * log2ceil(H) * a + 2 * (H - 1) / H * s / bw + (H - 1) / H * s * cl.gamma
+        return log2ceil(H) * (cl.inter_exchange(s, streams) + s * cl.gamma)
+    if alg == "rabenseifner":  # halving, then doubling: two exchanges of each piece s/2, s/4, ...
+        t, piece = 0.0, s
+        for _ in range(log2ceil(H)):
+            piece /= 2
+            t += 2 * cl.inter_exchange(piece, streams) + piece * cl.gamma
+        return t
     if alg == "mpi":  # what an MPI library picks for a small or middle size: the faster of these two
         return min(cross_allreduce(cl, H, s, streams, x) for x in ("rd", "rabenseifner"))
     if alg == "best":
@@ -345,41 +377,70 @@ def emulated_cluster(params: dict, rate_name: str) -> tuple[Cluster, Emulation]:
     which emulated_time() applies to the whole path. Each parameter was measured with 2
     ranks on the 2 cores, i.e. uncontended."""
     shm, em = params["shm"], params["emulated"][rate_name]
+    small = params.get("small_messages", {}).get(rate_name, {}).get("exchange_s", {})
     cl = Cluster(name=f"emulated {rate_name}", intra=Link(shm["alpha"], shm["bw"]),
-                 inter=Link(em["alpha"], em["wire_bw"]), nics=1 << 20, gamma=shm["gamma"])
+                 inter=Link(em["alpha"], em["wire_bw"]), nics=1 << 20, gamma=shm["gamma"],
+                 inter_small=tuple(sorted((float(k), v) for k, v in small.items())))
     pair = max(1.0, params.get("pair_exchange", {}).get(rate_name, {}).get("factor", 1.0))
     return cl, Emulation(rate=em["rate"], burst=em["burst"], wire=cl.inter, cores=params.get("cores", 2),
                          lone_pair=pair)
 
 
-def _one_per_host(cl: Cluster, H: int, s: float, streams: int, rd_max: float) -> tuple[float, float]:
+@dataclass(frozen=True)
+class OpenMpiRules:
+    """Which algorithm Open MPI's MPI_Allreduce runs among ranks on different hosts, as
+    measured on the emulated hosts. `rd_max`: with more than two such ranks, recursive
+    doubling below this size, above it an algorithm that sends 2(H-1)/H of the buffer
+    per rank, taken as Rabenseifner's (--measure-mpi-bytes). `two_rank_steps`: with two,
+    how many exchanges it makes, ((bytes, 1 or 2), ...) by size (--measure-small): one
+    is recursive doubling, two are halving and doubling (each half the buffer)."""
+    rd_max: float = math.inf
+    two_rank_steps: tuple[tuple[float, int], ...] = ()
+
+    def algorithm(self, H: int, s: float) -> str:
+        if H <= 2:
+            measured = [steps for size, steps in self.two_rank_steps if size <= s]
+            last = self.two_rank_steps[-1][0] if self.two_rank_steps else 0
+            return "rabenseifner" if measured and s <= last and measured[-1] == 2 else "rd"
+        return "rd" if s < self.rd_max else "rabenseifner"
+
+
+def open_mpi_rules(params: dict, rate_name: str) -> OpenMpiRules:
+    """OpenMpiRules from the measured parameters (--measure-mpi-bytes, --measure-small)."""
+    steps = params.get("small_messages", {}).get(rate_name, {}).get("mpi_steps", {})
+    return OpenMpiRules(rd_max=params.get("mpi_one_per_host", {}).get("rd_max", math.inf),
+                        two_rank_steps=tuple(sorted((float(k), int(v)) for k, v in steps.items())))
+
+
+def _one_per_host(cl: Cluster, H: int, s: float, streams: int,
+                  mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float]:
     """Open MPI's MPI_Allreduce of s bytes among H ranks on H hosts (tuned), while
-    `streams` such run at once from each host: recursive doubling below `rd_max` bytes
-    (measured: --measure-mpi-bytes), above it an algorithm that sends 2(H-1)/H * s per
-    rank, taken as Rabenseifner's. (time, bytes each of the streams sends)"""
-    if s < rd_max or H <= 2:
-        return cross_allreduce(cl, H, s, streams, "rd"), log2ceil(H) * s
-    return cross_allreduce(cl, H, s, streams, "rabenseifner"), 2 * (H - 1) / H * s
+    `streams` such run at once from each host, with the algorithm `mpi` says.
+    (time, bytes each of the streams sends)"""
+    alg = mpi.algorithm(H, s)
+    sent = log2ceil(H) * s if alg == "rd" else 2 * (H - 1) / H * s
+    return cross_allreduce(cl, H, s, streams, alg), sent
 
 
-def _mpi_small(cl: Cluster, H: int, G: int, c: float, rd_max: float = math.inf) -> tuple[float, float]:
+def _mpi_small(cl: Cluster, H: int, G: int, c: float, mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float]:
     """What an MPI_Allreduce of c bytes (below hvdlite's ring threshold) is modelled as.
     Open MPI 5 gives a communicator spanning several hosts with several ranks each to
     its HAN component (priority 35 over tuned's 30, `ompi_info --param coll all`):
-    reduce in the host, allreduce among one leader per host, broadcast in the host; the
-    leaders' small allreduce is taken as recursive doubling. One rank per host: tuned's
-    choice (_one_per_host). Returns (time, bytes per host link and direction)."""
+    reduce in the host, allreduce among one leader per host (the algorithm `mpi` says
+    for H ranks), broadcast in the host. One rank per host: tuned's choice
+    (_one_per_host). Returns (time, bytes per host link and direction)."""
     if G > 1 and H > 1:
-        return leader(cl, H, G, c, "rd"), log2ceil(H) * c
+        return leader(cl, H, G, c, mpi.algorithm(H, c)), log2ceil(H) * c
     if G == 1 and H > 1:
-        return _one_per_host(cl, H, c, 1, rd_max)
+        return _one_per_host(cl, H, c, 1, mpi)
     return recursive_doubling(cl, H, G, c), log2ceil(H) * G * c
 
 
-def hvdlite_flat(cl: Cluster, H: int, G: int, S: float, rd_max: float = math.inf) -> tuple[float, float, list[str]]:
+def hvdlite_flat(cl: Cluster, H: int, G: int, S: float,
+                 mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float, list[str]]:
     """hvdlite with HOROVOD_HIERARCHICAL_ALLREDUCE=0: 4 MiB pieces, each a ring over all
-    ranks if its segments reach 256 KiB, else MPI_Allreduce. (time, link bytes, what ran)
-    `rd_max`: see _one_per_host."""
+    ranks if its segments reach 256 KiB, else MPI_Allreduce (as `mpi` says). (time, link
+    bytes, what ran)"""
     P = H * G
     t = x = 0.0
     used = set()
@@ -389,7 +450,7 @@ def hvdlite_flat(cl: Cluster, H: int, G: int, S: float, rd_max: float = math.inf
             x += 2 * (P - 1) / P * c if H > 1 else 0.0
             used.add("ring")
         else:
-            dt, dx = _mpi_small(cl, H, G, c, rd_max)
+            dt, dx = _mpi_small(cl, H, G, c, mpi)
             t += dt
             x += dx if H > 1 else 0.0
             used.add("MPI_Allreduce")
@@ -397,13 +458,13 @@ def hvdlite_flat(cl: Cluster, H: int, G: int, S: float, rd_max: float = math.inf
 
 
 def hvdlite_two_level(cl: Cluster, H: int, G: int, S: float,
-                      rd_max: float = math.inf) -> tuple[float, float, list[str]]:
+                      mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float, list[str]]:
     """hvdlite with HOROVOD_HIERARCHICAL_ALLREDUCE=1: 2 MiB pieces, one after the other;
     across hosts hvdlite's ring if each rank's share per host reaches 256 KiB, else
     MPI_Allreduce (one rank per host: _one_per_host). With one rank per host it is the
     flat allreduce."""
     if G <= 1 or H <= 1:
-        return hvdlite_flat(cl, H, G, S, rd_max)
+        return hvdlite_flat(cl, H, G, S, mpi)
     t = x = 0.0
     used = set()
     for c in _pieces(S, HVD_TWO_LEVEL_PIECE):
@@ -414,26 +475,30 @@ def hvdlite_two_level(cl: Cluster, H: int, G: int, S: float,
             used.add("ring")
         else:
             rs, _, ag = two_level_phases(cl, H, G, c, "ring")
-            xt, per_stream = _one_per_host(cl, H, seg, G, rd_max)
+            xt, per_stream = _one_per_host(cl, H, seg, G, mpi)
             x += G * per_stream
             used.add("MPI_Allreduce")
         t += rs + xt + ag
     return t, x, sorted(used)
 
 
-def mpi_leader_two_hosts(cl: Cluster, H: int, G: int, S: float) -> tuple[float, float, list[str]] | None:
+def mpi_leader_two_hosts(cl: Cluster, H: int, G: int, S: float,
+                         mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float, list[str]] | None:
     """Open MPI's own MPI_Allreduce across hosts, where its algorithm is known well enough
     to model: on 2 hosts every algorithm it may pick moves S each way over the link
     (HAN: reduce in the host, exchange between the two leaders, broadcast in the host).
     None elsewhere (4 hosts: its choice among tuned/HAN algorithms is not modelled)."""
     if H != 2:
         return None
-    return leader(cl, H, G, S, "rd"), S, ["leader (HAN)"]
+    return leader(cl, H, G, S, mpi.algorithm(H, S)), S, ["leader (HAN)"]
 
 
-def bench_reps(S: float, max_reps: int = 20, budget: float = 512 * MiB) -> int:
-    """Timed repetitions bench_hosts.py runs at size S (after 2 warm-ups)."""
-    return max(3, min(max_reps, int(budget / S)))
+def bench_reps(S: float, max_reps: int = 20, budget: float = 512 * MiB, rounds: int = 5, min_reps: int = 2) -> int:
+    """Timed repetitions bench_hosts.py runs at size S in each turn (after 1 warm-up)."""
+    return max(min_reps, min(max_reps, int(budget / S / rounds)))
+
+
+BENCH_WARMUP = 1  # bench_hosts.py --warmup
 
 
 def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: float, S: float,
@@ -443,11 +508,12 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
 
     - CPU: every rank of every host shares `cores` cores. The busy phases of the P
       ranks (copies, reductions, TCP) run together, so the path stretches by P/cores.
-    - Token bucket: the benchmark repeats [hvdlite op, MPI op] back to back; if the two
-      ops of a repetition need more tokens than refill meanwhile, the bucket drains after
-      burst/deficit repetitions. If it still holds tokens for the median repetition the
-      link is not the limit (`burst`); otherwise the link's payload rate is, and the
-      time is at least link_bytes/rate (`rate`).
+    - Token bucket: bench_hosts.py starts each size with the bucket full, then repeats
+      [hvdlite op, MPI op] back to back (taken as alike). Repetition by repetition, an
+      op that finds enough tokens (with those that refill while it runs) takes its
+      burst time; one that does not waits for the missing bytes at the link's payload
+      rate. The prediction is the median over the timed repetitions: `burst` if that
+      op ran on tokens, `rate` if it waited.
     - `pair_pieces`: the link carries one pair of ranks exchanging both ways over one
       TCP connection (2 hosts x 1 rank), in this many pieces back to back. The first
       starts with the ranks in step; each later one takes em.lone_pair times what the
@@ -455,12 +521,23 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
     t = (path + overhead) * max(1.0, P / em.cores)
     if link_bytes <= 0:
         return t, "one host"
-    deficit = 2 * link_bytes - em.rate * 2 * t
-    reps = bench_reps(S, max_reps)
-    if deficit <= 0 or em.burst / deficit >= 2 + reps / 2:
-        return t, "burst"
     pairs = max(1, pair_pieces)
-    return max(t, link_bytes / em.rate * (1 + (pairs - 1) * em.lone_pair) / pairs), "rate"
+    slow = (1 + (pairs - 1) * em.lone_pair) / pairs  # the rate's time, stretched for a lone pair
+    tokens = em.burst
+    timed: list[tuple[float, str]] = []
+    reps = bench_reps(S, max_reps)
+    for rep in range(BENCH_WARMUP + reps):
+        for op in range(2):
+            if tokens + em.rate * t >= link_bytes:
+                dt, regime = t, "burst"
+                tokens = min(em.burst, tokens + em.rate * t - link_bytes)
+            else:
+                dt, regime = max(t, (link_bytes - tokens) / em.rate * slow), "rate"
+                tokens = 0.0
+            if op == 0 and rep >= BENCH_WARMUP:
+                timed.append((dt, regime))
+    timed.sort()
+    return timed[(len(timed) - 1) // 2]
 
 
 # ================================================================ measuring the parameters
@@ -672,6 +749,41 @@ def _pair_exchanges(comm, rate_bytes: float, send_first: bool, piece: int = 2 * 
             "slow_fraction": sum(1 for t in times if t > 1.5 * ideal) / len(times)}
 
 
+SMALL_SIZES = [8, 512, 2 * KiB, 4 * KiB, 8 * KiB, 16 * KiB, 32 * KiB, 64 * KiB]
+
+
+def _small_messages(comm, rate_bytes: float, sizes: list[int] = SMALL_SIZES, reps: int = 60) -> dict:
+    """Small messages between two ranks on two emulated hosts, timed as bench_hosts.py
+    times its calls: one call after a barrier, rank 0's median. Before each call the
+    ranks idle long enough for the token bucket to refill what the call takes, so the
+    link is in the regime such calls run in (`burst`). Per size: an exchange both ways
+    (send posted first, as hvdlite's steps are), and Open MPI's MPI_Allreduce of that
+    size, whose time says how many exchanges its algorithm for two ranks makes."""
+    import numpy as np
+    from mpi4py import MPI
+    peer = 1 - comm.Get_rank()
+    bufs = {s: (np.ones(max(1, s // 4), np.float32), np.empty(max(1, s // 4), np.float32)) for s in sizes}
+    ops = {
+        "exchange": lambda a, b: MPI.Request.Waitall([comm.Isend(a, peer, 41), comm.Irecv(b, peer, 41)]),
+        "mpi_allreduce": lambda a, b: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM),
+    }
+    times: dict = {op: {s: [] for s in sizes} for op in ops}
+    for rep in range(reps + 3):
+        for s in sizes:
+            for op, fn in ops.items():
+                a, b = bufs[s]
+                comm.Barrier()
+                time.sleep(max(2e-4, 4 * s / rate_bytes))
+                comm.Barrier()
+                t0 = time.perf_counter()
+                fn(a, b)
+                t = time.perf_counter() - t0
+                a.fill(1.0)
+                if rep >= 3:
+                    times[op][s].append(t)
+    return {op: {s: statistics.median(ts) for s, ts in by.items()} for op, by in times.items()}
+
+
 def measure_worker(kind: str, rate: str) -> None:
     """Runs inside a 2-rank job (`intra`: one host; `inter`: one rank on each of two
     emulated hosts) and prints rank 0's findings as one RESULT line."""
@@ -680,11 +792,14 @@ def measure_worker(kind: str, rate: str) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     res: dict = {"kind": kind, "hosts": comm.allgather(MPI.Get_processor_name())}
-    if kind == "pairx":        # one rank on each of 2 emulated hosts
+    if kind == "small":        # one rank on each of 2 emulated hosts
+        from tests.hosts.emulated import _rate_bytes
+        res["small"] = _small_messages(comm, _rate_bytes(rate))
+    elif kind == "pairx":        # one rank on each of 2 emulated hosts
         import hvdlite as hvd
         from tests.hosts.emulated import _rate_bytes
         hvd.init()
-        res["pair_exchange"] = {"send_first": _pair_exchanges(comm, _rate_bytes(rate), True),
+        res["pairx"] = {"send_first": _pair_exchanges(comm, _rate_bytes(rate), True),
                                 "sendrecv": _pair_exchanges(comm, _rate_bytes(rate), False)}
         hvd.shutdown()
     elif kind == "mpibytes":     # one rank on each of 4 emulated hosts
@@ -929,20 +1044,27 @@ def run_measure_mpi_bytes(out: Path) -> dict:
     return params
 
 
+def _two_host_rounds(kind: str, rate: str, rounds: int) -> list[dict]:
+    """`rounds` jobs of the worker `kind` with one rank on each of 2 emulated hosts, each
+    on hosts made afresh: what each job's rank 0 found under the key `kind`."""
+    sys.path.insert(0, str(REPO))
+    from tests.hosts.emulated import EmulatedHosts
+    runs = []
+    for _ in range(rounds):
+        with EmulatedHosts(2, rate) as hosts:
+            runs.append(_launch_worker(kind, rate, hosts)[kind])
+    return runs
+
+
 def run_measure_pair_exchange(rates: list[str], rounds: int, out: Path) -> dict:
     """How long a pair of ranks alone on two emulated hosts takes for a ring's exchanges
     (_pair_exchanges), per rate, posted both ways: as hvdlite's Exchange does (send
     first; the model's `factor`) and as MPI_Sendrecv does (`sendrecv_factor`). Medians
     over `rounds` jobs, stored in the parameters as `pair_exchange`."""
-    sys.path.insert(0, str(REPO))
-    from tests.hosts.emulated import EmulatedHosts
     params = json.loads(out.read_text())
     found = params.setdefault("pair_exchange", {})
     for rate in rates:
-        runs = []
-        for _ in range(rounds):
-            with EmulatedHosts(2, rate) as hosts:
-                runs.append(_launch_worker("pairx", rate, hosts)["pair_exchange"])
+        runs = _two_host_rounds("pairx", rate, rounds)
         found[rate] = {
             "measured": _now(), "rounds": runs,
             "how": "python benchmarks/cost_model.py --measure-pair-exchange: 2 hosts x 1 rank, hvdlite "
@@ -957,6 +1079,37 @@ def run_measure_pair_exchange(rates: list[str], rounds: int, out: Path) -> dict:
         print(f"measure: {rate}, 2 hosts x 1: 2 MiB exchanges take {f['factor']:.2f} x the rate's time sending "
               f"first ({f['slow_fraction']:.0%} over 1.5 x), {f['sendrecv_factor']:.2f} x as MPI_Sendrecv "
               f"({f['sendrecv_slow_fraction']:.0%})", flush=True)
+    out.write_text(json.dumps(params, indent=1))
+    return params
+
+
+def run_measure_small(rates: list[str], rounds: int, out: Path) -> dict:
+    """Small messages across two emulated hosts (_small_messages), per rate: medians over
+    `rounds` jobs, stored in the parameters as `small_messages`: what a cross-host
+    exchange of each size costs where per-message costs rule (the model's exchange below
+    64 KiB), and how many exchanges Open MPI's MPI_Allreduce makes between two ranks at
+    each size (`mpi_steps`: 1 where its time is nearer to one exchange of the size than
+    to two of half the size, else 2)."""
+    params = json.loads(out.read_text())
+    found = params.setdefault("small_messages", {})
+    for rate in rates:
+        runs = _two_host_rounds("small", rate, rounds)
+        med = {op: {s: statistics.median(r[op][str(s)] for r in runs) for s in SMALL_SIZES}
+               for op in ("exchange", "mpi_allreduce")}
+        table = tuple(sorted(med["exchange"].items()))
+        # one exchange of s, or two of s/2: whichever the measured time is nearer to (by ratio)
+        steps = {s: 1 if abs(math.log(t / interpolate(table, s))) <= abs(math.log(t / (2 * interpolate(table, s / 2))))
+                 else 2 for s, t in med["mpi_allreduce"].items()}
+        found[rate] = {
+            "measured": _now(), "rounds": runs,
+            "how": "python benchmarks/cost_model.py --measure-small: 2 hosts x 1 rank; per size, 60 calls each "
+                   "after a barrier and a pause that lets the token bucket refill, rank 0's median; an exchange "
+                   "both ways (Isend, Irecv, Waitall) and MPI_Allreduce; the median of the rounds",
+            "exchange_s": med["exchange"], "mpi_allreduce_s": med["mpi_allreduce"], "mpi_steps": steps}
+        for s in SMALL_SIZES:
+            print(f"measure: {rate}, 2 hosts x 1, {fmt_b(s)}: exchange {fmt_t(med['exchange'][s])}, "
+                  f"MPI_Allreduce {fmt_t(med['mpi_allreduce'][s])} ({steps[s]} step{'s' if steps[s] > 1 else ''})",
+                  flush=True)
     out.write_text(json.dumps(params, indent=1))
     return params
 
@@ -1064,14 +1217,30 @@ def parse_config(config: str) -> tuple[int, int, str]:
     return h, g, rate
 
 
-def hvdlite_overhead(params: dict, rate: str, H: int, G: int) -> float:
-    """hvdlite's fixed cost per call at P ranks: measured with 2 ranks (across two
-    emulated hosts when H > 1), plus rank 0's cost for each further worker's message."""
-    c = params["control"]
-    P = H * G
-    if H > 1 and f"hvdlite_overhead_{rate}" in c:
-        return c[f"hvdlite_overhead_{rate}"] + max(0, P - 2) * c[f"rank0_per_message_{rate}"]
-    return c["hvdlite_overhead_shm"] + max(0, P - 2) * c["rank0_per_message_shm"]
+def cycle_time(cl: Cluster, H: int, G: int, s: float) -> float:
+    """hvdlite's steady-state cycle carrying s bytes: recursive doubling over the P ranks,
+    numbered host by host, so log2 G exchanges inside the host, then log2 H across, all
+    G ranks of a host crossing at once."""
+    return log2ceil(G) * (cl.intra.alpha + s / cl.intra.bw) + log2ceil(H) * cl.inter_exchange(s, G)
+
+
+def hvdlite_local_cost(params: dict, cl: Cluster) -> float:
+    """What an hvdlite call costs beyond its cycle (the Python call, the hand-over to the
+    engine, waking the caller): the measured 4-byte hvd.allreduce_ of 2 ranks on one
+    host (steady state: the cycle carries it) less that cycle's exchange."""
+    return params["control"]["hvdlite_call_shm"] - cycle_time(cl, 1, 2, HVD_CYCLE_BYTES + 4)
+
+
+def hvdlite_call(cl: Cluster, H: int, G: int, S: float, two_level: bool,
+                 mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float, list[str]]:
+    """One cached hvdlite allreduce in the steady state, without its local cost: up to
+    HVD_CARRY_MAX the cycle carries the tensor and that is all; above, the cycle (the
+    bit vector alone) and then the allreduce (flat or two-level). (time, link bytes,
+    what ran)"""
+    if S <= HVD_CARRY_MAX:
+        return cycle_time(cl, H, G, HVD_CYCLE_BYTES + S), log2ceil(H) * G * (HVD_CYCLE_BYTES + S), ["cycle"]
+    t, x, used = (hvdlite_two_level if two_level else hvdlite_flat)(cl, H, G, S, mpi)
+    return cycle_time(cl, H, G, HVD_CYCLE_BYTES) + t, x + log2ceil(H) * G * HVD_CYCLE_BYTES, used
 
 
 FOREIGN_MAX = 0.2  # rounds in which other processes took more of the CPU are left out
@@ -1107,11 +1276,11 @@ def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
             continue
         cl, em = emulated_cluster(params, rate)
         P = H * G
-        over = hvdlite_overhead(params, rate, H, G)
+        local = hvdlite_local_cost(params, cl)
         row = {"table": "validation", "config": config, "bytes": S, "runs": len(samples["flat"])}
-        rd_max = params.get("mpi_one_per_host", {}).get("rd_max", math.inf)
-        models = {"flat": hvdlite_flat(cl, H, G, S, rd_max), "two_level": hvdlite_two_level(cl, H, G, S, rd_max)}
-        mpi = mpi_leader_two_hosts(cl, H, G, S)
+        rules = open_mpi_rules(params, rate)
+        models = {"flat": hvdlite_call(cl, H, G, S, False, rules), "two_level": hvdlite_call(cl, H, G, S, True, rules)}
+        mpi = mpi_leader_two_hosts(cl, H, G, S, rules)
         if mpi is not None:
             models["mpi"] = mpi
         for mode in ("flat", "two_level", "mpi"):
@@ -1125,7 +1294,7 @@ def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
             # A lone pair (2 x 1): hvdlite's ring pieces follow each other back to back.
             # Open MPI's segments are not modelled, so its column gets no such term.
             pieces = len(_pieces(S, HVD_FLAT_PIECE)) if (H, G) == (2, 1) and mode != "mpi" else 1
-            t, regime = emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else over, max_reps,
+            t, regime = emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else local, max_reps,
                                       pair_pieces=pieces)
             row[f"{mode}_model_s"] = t
             row[f"{mode}_regime"] = regime
@@ -1392,16 +1561,21 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
         if k.startswith("rank0_per_message_") and not k.endswith("shm"):
             out.append(f"| … over an emulated {k.split('_')[-1]} link (TCP) | {v * 1e6:.2f} µs |")
     out.append(f"| 32-byte bit-vector MPI_Allreduce, 2 ranks, shared memory | {c['bitvector_allreduce_shm'] * 1e6:.2f} µs |")
-    out.append(f"| hvdlite's fixed cost per call (4-byte hvd.allreduce_ − MPI_Allreduce), one host | "
-               f"{c['hvdlite_overhead_shm'] * 1e6:.1f} µs |")
-    for k, v in c.items():
-        if k.startswith("hvdlite_overhead_") and not k.endswith("shm"):
-            out.append(f"| … across 2 emulated hosts, {k.split('_')[-1]} | {v * 1e6:.1f} µs |")
+    cl_shm = Cluster("shm", Link(shm["alpha"], shm["bw"]), Link(shm["alpha"], shm["bw"]))
+    out.append(f"| hvdlite's 4-byte hvd.allreduce_, 2 ranks, one host (steady state: its cycle carries it) / "
+               f"less that cycle's exchange: the local cost per call | {c['hvdlite_call_shm'] * 1e6:.1f} / "
+               f"{hvdlite_local_cost(params, cl_shm) * 1e6:.1f} µs |")
     one = params.get("mpi_one_per_host")
     if one:
         sent = ", ".join(f"{fmt_b(int(k))}: {v:.2f}" for k, v in sorted(one["tx_over_size"].items(), key=lambda kv: int(kv[0])))
         out.append(f"| `MPI_Allreduce`, 4 hosts × 1 rank: bytes each host sends ÷ S (frames with headers) | {sent}; "
                    f"recursive doubling below {fmt_b(one['rd_max'])} |")
+    for rate, small in sorted(params.get("small_messages", {}).items()):
+        ex = ", ".join(f"{fmt_b(int(k))}: {v * 1e6:.0f}" for k, v in sorted(small["exchange_s"].items(), key=lambda kv: int(kv[0])))
+        mp = ", ".join(f"{fmt_b(int(k))}: {v * 1e6:.0f} ({small['mpi_steps'][k]})"
+                       for k, v in sorted(small["mpi_allreduce_s"].items(), key=lambda kv: int(kv[0])))
+        out.append(f"| 2 hosts × 1 rank, {rate}, one call after a barrier, bucket full: exchange both ways, µs | {ex} |")
+        out.append(f"| … `MPI_Allreduce`, µs (exchanges its algorithm makes) | {mp} |")
     for rate, pair in sorted(params.get("pair_exchange", {}).items()):
         out.append(f"| 2 hosts × 1 rank, {rate}: 2 MiB exchanges back to back ÷ what the rate allows "
                    f"(share over 1.5 ×), send posted first (hvdlite) / as `MPI_Sendrecv` | "
@@ -1617,6 +1791,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure what Open MPI's allreduce sends per host, 4 hosts x 1 rank, into --params (root)")
     p.add_argument("--measure-pair-exchange", action="store_true",
                    help="measure, per --rates, how long a lone pair's ring exchanges take across 2 hosts (root)")
+    p.add_argument("--measure-small", action="store_true",
+                   help="measure, per --rates, small exchanges and MPI_Allreduce across 2 hosts (root)")
     p.add_argument("--validate", action="store_true", help="run bench_hosts.py on emulated hosts (root)")
     p.add_argument("--configs", default=VALIDATE_CONFIGS, help="for --validate: HxG@RATE,...")
     p.add_argument("--sizes", default=VALIDATE_SIZES, help="for --validate")
@@ -1628,7 +1804,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot-dir", default=str(DOCS))
     p.add_argument("--no-json", action="store_true", help="tables only")
     p.add_argument("--markdown", action="store_true", help="print docs/scale.md's tables in Markdown instead")
-    p.add_argument("--measure-worker", choices=["intra", "inter", "mpibytes", "pairx"], help=argparse.SUPPRESS)
+    p.add_argument("--measure-worker", choices=["intra", "inter", "mpibytes", "pairx", "small"], help=argparse.SUPPRESS)
     p.add_argument("--rate", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.measure_worker:
@@ -1641,6 +1817,8 @@ def main(argv: list[str] | None = None) -> int:
         run_measure_mpi_bytes(Path(args.params))
     if args.measure_pair_exchange:
         run_measure_pair_exchange([r for r in args.rates.split(",") if r], args.rounds, Path(args.params))
+    if args.measure_small:
+        run_measure_small([r for r in args.rates.split(",") if r], args.rounds, Path(args.params))
     if args.validate:
         run_validation(args.configs, args.sizes, args.rounds, Path(args.validation_file), args.max_reps)
     if not Path(args.params).exists():

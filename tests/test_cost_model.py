@@ -177,19 +177,66 @@ def test_hvdlite_piece_rules():
 
 def test_mpi_allreduce_one_rank_per_host_switches_algorithm_at_rd_max():
     cl = cluster()
+    rules = cm.OpenMpiRules(rd_max=8 * KiB)
     # below rd_max: recursive doubling, log2(4) = 2 whole buffers out of each host
-    t, x = cm._one_per_host(cl, 4, 4 * KiB, 1, rd_max=8 * KiB)
+    t, x = cm._one_per_host(cl, 4, 4 * KiB, 1, rules)
     assert close(x, 2 * 4 * KiB) and close(t, cm.cross_allreduce(cl, 4, 4 * KiB, 1, "rd"))
     # from rd_max on: 2(H-1)/H of the buffer (Rabenseifner's), 2 log2(4) latencies
-    t, x = cm._one_per_host(cl, 4, 64 * KiB, 1, rd_max=8 * KiB)
+    t, x = cm._one_per_host(cl, 4, 64 * KiB, 1, rules)
     assert close(x, 1.5 * 64 * KiB) and close(t, cm.cross_allreduce(cl, 4, 64 * KiB, 1, "rabenseifner"))
     # on 2 hosts both send the buffer once: recursive doubling (one exchange)
-    assert close(cm._one_per_host(cl, 2, 64 * KiB, 1, rd_max=8 * KiB)[1], 64 * KiB)
+    assert close(cm._one_per_host(cl, 2, 64 * KiB, 1, rules)[1], 64 * KiB)
     # flat on 4 x 1 at 64 KiB calls MPI_Allreduce: its bytes follow
-    assert close(cm.hvdlite_flat(cl, 4, 1, 64 * KiB, rd_max=8 * KiB)[1], 1.5 * 64 * KiB)
+    assert close(cm.hvdlite_flat(cl, 4, 1, 64 * KiB, rules)[1], 1.5 * 64 * KiB)
     assert close(cm.hvdlite_flat(cl, 4, 1, 64 * KiB)[1], 2 * 64 * KiB)  # no rd_max: as before
     # two-level on 4 x 2 at 64 KiB: each rank's 32 KiB across 4 hosts, 2 streams a host
-    assert close(cm.hvdlite_two_level(cl, 4, 2, 64 * KiB, rd_max=8 * KiB)[1], 2 * 1.5 * 32 * KiB)
+    assert close(cm.hvdlite_two_level(cl, 4, 2, 64 * KiB, rules)[1], 2 * 1.5 * 32 * KiB)
+
+
+def test_two_ranks_follow_the_measured_step_count():
+    cl = cluster()
+    # measured: one exchange up to 2 KiB, two from 4 KiB, one again at 8 KiB (16 KiB the last size measured)
+    rules = cm.OpenMpiRules(two_rank_steps=((8, 1), (2 * KiB, 1), (4 * KiB, 2), (8 * KiB, 1), (16 * KiB, 2)))
+    assert rules.algorithm(2, 2 * KiB) == "rd" and rules.algorithm(2, 3 * KiB) == "rd"
+    assert rules.algorithm(2, 4 * KiB) == "rabenseifner" and rules.algorithm(2, 6 * KiB) == "rabenseifner"
+    assert rules.algorithm(2, 8 * KiB) == "rd" and rules.algorithm(2, 16 * KiB) == "rabenseifner"
+    assert rules.algorithm(2, 64 * KiB) == "rd"  # beyond what was measured: one exchange
+    assert rules.algorithm(4, 4 * KiB) == "rd"   # more ranks: rd_max decides (none: rd)
+    # two exchanges of half the buffer each, the first reducing
+    t, x = cm._one_per_host(cl, 2, 4 * KiB, 1, rules)
+    assert close(t, 2 * (A_X + 2 * KiB / BW_X) + 2 * KiB * GAMMA) and close(x, 4 * KiB)
+    # Open MPI's HAN on 2 x 2 at 4 KiB: the leaders make those two exchanges too
+    assert close(cm.mpi_leader_two_hosts(cl, 2, 2, 4 * KiB, rules)[0], cm.leader(cl, 2, 2, 4 * KiB, "rabenseifner"))
+
+
+def test_measured_small_exchanges_replace_alpha_beta_below_their_largest_size():
+    table = ((8, 11e-6), (4 * KiB, 17e-6), (64 * KiB, 80e-6))
+    cl = cm.replace(cluster(), inter_small=table)
+    assert close(cl.inter_exchange(4), 11e-6)                    # below the first size: the first
+    assert close(cl.inter_exchange(4 * KiB), 17e-6)
+    assert close(cl.inter_exchange(34 * KiB), 17e-6 + 63e-6 * 30 / 60)  # halfway from 4 to 64 KiB
+    assert close(cl.inter_exchange(128 * KiB), A_X + 128 * KiB / BW_X)  # beyond: alpha-beta
+    # recursive doubling and halving step through it: on 4 hosts, 2 exchanges of 4 KiB, or
+    # 2 x (2 KiB then 1 KiB) pieces
+    assert close(cm.cross_allreduce(cl, 4, 4 * KiB, 1, "rd"), 2 * (17e-6 + 4 * KiB * GAMMA))
+    piece = lambda s: cl.inter_exchange(s)  # noqa: E731
+    assert close(cm.cross_allreduce(cl, 4, 4 * KiB, 1, "rabenseifner"),
+                 2 * piece(2 * KiB) + 2 * piece(1 * KiB) + 3 * KiB * GAMMA)
+
+
+def test_hvdlite_call_carries_small_tensors_in_its_cycle():
+    cl = cluster()
+    cyc = cm.HVD_CYCLE_BYTES
+    # 2 x 4 ranks: the cycle is 2 exchanges in the host, then one across, where the
+    # host's 4 ranks share its one NIC
+    assert close(cm.cycle_time(cl, 2, 4, 1000), 2 * (A_L + 1000 / BW_L) + A_X + 4 * 1000 / BW_X)
+    # 4 KiB rides in the cycle; each host's 4 ranks send it once across
+    t, x, used = cm.hvdlite_call(cl, 2, 4, 4 * KiB, two_level=False)
+    assert used == ["cycle"] and close(t, cm.cycle_time(cl, 2, 4, cyc + 4 * KiB)) and close(x, 4 * (cyc + 4 * KiB))
+    # 64 KiB does not: the cycle with the bits alone, then the allreduce
+    t, x, used = cm.hvdlite_call(cl, 2, 4, 64 * KiB, two_level=True)
+    t2, x2, used2 = cm.hvdlite_two_level(cl, 2, 4, 64 * KiB)
+    assert used == used2 and close(t, cm.cycle_time(cl, 2, 4, cyc) + t2) and close(x, x2 + 4 * cyc)
 
 
 def test_emulated_time_regimes():
@@ -206,6 +253,16 @@ def test_emulated_time_regimes():
     t, regime = cm.emulated_time(cl, pair, 2, 1e-3, 64e6, 64 * MiB, 0.0, pair_pieces=16)
     assert regime == "rate" and close(t, 64e6 / 100e6 * (1 + 15 * 1.5) / 16)
     assert close(cm.emulated_time(cl, pair, 2, 1e-3, 64e6, 64 * MiB, 0.0)[0], 64e6 / 100e6)
+    # 64 KiB: 1 warm-up and 20 timed repetitions of two ops, each taking 200 kB and
+    # refilling 10 kB in its 0.1 ms: a 4 MB bucket lasts 21 ops, so 10 of the 20 timed
+    # first ops run on tokens and the median (the 10th) is one of them; a 3 MB bucket
+    # lasts 15 ops (7 timed), and the median op waits at the rate for all 200 kB
+    assert cm.bench_reps(64 * KiB) == 20
+    big = cm.Emulation(rate=100e6, burst=4e6, wire=cl.inter, cores=2)
+    assert cm.emulated_time(cl, big, 2, 1e-4, 2e5, 64 * KiB, 0.0) == (1e-4, "burst")
+    smaller = cm.Emulation(rate=100e6, burst=3e6, wire=cl.inter, cores=2)
+    t, regime = cm.emulated_time(cl, smaller, 2, 1e-4, 2e5, 64 * KiB, 0.0)
+    assert regime == "rate" and close(t, 2e5 / 100e6)
 
 
 def test_efficiency():

@@ -122,3 +122,27 @@ def test_cost_model_measures_a_lone_pair_across_two_hosts(tmp_path: Path) -> Non
     assert found["factor"] == run["send_first"]["factor"]
     assert found["sendrecv_factor"] == run["sendrecv"]["factor"]
     print(proc.stdout[-500:])
+
+
+def test_cost_model_measures_small_messages_across_two_hosts(tmp_path: Path) -> None:
+    """``cost_model.py --measure-small`` times small exchanges and MPI_Allreduce between
+    2 emulated hosts and stores the exchange table the model interpolates and the number
+    of exchanges Open MPI's two-rank allreduce makes at each size."""
+    params = tmp_path / "params.json"
+    params.write_text((REPO / "benchmarks" / "cost_model_params.json").read_text())
+    cmd = [sys.executable, str(REPO / "benchmarks" / "cost_model.py"), "--measure-small",
+           "--rates", "1gbit", "--rounds", "1", "--params", str(params), "--no-json"]
+    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    found = json.loads(params.read_text())["small_messages"]["1gbit"]
+    (run,) = found["rounds"]
+    sizes = [str(s) for s in (8, 512, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10)]
+    assert sorted(found["exchange_s"], key=int) == sizes and sorted(found["mpi_steps"], key=int) == sizes
+    for s in sizes:
+        assert found["exchange_s"][s] == run["exchange"][s]
+        # a TCP round trip between namespaces takes microseconds; nothing here takes a second
+        assert 1e-6 < found["exchange_s"][s] < 0.1 and 1e-6 < found["mpi_allreduce_s"][s] < 0.1
+        assert found["mpi_steps"][s] in (1, 2)
+    # 64 KiB moves 8192 times the bytes of 8 B; per-message costs do not hide that entirely
+    assert found["exchange_s"]["65536"] > found["exchange_s"]["8"]
+    print(proc.stdout[-800:])
