@@ -101,17 +101,24 @@ def test_64mib_allreduce_through_hvdlite_run_H(hosts: EmulatedHosts, monkeypatch
           f"MPI_Allreduce {mpi:.3f} s ({mpi / floor:.2f} x), hvdlite / MPI {hv / mpi:.3f}")
 
 
+def _measure_into_copy(tmp_path: Path, flag: str) -> dict:
+    """Runs cost_model.py's probe `flag` at 1 Gbit/s, one round, into a copy of the stored
+    parameters, and returns what it stored."""
+    params = tmp_path / "params.json"
+    params.write_text((REPO / "benchmarks" / "cost_model_params.json").read_text())
+    cmd = [sys.executable, str(REPO / "benchmarks" / "cost_model.py"), flag,
+           "--rates", "1gbit", "--rounds", "1", "--params", str(params), "--no-json"]
+    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    print(proc.stdout[-800:])
+    return json.loads(params.read_text())
+
+
 def test_cost_model_measures_a_lone_pair_across_two_hosts(tmp_path: Path) -> None:
     """``cost_model.py --measure-pair-exchange`` runs its probe on 2 emulated hosts and
     stores, per rate, how long the 64 exchanges took against what the rate allows, posted
     as hvdlite's Exchange posts them and as MPI_Sendrecv does."""
-    params = tmp_path / "params.json"
-    params.write_text((REPO / "benchmarks" / "cost_model_params.json").read_text())
-    cmd = [sys.executable, str(REPO / "benchmarks" / "cost_model.py"), "--measure-pair-exchange",
-           "--rates", "1gbit", "--rounds", "1", "--params", str(params), "--no-json"]
-    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    found = json.loads(params.read_text())["pair_exchange"]["1gbit"]
+    found = _measure_into_copy(tmp_path, "--measure-pair-exchange")["pair_exchange"]["1gbit"]
     (run,) = found["rounds"]
     for order in ("send_first", "sendrecv"):
         assert run[order]["exchanges"] == 64 and run[order]["piece"] == 2 << 20
@@ -121,20 +128,13 @@ def test_cost_model_measures_a_lone_pair_across_two_hosts(tmp_path: Path) -> Non
         assert 0.9 < run[order]["factor"] < 4 and 0.0 <= run[order]["slow_fraction"] <= 1.0
     assert found["factor"] == run["send_first"]["factor"]
     assert found["sendrecv_factor"] == run["sendrecv"]["factor"]
-    print(proc.stdout[-500:])
 
 
 def test_cost_model_measures_small_messages_across_two_hosts(tmp_path: Path) -> None:
     """``cost_model.py --measure-small`` times small exchanges and MPI_Allreduce between
     2 emulated hosts and stores the exchange table the model interpolates and the number
     of exchanges Open MPI's two-rank allreduce makes at each size."""
-    params = tmp_path / "params.json"
-    params.write_text((REPO / "benchmarks" / "cost_model_params.json").read_text())
-    cmd = [sys.executable, str(REPO / "benchmarks" / "cost_model.py"), "--measure-small",
-           "--rates", "1gbit", "--rounds", "1", "--params", str(params), "--no-json"]
-    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    found = json.loads(params.read_text())["small_messages"]["1gbit"]
+    found = _measure_into_copy(tmp_path, "--measure-small")["small_messages"]["1gbit"]
     (run,) = found["rounds"]
     sizes = [str(s) for s in (8, 512, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10)]
     assert sorted(found["exchange_s"], key=int) == sizes and sorted(found["mpi_steps"], key=int) == sizes
@@ -145,4 +145,3 @@ def test_cost_model_measures_small_messages_across_two_hosts(tmp_path: Path) -> 
         assert found["mpi_steps"][s] in (1, 2)
     # 64 KiB moves 8192 times the bytes of 8 B; per-message costs do not hide that entirely
     assert found["exchange_s"]["65536"] > found["exchange_s"]["8"]
-    print(proc.stdout[-800:])
