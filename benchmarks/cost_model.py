@@ -502,7 +502,7 @@ BENCH_WARMUP = 1  # bench_hosts.py --warmup
 
 
 def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: float, S: float,
-                  overhead: float, max_reps: int = 20, pair_pieces: int = 1) -> tuple[float, str]:
+                  overhead: float, max_reps: int = 20, pair_pieces: int = 1, op_index: int = 0) -> tuple[float, str]:
     """Turns an algorithm's alpha-beta time on the emulated hosts (`path`, with the
     inter-host links at wire speed) into a predicted median of bench_hosts.py.
 
@@ -512,12 +512,15 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
       [hvdlite op, MPI op] back to back (taken as alike). Repetition by repetition, an
       op that finds enough tokens (with those that refill while it runs) takes its
       burst time; one that does not waits for the missing bytes at the link's payload
-      rate. The prediction is the median over the timed repetitions: `burst` if that
-      op ran on tokens, `rate` if it waited.
+      rate. The prediction is the median over the timed repetitions (the mean of the two
+      middle ones for an even count, as statistics.median): `burst` if it ran on
+      tokens, `rate` if it waited, `edge` if the two middle ones differ.
     - `pair_pieces`: the link carries one pair of ranks exchanging both ways over one
       TCP connection (2 hosts x 1 rank), in this many pieces back to back. The first
       starts with the ranks in step; each later one takes em.lone_pair times what the
-      rate allows (measured: docs/scale.md, "One connection, both ways")."""
+      rate allows (measured: docs/scale.md, "One connection, both ways").
+    - `op_index`: which op of each repetition is timed: 0 for hvdlite's (it runs first),
+      1 for MPI's, which finds the bucket as hvdlite's op left it."""
     t = (path + overhead) * max(1.0, P / em.cores)
     if link_bytes <= 0:
         return t, "one host"
@@ -534,10 +537,16 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
             else:
                 dt, regime = max(t, (link_bytes - tokens) / em.rate * slow), "rate"
                 tokens = 0.0
-            if op == 0 and rep >= BENCH_WARMUP:
+            if op == op_index and rep >= BENCH_WARMUP:
                 timed.append((dt, regime))
+    # statistics.median, as bench_hosts.py takes it: with an even count, the mean of the
+    # two middle repetitions. Where the bucket runs dry halfway through a size, those two
+    # are one on tokens and one at the rate, and the median lies between the regimes.
     timed.sort()
-    return timed[(len(timed) - 1) // 2]
+    lo, hi = timed[(len(timed) - 1) // 2], timed[len(timed) // 2]
+    if lo[1] == hi[1]:
+        return (lo[0] + hi[0]) / 2, lo[1]
+    return (lo[0] + hi[0]) / 2, "edge"
 
 
 # ================================================================ measuring the parameters
@@ -1295,7 +1304,7 @@ def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
             # Open MPI's segments are not modelled, so its column gets no such term.
             pieces = len(_pieces(S, HVD_FLAT_PIECE)) if (H, G) == (2, 1) and mode != "mpi" else 1
             t, regime = emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else local, max_reps,
-                                      pair_pieces=pieces)
+                                      pair_pieces=pieces, op_index=1 if mode == "mpi" else 0)
             row[f"{mode}_model_s"] = t
             row[f"{mode}_regime"] = regime
             row[f"{mode}_algorithm"] = "+".join(used)

@@ -254,12 +254,23 @@ def test_emulated_time_regimes():
     assert regime == "rate" and close(t, 64e6 / 100e6 * (1 + 15 * 1.5) / 16)
     assert close(cm.emulated_time(cl, pair, 2, 1e-3, 64e6, 64 * MiB, 0.0)[0], 64e6 / 100e6)
     # 64 KiB: 1 warm-up and 20 timed repetitions of two ops, each taking 200 kB and
-    # refilling 10 kB in its 0.1 ms: a 4 MB bucket lasts 21 ops, so 10 of the 20 timed
-    # first ops run on tokens and the median (the 10th) is one of them; a 3 MB bucket
-    # lasts 15 ops (7 timed), and the median op waits at the rate for all 200 kB
+    # refilling 10 kB in its 0.1 ms. A 5 MB bucket lasts 26 ops: 13 of the 20 timed first
+    # ops run on tokens, and so do the two middle ones, whose mean is the median.
     assert cm.bench_reps(64 * KiB) == 20
+    biggest = cm.Emulation(rate=100e6, burst=5e6, wire=cl.inter, cores=2)
+    assert cm.emulated_time(cl, biggest, 2, 1e-4, 2e5, 64 * KiB, 0.0) == (1e-4, "burst")
+    # A 4 MB bucket lasts 21 ops: 10 timed first ops on tokens, then 10 that wait for
+    # all 200 kB at the rate (2 ms). The median is the mean of the 10th and 11th: the
+    # size sits on the bucket's edge.
     big = cm.Emulation(rate=100e6, burst=4e6, wire=cl.inter, cores=2)
-    assert cm.emulated_time(cl, big, 2, 1e-4, 2e5, 64 * KiB, 0.0) == (1e-4, "burst")
+    t, regime = cm.emulated_time(cl, big, 2, 1e-4, 2e5, 64 * KiB, 0.0)
+    assert regime == "edge" and close(t, (1e-4 + 2e-3) / 2)
+    # The second op of each repetition (MPI's) finds the bucket as the first left it:
+    # 9 timed ones on tokens, the 10th waits for the 190 kB the bucket lacks, the 11th
+    # for all 200 kB
+    t, regime = cm.emulated_time(cl, big, 2, 1e-4, 2e5, 64 * KiB, 0.0, op_index=1)
+    assert regime == "rate" and close(t, (1.9e-3 + 2e-3) / 2)
+    # A 3 MB bucket lasts 15 ops (7 timed): the median op waits at the rate
     smaller = cm.Emulation(rate=100e6, burst=3e6, wire=cl.inter, cores=2)
     t, regime = cm.emulated_time(cl, smaller, 2, 1e-4, 2e5, 64 * KiB, 0.0)
     assert regime == "rate" and close(t, 2e5 / 100e6)
