@@ -975,8 +975,10 @@ void Engine::Perform(const Response& r) {
   }
 
   auto fail_all = [&](const std::string& message) {
+    std::vector<HandleTable::Result> results;
     for (size_t i = 0; i < n; ++i)
-      if (have[i]) handles_->Complete(entries[i].handle, false, message);
+      if (have[i]) results.push_back({entries[i].handle, false, message, nullptr, nullptr});
+    handles_->CompleteAll(std::move(results));
   };
   if (!r.error.empty()) return fail_all(r.error);
   if (tuner_) {
@@ -1039,11 +1041,14 @@ void Engine::Perform(const Response& r) {
     return;
   }
   std::shared_ptr<ReadyEvent> ready = completion ? completion->Ready() : nullptr;
+  std::vector<HandleTable::Result> results;
+  results.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if (!have[i]) continue;
     std::unique_ptr<OutputBuffer> out = i < job.outputs.size() ? std::move(job.outputs[i]) : nullptr;
-    handles_->Complete(entries[i].handle, true, "", std::move(out), ready);
+    results.push_back({entries[i].handle, true, "", std::move(out), ready});
   }
+  handles_->CompleteAll(std::move(results));
   if (completion) {
     in_flight_.push_back(InFlight{std::move(completion), label, NowMicros()});
     ++in_flight_count_;

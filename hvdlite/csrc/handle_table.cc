@@ -19,20 +19,29 @@ int32_t HandleTable::OwnerOf(int64_t h) {
 
 void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out,
                            std::shared_ptr<ReadyEvent> ready) {
-  std::function<void()> on_done;
+  std::vector<Result> one;
+  one.push_back(Result{h, ok, error, std::move(out), std::move(ready)});
+  CompleteAll(std::move(one));
+}
+
+void HandleTable::CompleteAll(std::vector<Result> results) {
+  std::vector<std::function<void()>> on_done;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = states_.find(h);
-    if (it == states_.end() || it->second.done) return;
-    it->second.done = true;
-    it->second.ok = ok;
-    it->second.error = error;
-    it->second.out = std::move(out);
-    it->second.ready = std::move(ready);
-    on_done.swap(it->second.on_done);
+    for (Result& r : results) {
+      auto it = states_.find(r.handle);
+      if (it == states_.end() || it->second.done) continue;
+      State& st = it->second;
+      st.done = true;
+      st.ok = r.ok;
+      st.error = std::move(r.error);
+      st.out = std::move(r.out);
+      st.ready = std::move(r.ready);
+      if (st.on_done) on_done.push_back(std::move(st.on_done));
+    }
   }
   cv_.notify_all();
-  if (on_done) on_done();
+  for (auto& f : on_done) f();
 }
 
 void HandleTable::WhenDone(int64_t h, std::function<void()> callback) {

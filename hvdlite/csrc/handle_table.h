@@ -68,6 +68,18 @@ class HandleTable {
   // consumers order their streams after it (see Wait).
   void Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out = nullptr,
                 std::shared_ptr<ReadyEvent> ready = nullptr);
+  // Completes several handles at once (a fused response's), waking the waiters once.
+  // Completing them one by one wakes a waiter per handle: a caller synchronizing the
+  // handles in turn would wake, find the next one not done yet and block again, a
+  // switch between its thread and the engine's for every tensor.
+  struct Result {
+    int64_t handle;
+    bool ok;
+    std::string error;
+    std::unique_ptr<OutputBuffer> out;
+    std::shared_ptr<ReadyEvent> ready;
+  };
+  void CompleteAll(std::vector<Result> results);
   bool Poll(int64_t h);
   // Blocks until done; returns ok and fills `error`. A caller about to block first
   // runs the waiter hook (the engine uses it to stop sleeping between polls). With

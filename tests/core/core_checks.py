@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -428,6 +429,39 @@ def check_cycles_carry_small_allreduces(r: int, n: int) -> None:
     assert core.stats()["carried"] == before
 
 
+def _blocking_waits_of_this_thread() -> int:
+    """How often this thread has blocked so far (Linux: its voluntary context switches)."""
+    status = Path(f"/proc/self/task/{threading.get_native_id()}/status").read_text()
+    return int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+
+
+def check_fused_response_wakes_waiter_once(r: int, n: int) -> None:
+    """400 small async allreduces, then synchronized in turn: the engine completes a
+    fused response's handles together, so the synchronizing thread blocks about once a
+    step instead of once per handle (waking, finding the next handle not done yet and
+    blocking again while the engine completes it). With one rank the engine finishes
+    the tensors about as fast as they come, each cycle carrying one, and there is
+    nothing to complete together."""
+    if n == 1:
+        return
+    tensors = [np.zeros(64, np.float32) for _ in range(400)]
+    names = [f"wake.layer{i}.grad" for i in range(400)]
+    steps = 30
+    for step in range(steps + 3):
+        if step == 3:  # the first steps negotiate the names and fill the cache
+            before = _blocking_waits_of_this_thread()
+        for k, t in enumerate(tensors):
+            t.fill(float(r + k % 5))
+        handles = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum) for t, nm in zip(tensors, names)]
+        for h in handles:
+            hvd.synchronize(h)
+        for k in (0, 1, 199, 399):
+            np.testing.assert_array_equal(tensors[k], np.full(64, n * (k % 5) + n * (n - 1) / 2, np.float32))
+    per_step = (_blocking_waits_of_this_thread() - before) / steps
+    # Completed one by one: 68-155 blocking waits a step (2-4 ranks); together: 2-9.
+    assert per_step <= 30, f"the synchronizing thread blocked {per_step:.0f} times a step for 400 handles"
+
+
 def expect_error(fn, *needles: str) -> str:
     try:
         fn()
@@ -783,7 +817,8 @@ def main() -> None:
               check_alltoall_reducescatter, check_barrier_join, check_response_cache, check_errors, check_restart,
               check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree,
               check_cache_hits_meet_join_and_mismatch, check_cycles_carry_small_allreduces,
-              check_cache_gathers_and_alltoalls, check_cache_grouped_allreduces, check_reducescatter_fusion]
+              check_cache_gathers_and_alltoalls, check_cache_grouped_allreduces, check_reducescatter_fusion,
+              check_fused_response_wakes_waiter_once]
     for check in checks:
         if only and check.__name__ not in only:
             continue
