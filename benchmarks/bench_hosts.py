@@ -21,9 +21,11 @@ Algorithms (each needs its own ``init()``, since rank 0's settings are fixed the
 The machine is shared and its speed drifts, so the algorithms are interleaved: the job
 runs ``--rounds`` rounds, and every round runs every algorithm (``init()``, every size,
 ``shutdown()``), starting each round at the next algorithm. Inside an algorithm's turn,
-each repetition times hvdlite and then mpi4py's ``MPI_Allreduce`` / ``MPI_Allgather`` on
-the same data (the MPI column pools these from every turn). A repetition starts after
-a barrier and is timed by rank 0. A figure is the median over rounds of each round's
+each repetition times hvdlite and mpi4py's ``MPI_Allreduce`` / ``MPI_Allgather`` on the
+same data (the MPI column pools these from every turn), each going first by turns: where
+the emulated links' token buckets run dry during a size, the first op of a repetition
+finds tokens the second does not (until session 32 hvdlite always went first). Each op
+starts after a barrier and is timed by rank 0. A figure is the median over rounds of each round's
 median; ``spread`` in the JSON is the largest round median over the smallest.
 
 The link floor is what each host must move over its link, at the link's rate: for an
@@ -120,6 +122,12 @@ def worker(args: argparse.Namespace) -> None:
         else:
             comm.Allgather(buffers[s], results[s])
 
+    def timed(fn, s: int) -> float:
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn(s)
+        return time.perf_counter() - t0
+
     for rnd in range(args.rounds):
         for k in range(len(names)):
             algo = names[(rnd + k) % len(names)]
@@ -136,14 +144,12 @@ def worker(args: argparse.Namespace) -> None:
                 comm.Barrier()
                 time.sleep(args.refill)
                 for rep in range(reps + args.warmup):
-                    comm.Barrier()
-                    t0 = time.perf_counter()
-                    run_hvd(s)
-                    t_h = time.perf_counter() - t0
-                    comm.Barrier()
-                    t0 = time.perf_counter()
-                    run_mpi(s)
-                    t_m = time.perf_counter() - t0
+                    # The two go first by turns: where the token bucket runs dry during a
+                    # size, the op that comes first finds the tokens the other does not.
+                    if rep % 2 == 0:
+                        t_h, t_m = timed(run_hvd, s), timed(run_mpi, s)
+                    else:
+                        t_m, t_h = timed(run_mpi, s), timed(run_hvd, s)
                     if args.op == "allreduce":
                         buffers[s].fill(1.0)  # keep the values finite
                     if rep >= args.warmup:  # the first warm the connections and pages
@@ -191,7 +197,8 @@ def run_config(config: str, args: argparse.Namespace) -> dict:
     for s in sorted(med["mpi"]):
         t = {a: med[a][s]["median"] for a in med}
         floor = s * floor_per_byte
-        row = {"op": args.op, "config": config, "bytes": s, "rounds": args.rounds, "floor_s": floor}
+        row = {"op": args.op, "config": config, "bytes": s, "rounds": args.rounds, "floor_s": floor,
+               "order": "alternating"}  # hvdlite's op and MPI's go first by turns
         for a in med:
             row[f"{a}_s"] = t[a]
             row[f"{a}_spread"] = med[a][s]["spread"]

@@ -502,7 +502,8 @@ BENCH_WARMUP = 1  # bench_hosts.py --warmup
 
 
 def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: float, S: float,
-                  overhead: float, max_reps: int = 20, pair_pieces: int = 1, op_index: int = 0) -> tuple[float, str]:
+                  overhead: float, max_reps: int = 20, pair_pieces: int = 1, op_index: int = 0,
+                  alternating: bool = False) -> tuple[float, str]:
     """Turns an algorithm's alpha-beta time on the emulated hosts (`path`, with the
     inter-host links at wire speed) into a predicted median of bench_hosts.py.
 
@@ -519,8 +520,9 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
       TCP connection (2 hosts x 1 rank), in this many pieces back to back. The first
       starts with the ranks in step; each later one takes em.lone_pair times what the
       rate allows (measured: docs/scale.md, "One connection, both ways").
-    - `op_index`: which op of each repetition is timed: 0 for hvdlite's (it runs first),
-      1 for MPI's, which finds the bucket as hvdlite's op left it."""
+    - `op_index`: which op of each repetition is timed: 0 for hvdlite's, 1 for MPI's,
+      where hvdlite's goes first in every repetition (bench_hosts.py until session 32);
+      with `alternating` (since), the two go first by turns, starting with hvdlite's."""
     t = (path + overhead) * max(1.0, P / em.cores)
     if link_bytes <= 0:
         return t, "one host"
@@ -537,7 +539,8 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
             else:
                 dt, regime = max(t, (link_bytes - tokens) / em.rate * slow), "rate"
                 tokens = 0.0
-            if op == op_index and rep >= BENCH_WARMUP:
+            mine = op_index if not alternating or rep % 2 == 0 else 1 - op_index
+            if op == mine and rep >= BENCH_WARMUP:
                 timed.append((dt, regime))
     # statistics.median, as bench_hosts.py takes it: with an even count, the mean of the
     # two middle repetitions. Where the bucket runs dry halfway through a size, those two
@@ -1256,7 +1259,8 @@ FOREIGN_MAX = 0.2  # rounds in which other processes took more of the CPU are le
 
 
 def group_validation(val: dict) -> tuple[dict, dict]:
-    """{(config, bytes): {mode: [medians of each run]}} and per-config run notes."""
+    """{(config, bytes): {mode: [medians of each run], "alternating": [how each run
+    ordered its ops]}} and per-config run notes."""
     grouped: dict = {}
     notes: dict = {}
     for run in val.get("runs", []):
@@ -1265,7 +1269,10 @@ def group_validation(val: dict) -> tuple[dict, dict]:
         notes.setdefault(run["config"], []).append(
             {k: run.get(k) for k in ("round", "started", "seconds", "foreign_cpu_share", "commit", "core_built")})
         for row in run["rows"]:
-            g = grouped.setdefault((row["config"], row["bytes"]), {m: [] for m in ("flat", "two_level", "default", "mpi")})
+            g = grouped.setdefault((row["config"], row["bytes"]),
+                                   {m: [] for m in ("flat", "two_level", "default", "mpi", "alternating")})
+            # bench_hosts.py ran hvdlite's op first in every repetition until session 32
+            g["alternating"].append(row.get("order") == "alternating")
             g["flat"].append(row["flat_s"])
             # bench_hosts.py named the column "hierarchical" until session 26, "two-level" since
             g["two_level"].append(row["hierarchical_s"] if "hierarchical_s" in row else row["two-level_s"])
@@ -1303,8 +1310,14 @@ def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
             # A lone pair (2 x 1): hvdlite's ring pieces follow each other back to back.
             # Open MPI's segments are not modelled, so its column gets no such term.
             pieces = len(_pieces(S, HVD_FLAT_PIECE)) if (H, G) == (2, 1) and mode != "mpi" else 1
-            t, regime = emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else local, max_reps,
-                                      pair_pieces=pieces, op_index=1 if mode == "mpi" else 0)
+            # Each run as it ordered its ops; then the median over runs, as measured.
+            by_order = {alt: emulated_time(cl, em, P, path, link_bytes, S, 0.0 if mode == "mpi" else local,
+                                           max_reps, pair_pieces=pieces, op_index=1 if mode == "mpi" else 0,
+                                           alternating=alt)
+                        for alt in set(samples["alternating"])}
+            t = statistics.median(by_order[alt][0] for alt in samples["alternating"])
+            regimes = {by_order[alt][1] for alt in samples["alternating"]}
+            regime = regimes.pop() if len(regimes) == 1 else "edge"
             row[f"{mode}_model_s"] = t
             row[f"{mode}_regime"] = regime
             row[f"{mode}_algorithm"] = "+".join(used)

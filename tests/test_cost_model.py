@@ -270,6 +270,18 @@ def test_emulated_time_regimes():
     # for all 200 kB
     t, regime = cm.emulated_time(cl, big, 2, 1e-4, 2e5, 64 * KiB, 0.0, op_index=1)
     assert regime == "rate" and close(t, (1.9e-3 + 2e-3) / 2)
+    # A 4.4 MB bucket lasts 23 ops: the last op on tokens is the first of repetition 11.
+    # With hvdlite's op first in every repetition, hvdlite's column gets 11 timed ops on
+    # tokens (its median on tokens) and MPI's 10 (its median on the edge); with the two
+    # going first by turns (hvdlite's first in even repetitions), the other way round.
+    edge_in_pair = cm.Emulation(rate=100e6, burst=4.4e6, wire=cl.inter, cores=2)
+    assert cm.emulated_time(cl, edge_in_pair, 2, 1e-4, 2e5, 64 * KiB, 0.0) == (1e-4, "burst")
+    t, regime = cm.emulated_time(cl, edge_in_pair, 2, 1e-4, 2e5, 64 * KiB, 0.0, op_index=1)
+    assert regime == "edge" and close(t, (1e-4 + 1.7e-3) / 2)  # the 11th waits for 170 of 200 kB
+    assert cm.emulated_time(cl, edge_in_pair, 2, 1e-4, 2e5, 64 * KiB, 0.0, op_index=1,
+                            alternating=True) == (1e-4, "burst")
+    t, regime = cm.emulated_time(cl, edge_in_pair, 2, 1e-4, 2e5, 64 * KiB, 0.0, alternating=True)
+    assert regime == "edge" and close(t, (1e-4 + 1.7e-3) / 2)
     # A 3 MB bucket lasts 15 ops (7 timed): the median op waits at the rate
     smaller = cm.Emulation(rate=100e6, burst=3e6, wire=cl.inter, cores=2)
     t, regime = cm.emulated_time(cl, smaller, 2, 1e-4, 2e5, 64 * KiB, 0.0)
@@ -303,3 +315,34 @@ def test_two_level_with_hvdlites_rules():
     rd = 7 * (A_X + seg / BW_X + seg * GAMMA)
     rab = 14 * A_X + 2 * 127 / 128 * seg / BW_X + 127 / 128 * seg * GAMMA
     assert close(cm.two_level_hvdlite_rules(cl, 128, 8, 4 * MiB), 2 * (rs + min(rd, rab) + ag))
+
+
+def test_validation_predicts_each_run_under_its_own_order(monkeypatch):
+    """A cell measured by runs with hvdlite's op always first (no "order": before
+    session 32) and by runs that alternate gets, per run, the prediction for its
+    order, and then the median over runs, as the measured figure is taken."""
+    import json
+    params = json.loads((_PATH.parent / "cost_model_params.json").read_text())
+
+    def fake_emulated_time(cl, em, P, path, link_bytes, S, overhead, max_reps=20, pair_pieces=1, op_index=0,
+                           alternating=False):
+        # tells apart the order (1 / 2) and which op is timed (+10 for MPI's)
+        return (2.0 if alternating else 1.0) + 10 * op_index, "rate" if alternating else "burst"
+
+    monkeypatch.setattr(cm, "emulated_time", fake_emulated_time)
+
+    def run(order):
+        row = {"config": "2x2@1gbit", "bytes": 64 * KiB, "flat_s": 3e-4, "two-level_s": 3e-4,
+               "default_s": 3e-4, "mpi_s": 4e-4}
+        if order:
+            row["order"] = order
+        return {"config": "2x2@1gbit", "foreign_cpu_share": 0.0, "rows": [row]}
+
+    def predicted(*orders):
+        (row,) = cm.validation_rows(params, {"runs": [run(o) for o in orders]})
+        return row["flat_model_s"], row["mpi_model_s"], row["flat_regime"]
+
+    assert predicted(None) == (1.0, 11.0, "burst")
+    assert predicted("alternating") == (2.0, 12.0, "rate")
+    assert predicted(None, "alternating", None) == (1.0, 11.0, "edge")  # the median run's order
+    assert predicted(None, "alternating") == (1.5, 11.5, "edge")  # two runs: the mean
