@@ -547,9 +547,7 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
     # are one on tokens and one at the rate, and the median lies between the regimes.
     timed.sort()
     lo, hi = timed[(len(timed) - 1) // 2], timed[len(timed) // 2]
-    if lo[1] == hi[1]:
-        return (lo[0] + hi[0]) / 2, lo[1]
-    return (lo[0] + hi[0]) / 2, "edge"
+    return (lo[0] + hi[0]) / 2, lo[1] if lo[1] == hi[1] else "edge"
 
 
 # ================================================================ measuring the parameters

@@ -17,28 +17,38 @@ int32_t HandleTable::OwnerOf(int64_t h) {
   return it == states_.end() ? -1 : it->second.owner;
 }
 
+std::function<void()> HandleTable::MarkDone(Result& r) {
+  auto it = states_.find(r.handle);
+  if (it == states_.end() || it->second.done) return nullptr;
+  State& st = it->second;
+  st.done = true;
+  st.ok = r.ok;
+  st.error = std::move(r.error);
+  st.out = std::move(r.out);
+  st.ready = std::move(r.ready);
+  std::function<void()> on_done;
+  on_done.swap(st.on_done);
+  return on_done;
+}
+
 void HandleTable::Complete(int64_t h, bool ok, const std::string& error, std::unique_ptr<OutputBuffer> out,
                            std::shared_ptr<ReadyEvent> ready) {
-  std::vector<Result> one;
-  one.push_back(Result{h, ok, error, std::move(out), std::move(ready)});
-  CompleteAll(std::move(one));
+  Result r{h, ok, error, std::move(out), std::move(ready)};
+  std::function<void()> on_done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    on_done = MarkDone(r);
+  }
+  cv_.notify_all();
+  if (on_done) on_done();
 }
 
 void HandleTable::CompleteAll(std::vector<Result> results) {
   std::vector<std::function<void()>> on_done;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (Result& r : results) {
-      auto it = states_.find(r.handle);
-      if (it == states_.end() || it->second.done) continue;
-      State& st = it->second;
-      st.done = true;
-      st.ok = r.ok;
-      st.error = std::move(r.error);
-      st.out = std::move(r.out);
-      st.ready = std::move(r.ready);
-      if (st.on_done) on_done.push_back(std::move(st.on_done));
-    }
+    for (Result& r : results)
+      if (std::function<void()> f = MarkDone(r)) on_done.push_back(std::move(f));
   }
   cv_.notify_all();
   for (auto& f : on_done) f();

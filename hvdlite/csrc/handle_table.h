@@ -110,6 +110,9 @@ class HandleTable {
     int32_t owner = 0;
     std::function<void()> on_done;  // WhenDone's callback
   };
+  // Records `r` in its handle's state (mu_ held) and returns the handle's WhenDone
+  // callback, to run after unlocking; nothing if the handle is unknown or done already.
+  std::function<void()> MarkDone(Result& r);
   std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<int32_t, std::function<void()>> waiter_hooks_;
