@@ -273,6 +273,48 @@ def leader(cl: Cluster, H: int, G: int, S: float, cross: str = "ring") -> float:
     return local + cross_allreduce(cl, H, S, 1, cross)
 
 
+HAN_SEGMENT = 64 * KiB  # Open MPI 5's coll_han_allreduce_segsize (ompi_info --param coll han --level 9)
+
+
+def han(cl: Cluster, H: int, G: int, S: float, segment: float = HAN_SEGMENT) -> float:
+    """Open MPI 5's HAN allreduce (coll/han, its default algorithm), which Open MPI runs on
+    a communicator whose hosts hold several ranks each. Every segment of `segment` bytes
+    goes through four stages: a reduce to the host's leader (tuned: binomial, log2 G
+    steps), a reduce among the H leaders (libnbc's non-blocking ireduce: binomial, log2 H
+    one-way messages), a broadcast among the leaders (ibcast, the same), a broadcast in
+    the host. Consecutive segments overlap: in each iteration the host level runs one
+    segment's reduce and an older one's broadcast one after the other, while the leaders'
+    ireduce and ibcast of two others are in flight together; an iteration costs the
+    slower of the two levels. One message between hosts is taken as one exchange
+    (cl.inter_exchange: measured where small), since the ireduce of one segment and the
+    ibcast of another cross the link in opposite directions at once. Link bytes: each
+    host sends at most log2 H times S each way (the root's broadcast)."""
+    def reduce_low(s: float) -> float:
+        return log2ceil(G) * (cl.intra.alpha + s / cl.intra.bw + s * cl.gamma)
+
+    def bcast_low(s: float) -> float:
+        return log2ceil(G) * (cl.intra.alpha + s / cl.intra.bw)
+
+    def reduce_up(s: float) -> float:
+        return log2ceil(H) * (cl.inter_exchange(s, 1) + s * cl.gamma)
+
+    def bcast_up(s: float) -> float:
+        return log2ceil(H) * cl.inter_exchange(s, 1)
+
+    segs = _pieces(S, segment)
+    n = len(segs)
+
+    def seg(i: int) -> float | None:
+        return segs[i] if 0 <= i < n else None
+
+    total = 0.0
+    for k in range(n + 3):  # iteration k: reduce_low(k), reduce_up(k-1), bcast_up(k-2), bcast_low(k-3)
+        low = sum(f(s) for f, s in ((reduce_low, seg(k)), (bcast_low, seg(k - 3))) if s is not None)
+        up = max([f(s) for f, s in ((reduce_up, seg(k - 1)), (bcast_up, seg(k - 2))) if s is not None] or [0.0])
+        total += max(low, up)
+    return total
+
+
 def tree_pipeline(cl: Cluster, H: int, G: int, S: float, d: float) -> float:
     """NCCL-style double binary tree across hosts (a chain inside each), pipelined in
     steps that each move `d` bytes of data (d/2 per tree). Per byte of data a host's link
@@ -425,12 +467,11 @@ def _one_per_host(cl: Cluster, H: int, s: float, streams: int,
 def _mpi_small(cl: Cluster, H: int, G: int, c: float, mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float]:
     """What an MPI_Allreduce of c bytes (below hvdlite's ring threshold) is modelled as.
     Open MPI 5 gives a communicator spanning several hosts with several ranks each to
-    its HAN component (priority 35 over tuned's 30, `ompi_info --param coll all`):
-    reduce in the host, allreduce among one leader per host (the algorithm `mpi` says
-    for H ranks), broadcast in the host. One rank per host: tuned's choice
-    (_one_per_host). Returns (time, bytes per host link and direction)."""
+    its HAN component (priority 35 over tuned's 30, `ompi_info --param coll all`): han().
+    One rank per host: tuned's choice (_one_per_host). Returns (time, bytes per host
+    link and direction)."""
     if G > 1 and H > 1:
-        return leader(cl, H, G, c, mpi.algorithm(H, c)), log2ceil(H) * c
+        return han(cl, H, G, c), log2ceil(H) * c
     if G == 1 and H > 1:
         return _one_per_host(cl, H, c, 1, mpi)
     return recursive_doubling(cl, H, G, c), log2ceil(H) * G * c
@@ -482,15 +523,18 @@ def hvdlite_two_level(cl: Cluster, H: int, G: int, S: float,
     return t, x, sorted(used)
 
 
-def mpi_leader_two_hosts(cl: Cluster, H: int, G: int, S: float,
-                         mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float, list[str]] | None:
+def open_mpi_two_hosts(cl: Cluster, H: int, G: int, S: float,
+                       mpi: OpenMpiRules = OpenMpiRules()) -> tuple[float, float, list[str]] | None:
     """Open MPI's own MPI_Allreduce across hosts, where its algorithm is known well enough
-    to model: on 2 hosts every algorithm it may pick moves S each way over the link
-    (HAN: reduce in the host, exchange between the two leaders, broadcast in the host).
-    None elsewhere (4 hosts: its choice among tuned/HAN algorithms is not modelled)."""
+    to model: on 2 hosts every algorithm it may pick moves S each way over the link.
+    Several ranks per host: HAN (han()); one: tuned, with the step count `mpi` says.
+    None elsewhere (4 hosts: which algorithms HAN's levels and tuned combine from 1 MiB
+    up is not modelled)."""
     if H != 2:
         return None
-    return leader(cl, H, G, S, mpi.algorithm(H, S)), S, ["leader (HAN)"]
+    if G > 1:
+        return han(cl, H, G, S), S, ["HAN"]
+    return cross_allreduce(cl, H, S, 1, mpi.algorithm(H, S)), S, ["tuned"]
 
 
 def bench_reps(S: float, max_reps: int = 20, budget: float = 512 * MiB, rounds: int = 5, min_reps: int = 2) -> int:
@@ -1294,7 +1338,7 @@ def validation_rows(params: dict, val: dict, max_reps: int = 20) -> list[dict]:
         row = {"table": "validation", "config": config, "bytes": S, "runs": len(samples["flat"])}
         rules = open_mpi_rules(params, rate)
         models = {"flat": hvdlite_call(cl, H, G, S, False, rules), "two_level": hvdlite_call(cl, H, G, S, True, rules)}
-        mpi = mpi_leader_two_hosts(cl, H, G, S, rules)
+        mpi = open_mpi_two_hosts(cl, H, G, S, rules)
         if mpi is not None:
             models["mpi"] = mpi
         for mode in ("flat", "two_level", "mpi"):

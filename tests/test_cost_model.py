@@ -205,8 +205,40 @@ def test_two_ranks_follow_the_measured_step_count():
     # two exchanges of half the buffer each, the first reducing
     t, x = cm._one_per_host(cl, 2, 4 * KiB, 1, rules)
     assert close(t, 2 * (A_X + 2 * KiB / BW_X) + 2 * KiB * GAMMA) and close(x, 4 * KiB)
-    # Open MPI's HAN on 2 x 2 at 4 KiB: the leaders make those two exchanges too
-    assert close(cm.mpi_leader_two_hosts(cl, 2, 2, 4 * KiB, rules)[0], cm.leader(cl, 2, 2, 4 * KiB, "rabenseifner"))
+    # Open MPI's own allreduce on 2 x 1 (tuned) follows the same rule
+    assert close(cm.open_mpi_two_hosts(cl, 2, 1, 4 * KiB, rules)[0], t)
+    # with several ranks per host it is HAN, whose leaders reduce and broadcast instead
+    assert close(cm.open_mpi_two_hosts(cl, 2, 2, 4 * KiB, rules)[0], cm.han(cl, 2, 2, 4 * KiB))
+
+
+def test_han_one_segment_runs_its_four_stages_in_turn():
+    # 2 hosts x 4 ranks, 32 KiB (one segment): binomial reduce in the host (2 steps,
+    # reducing), ireduce to the root leader (1 message + its reduction), ibcast back
+    # (1 message), binomial broadcast in the host (2 steps)
+    s = 32 * KiB
+    low_reduce = 2 * (A_L + s / BW_L + s * GAMMA)
+    up = (A_X + s / BW_X) + s * GAMMA + (A_X + s / BW_X)
+    low_bcast = 2 * (A_L + s / BW_L)
+    assert close(cm.han(cluster(), 2, 4, s), low_reduce + up + low_bcast)
+    # 4 hosts: the leaders' binomial trees take 2 messages each way
+    up4 = 2 * ((A_X + s / BW_X) + s * GAMMA) + 2 * (A_X + s / BW_X)
+    assert close(cm.han(cluster(), 4, 4, s), low_reduce + up4 + low_bcast)
+
+
+def test_han_overlaps_the_levels_of_consecutive_segments():
+    # 2 x 2, three segments of 64 KiB. Per segment: host level reduce r, broadcast b;
+    # leaders' ireduce u (with its reduction), ibcast v. Iterations:
+    # 0: r | 1: max(r, u) | 2: max(r, max(u, v)) | 3: max(b, max(u, v)) | 4: max(b, v) | 5: b
+    g = 64 * KiB
+    r = A_L + g / BW_L + g * GAMMA
+    b = A_L + g / BW_L
+    u = A_X + g / BW_X + g * GAMMA
+    v = A_X + g / BW_X
+    expect = r + max(r, u) + max(r, u, v) + max(b, u, v) + max(b, v) + b
+    assert close(cm.han(cluster(), 2, 2, 3 * g), expect)
+    # link-bound here (u, v >> r, b): each further segment adds one message, as its
+    # ireduce travels beside the previous one's ibcast; 4 messages instead of 6
+    assert cm.han(cluster(), 2, 2, 3 * g) < 0.7 * 3 * cm.han(cluster(), 2, 2, g)
 
 
 def test_measured_small_exchanges_replace_alpha_beta_below_their_largest_size():
