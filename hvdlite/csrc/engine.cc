@@ -28,6 +28,10 @@ constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this of
 constexpr int64_t kStallCheckEveryMicros = 1000000;
 // How long rank 0, failing, listens for a worker's report of the failure's cause.
 constexpr int64_t kPeerReportGraceMicros = 200000;
+// A clean shutdown sees a cycle in flight through, if every rank has started it (a rank
+// that shut down had completed it): its messages are on their way and it ends within
+// microseconds. This bounds the wait should it not.
+constexpr int64_t kShutdownDrainMicros = 2000000;
 
 // A caller that runs the engine (Drive) runs MPI's collectives on its own thread, so
 // MPI's temporary buffers come from the same malloc arena as the caller's arrays. With
@@ -278,17 +282,37 @@ Engine::Stats Engine::GetStats() const {
   return s;
 }
 
-void Engine::BeginShutdown(const std::string& reason, bool failure) {
-  if (shutting_down_) return;
+void Engine::BeginShutdown(const std::string& reason, bool failure, bool hold) {
+  // A failure during a hold is announced at once, as a failure.
+  if (shutting_down_ && !(shutdown_held_ && failure)) return;
   shutting_down_ = true;
   shutdown_reason_ = reason;
   stopped_by_failure_ = failure;
   if (failure) registry_->AbortAll(reason);
+  shutdown_held_ = hold && !failure;
+  if (shutdown_held_) {
+    drain_until_us_ = NowMicros() + kShutdownDrainMicros;
+    return;
+  }
+  AnnounceShutdown();
+}
+
+void Engine::AnnounceShutdown() {
+  shutdown_held_ = false;
   ResponseList s;
   s.shutdown = true;
-  s.shutdown_reason = reason;
-  s.failure = failure;
+  s.shutdown_reason = shutdown_reason_;
+  s.failure = stopped_by_failure_;
+  if (!s.failure) s.shutdown_cycles = cycle_->completed();
   channel_->SendToWorkers(std::make_shared<std::vector<uint8_t>>(Serialize(s)));
+}
+
+void Engine::StopWorker() {
+  drain_to_ = -1;
+  RequestList ack;
+  ack.shutdown_ack = true;
+  channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
+  running_ = false;
 }
 
 void Engine::Fail(const std::string& reason) {
@@ -443,9 +467,15 @@ bool Engine::CoordinatorStep() {
       if (cache_.Has(list.waiting_ids[i]))
         coordinator_->ReportCachedWait(from, list.waiting_ids[i], cache_.Get(list.waiting_ids[i]), list.waiting_us[i],
                                        list.waiting_cycle, t);
-    if (list.shutdown && list.failure) BeginShutdown(list.shutdown_reason, true);
-    else if (list.shutdown)
-      BeginShutdown("rank " + std::to_string(from) + " shut down (it called shutdown() or its process is exiting)", false);
+    if (list.shutdown && list.failure) {
+      BeginShutdown(list.shutdown_reason, true);
+    } else if (list.shutdown) {
+      // If the departing rank completed the cycle in flight here, every rank has started
+      // it: the announcement waits for it, so that what every rank submitted finishes.
+      const bool hold = cycle_->InFlight() && list.cycles_completed >= cycle_->started();
+      BeginShutdown("rank " + std::to_string(from) + " shut down (it called shutdown() or its process is exiting)",
+                    false, hold);
+    }
   }
   if (stop_requested_ && !shutting_down_)
     BeginShutdown("rank 0 shut down (it called shutdown() or its process is exiting)", false);
@@ -491,6 +521,14 @@ bool Engine::CoordinatorStep() {
       }
     }
   }
+  if (shutting_down_ && shutdown_held_) {
+    progress = CycleStep(now) || progress;  // the cycle in flight, seen through
+    if (!cycle_->InFlight() || NowMicros() > drain_until_us_) {
+      if (cycle_->InFlight()) HVD_WARN("shutting down with cycle " << cycle_->started() << " unfinished");
+      AnnounceShutdown();
+      progress = true;
+    }
+  }
   return progress;
 }
 
@@ -505,6 +543,7 @@ bool Engine::WorkerStep() {
     for (Request& r : fresh) Route(std::move(r), now, &list);
     if (ask_shutdown) {
       list.shutdown = true;
+      list.cycles_completed = cycle_->completed();
       shutting_down_ = true;
     }
     if (!list.requests.empty() || list.shutdown)
@@ -520,6 +559,11 @@ bool Engine::WorkerStep() {
   }
   if (!running_) return progress;
   progress = CycleStep(now) || progress;
+  if (drain_to_ >= 0 && (cycle_->completed() >= drain_to_ || NowMicros() > drain_until_us_)) {
+    if (cycle_->completed() < drain_to_) HVD_WARN("shutting down with cycle " << drain_to_ << " unfinished");
+    StopWorker();
+    return true;
+  }
   if (now - last_stall_check_us_ >= kStallCheckEveryMicros) {
     last_stall_check_us_ = now;
     SendStallReports(now);
@@ -534,14 +578,18 @@ bool Engine::TakeResponse(std::vector<uint8_t>& buf) {
   ResponseList list = DeserializeResponseList(buf.data(), buf.size());
   if (list.shutdown) {
     shutdown_reason_ = list.shutdown_reason;
+    shutting_down_ = true;  // no new cycles, nothing more to rank 0 but the acknowledgement
     if (list.failure) {
       stopped_by_failure_ = true;
       registry_->AbortAll(list.shutdown_reason);
+    } else if (cycle_->completed() < list.shutdown_cycles && cycle_->started() >= list.shutdown_cycles) {
+      // Rank 0 completed the cycle this rank has in flight, so every rank started it and
+      // its messages are on their way: see it through (WorkerStep), then stop.
+      drain_to_ = list.shutdown_cycles;
+      drain_until_us_ = NowMicros() + kShutdownDrainMicros;
+      return true;
     }
-    RequestList ack;
-    ack.shutdown_ack = true;
-    channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
-    running_ = false;
+    StopWorker();
     return false;
   }
   received_.push_back(std::move(list));
@@ -573,11 +621,18 @@ bool Engine::RunReceivedLists(int64_t upto) {
 }
 
 bool Engine::CycleStep(int64_t now) {
-  if (shutting_down_ || !running_) return false;
-  // A list rank 0 sent while its cycle was in flight waits for that cycle, which needs
-  // this rank's part too.
-  const bool peer_waits = !received_.empty() && received_.back().after_cycle > cycle_->started();
-  bool progress = cycle_->MaybeStart(rank() == 0 ? lists_sent_ : -1, peer_waits, cache_.Empty(), now);
+  if (!running_) return false;
+  bool progress = false;
+  if (shutting_down_) {
+    // No cycle starts. One in flight moves on only where every rank sees it through
+    // (rank 0's hold, a worker's drain), since its collectives then run everywhere.
+    if (!shutdown_held_ && drain_to_ < 0) return false;
+  } else {
+    // A list rank 0 sent while its cycle was in flight waits for that cycle, which needs
+    // this rank's part too.
+    const bool peer_waits = !received_.empty() && received_.back().after_cycle > cycle_->started();
+    progress = cycle_->MaybeStart(rank() == 0 ? lists_sent_ : -1, peer_waits, cache_.Empty(), now);
+  }
   CacheCycle::Outcome out;
   if (cycle_->Poll(cache_, NowMicros(), &out)) {
     RunCycle(out);
@@ -719,7 +774,7 @@ bool Engine::PollInFlight() {
 }
 
 // Rank 0 has announced shutdown and every other rank acknowledged it.
-bool Engine::Finished() const { return rank() == 0 && shutting_down_ && acks_ >= size() - 1; }
+bool Engine::Finished() const { return rank() == 0 && shutting_down_ && !shutdown_held_ && acks_ >= size() - 1; }
 
 // HOROVOD_THREAD_AFFINITY: this thread on the core given for this local rank.
 void Engine::PinThread() const {

@@ -159,10 +159,14 @@ class Engine {
   // Workers: runs the response lists received whose turn has come; with `upto`, first
   // waits for (and runs) rank 0's lists up to that count. False once shut down.
   bool RunReceivedLists(int64_t upto = -1);
-  // A response list from rank 0 (or the shutdown); false when it was the shutdown.
+  // A response list from rank 0 (or the shutdown); false once this rank stopped.
   bool TakeResponse(std::vector<uint8_t>& buf);
   void SendStallReports(int64_t now);
-  void BeginShutdown(const std::string& reason, bool failure);
+  // Rank 0: the job shuts down. `hold`: a clean shutdown whose announcement waits (up
+  // to kShutdownDrainMicros) for the cycle in flight, which every rank has started.
+  void BeginShutdown(const std::string& reason, bool failure, bool hold = false);
+  void AnnounceShutdown();  // rank 0: tells every worker (after a hold, now)
+  void StopWorker();        // a worker: acknowledges the shutdown and stops
   // A failure on this rank that the others must hear of (a GPU collective failed, or
   // never finished): shut the job down everywhere, device work aborted.
   void Fail(const std::string& reason);
@@ -250,7 +254,10 @@ class Engine {
   std::atomic<bool> running_{true};
   std::atomic<bool> stopped_by_failure_{false};
   std::atomic<bool> peer_failed_{false};
-  bool shutting_down_ = false;   // coordinator: shutdown announced; worker: asked for it
+  bool shutting_down_ = false;   // coordinator: shutdown begun; worker: asked for it or told
+  bool shutdown_held_ = false;   // coordinator: its announcement waits for the cycle in flight
+  int64_t drain_to_ = -1;        // worker: told to shut down once this many cycles completed
+  int64_t drain_until_us_ = 0;   // ... or at this time, whichever comes first (also rank 0's hold)
   int acks_ = 0;
   std::string shutdown_reason_;
   int64_t last_stall_check_us_ = 0;

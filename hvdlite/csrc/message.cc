@@ -147,6 +147,7 @@ std::vector<uint8_t> Serialize(const RequestList& list) {
   w.Vec(list.waiting_ids);
   w.Vec(list.waiting_us);
   w.Pod<int64_t>(list.waiting_cycle);
+  w.Pod<int64_t>(list.cycles_completed);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.requests.size()));
   for (const auto& r : list.requests) Put(w, r);
   return w.Take();
@@ -162,6 +163,7 @@ RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
   list.waiting_ids = rd.Vec<int32_t>();
   list.waiting_us = rd.Vec<int64_t>();
   list.waiting_cycle = rd.Pod<int64_t>();
+  list.cycles_completed = rd.Pod<int64_t>();
   auto n = rd.Pod<uint32_t>();
   list.requests.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.requests.push_back(GetRequest(rd));
@@ -171,6 +173,7 @@ RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
 std::vector<uint8_t> Serialize(const ResponseList& list) {
   Writer w;
   w.Pod<uint8_t>(list.shutdown); w.Str(list.shutdown_reason); w.Pod<uint8_t>(list.failure);
+  w.Pod<int64_t>(list.shutdown_cycles);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) Put(w, r);
   w.Pod<int64_t>(list.after_cycle);
@@ -185,6 +188,7 @@ ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
   list.shutdown = rd.Pod<uint8_t>();
   list.shutdown_reason = rd.Str();
   list.failure = rd.Pod<uint8_t>();
+  list.shutdown_cycles = rd.Pod<int64_t>();
   auto n = rd.Pod<uint32_t>();
   list.responses.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(GetResponse(rd));

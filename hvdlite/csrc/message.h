@@ -48,6 +48,8 @@ struct RequestList {
   int64_t waiting_cycle = 0;
   bool shutdown = false;            // this rank asks the job to shut down
   bool shutdown_ack = false;        // this rank saw the shutdown and will send no more
+  // With `shutdown`: the cycles this rank had completed when it asked (-1: unknown).
+  int64_t cycles_completed = -1;
   // With `shutdown`: a failure on this rank (a GPU collective failed), and why. The
   // other ranks abort their device work instead of waiting for this rank's part.
   bool failure = false;
@@ -85,6 +87,9 @@ struct ResponseList {
   bool shutdown = false;
   std::string shutdown_reason;
   bool failure = false;  // the shutdown is a failure: abort device work in flight
+  // With a clean shutdown: the cycles rank 0 completed. A rank with fewer sees the one
+  // in flight through before it stops (every rank started it), -1: stop at once.
+  int64_t shutdown_cycles = -1;
   // The autotuner's new settings, applied by every rank when it runs this list.
   bool has_tunables = false;
   Tunables tunables;
