@@ -534,7 +534,7 @@ def open_mpi_two_hosts(cl: Cluster, H: int, G: int, S: float,
         return None
     if G > 1:
         return han(cl, H, G, S), S, ["HAN"]
-    return cross_allreduce(cl, H, S, 1, mpi.algorithm(H, S)), S, ["tuned"]
+    return _one_per_host(cl, H, S, 1, mpi)[0], S, ["tuned"]
 
 
 def bench_reps(S: float, max_reps: int = 20, budget: float = 512 * MiB, rounds: int = 5, min_reps: int = 2) -> int:
