@@ -1,0 +1,1 @@
+"""Placeholder for Horovod's ``horovod.runner.common``: only ``util.env`` is provided."""
