@@ -137,7 +137,10 @@ class AliasFinder(importlib.abc.MetaPathFinder):
             return None
         hvdlite_name = ALIASES.get(fullname)
         if hvdlite_name is None:
-            raise ModuleNotFoundError(unsupported_message(fullname), name=fullname)
+            # No `name=`: `from horovod.runner.common.util import secret` would otherwise lose
+            # this message to Python's "cannot import name" (the import system drops a
+            # ModuleNotFoundError named after the module a fromlist asked for).
+            raise ModuleNotFoundError(unsupported_message(fullname))
         hvdlite_spec = importlib.util.find_spec(hvdlite_name)
         if hvdlite_spec is None:
             raise ModuleNotFoundError(f"{fullname} is hvdlite's {hvdlite_name}, which is not installed: "
