@@ -11,14 +11,27 @@ namespace {
 
 MPI_Datatype g_f16 = MPI_DATATYPE_NULL;
 MPI_Datatype g_bf16 = MPI_DATATYPE_NULL;
-MPI_Op g_half_ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum min max prod
+MPI_Op g_own_ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum min max prod
 bool g_ready = false;
 
-// MPI's user op for float16/bfloat16: inout[i] = inout[i] op in[i], by the same kernel
-// as the ring's reduction (combined in float, rounded once).
+// The element type behind an MPI datatype that one of our own ops is given.
+DataType OwnOpType(MPI_Datatype dt) {
+  if (dt == g_bf16) return DataType::kBFloat16;
+  if (dt == g_f16) return DataType::kFloat16;
+  if (dt == MPI_INT8_T) return DataType::kInt8;
+  return DataType::kUInt8;
+}
+
+// MPI's user op for the types whose reduction MPI cannot be given, or trusted with:
+// inout[i] = inout[i] op in[i], by the same kernel as the ring's reduction.
+// float16/bfloat16 are no MPI types at all (combined in float, then rounded). 8-bit
+// integer sums must wrap around as NumPy's, the frameworks' and every other type's do,
+// but Open MPI's vectorized ops (its op/avx component, taken on any CPU with SSE4.1
+// and up) add 8-bit integers with saturating instructions in blocks of 16 and more
+// elements, and wrap only in the leftover tail.
 template <ReduceOp Op>
-void HalfOp(void* in, void* inout, int* len, MPI_Datatype* dt) {
-  ReduceScaled(inout, inout, in, *len, *dt == g_bf16 ? DataType::kBFloat16 : DataType::kFloat16, Op, 1.0);
+void OwnOp(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  ReduceScaled(inout, inout, in, *len, OwnOpType(*dt), Op, 1.0);
 }
 
 template <typename T>
@@ -97,10 +110,18 @@ HVDLITE_INLINE void ReduceScaledT(T* dst, const T* a, const T* b, int64_t n, dou
   }
 }
 
+// 16-bit floats: combined in float and rounded to the type, as MPI's reduction of them
+// is; a factor then scales that rounded result, so that a scaled reduction (the ring's
+// last step of an Average) gives what the reduction followed by ScaleBuffer gives,
+// overflow to infinity included.
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), ReduceOp Op>
 HVDLITE_INLINE void ReduceScaled16(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t n, double f) {
+  if (f == 1.0) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = FromF(Combine<float>(ToF(a[i]), ToF(b[i]), Op));
+    return;
+  }
   const float ff = static_cast<float>(f);
-  for (int64_t i = 0; i < n; ++i) dst[i] = FromF(Combine<float>(ToF(a[i]), ToF(b[i]), Op) * ff);
+  for (int64_t i = 0; i < n; ++i) dst[i] = FromF(ToF(FromF(Combine<float>(ToF(a[i]), ToF(b[i]), Op))) * ff);
 }
 
 template <ReduceOp Op>
@@ -147,10 +168,10 @@ void InitReduceOps() {
   MPI_Type_commit(&g_f16);
   MPI_Type_contiguous(2, MPI_BYTE, &g_bf16);
   MPI_Type_commit(&g_bf16);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kSum>), 1, &g_half_ops[0]);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kMin>), 1, &g_half_ops[1]);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kMax>), 1, &g_half_ops[2]);
-  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&HalfOp<ReduceOp::kProduct>), 1, &g_half_ops[3]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&OwnOp<ReduceOp::kSum>), 1, &g_own_ops[0]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&OwnOp<ReduceOp::kMin>), 1, &g_own_ops[1]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&OwnOp<ReduceOp::kMax>), 1, &g_own_ops[2]);
+  MPI_Op_create(reinterpret_cast<MPI_User_function*>(&OwnOp<ReduceOp::kProduct>), 1, &g_own_ops[3]);
   g_ready = true;
 }
 
@@ -158,7 +179,7 @@ void FreeReduceOps() {
   if (!g_ready) return;
   MPI_Type_free(&g_f16);
   MPI_Type_free(&g_bf16);
-  for (auto& op : g_half_ops) MPI_Op_free(&op);
+  for (auto& op : g_own_ops) MPI_Op_free(&op);
   g_ready = false;
 }
 
@@ -178,12 +199,13 @@ MPI_Datatype MpiType(DataType dt) {
 
 MPI_Op MpiOp(ReduceOp op, DataType dt) {
   const bool half = dt == DataType::kFloat16 || dt == DataType::kBFloat16;
+  const bool byte = dt == DataType::kInt8 || dt == DataType::kUInt8;
   switch (op) {
     case ReduceOp::kAverage:
-    case ReduceOp::kSum: return half ? g_half_ops[0] : MPI_SUM;
-    case ReduceOp::kMin: return half ? g_half_ops[1] : MPI_MIN;
-    case ReduceOp::kMax: return half ? g_half_ops[2] : MPI_MAX;
-    case ReduceOp::kProduct: return half ? g_half_ops[3] : MPI_PROD;
+    case ReduceOp::kSum: return half || byte ? g_own_ops[0] : MPI_SUM;
+    case ReduceOp::kMin: return half ? g_own_ops[1] : MPI_MIN;
+    case ReduceOp::kMax: return half ? g_own_ops[2] : MPI_MAX;
+    case ReduceOp::kProduct: return half ? g_own_ops[3] : MPI_PROD;
     default: break;
   }
   throw std::runtime_error(std::string("hvdlite: reduce op ") + ReduceOpName(op) + " is not supported");

@@ -1,6 +1,6 @@
 // Element-wise helpers the data plane needs on host memory: MPI datatypes and reduce
-// ops for every element type (float16/bfloat16 through user-defined MPI ops), and
-// scaling by a factor (prescale, postscale, Average).
+// ops for every element type (float16/bfloat16, and 8-bit integer sums, through
+// user-defined MPI ops), and scaling by a factor (prescale, postscale, Average).
 #pragma once
 
 #include <mpi.h>
@@ -11,8 +11,8 @@
 
 namespace hvdlite {
 
-// Creates the MPI handles for float16/bfloat16 (call once after MPI_Init) and frees
-// them (before MPI_Finalize).
+// Creates the MPI handles for float16/bfloat16 and our own ops (call once after
+// MPI_Init) and frees them (before MPI_Finalize).
 void InitReduceOps();
 void FreeReduceOps();
 
@@ -24,9 +24,10 @@ void ScaleBuffer(void* buf, int64_t count, DataType dt, double factor);
 // dst[i] = src[i] * factor.
 void ScaleCopy(void* dst, const void* src, int64_t count, DataType dt, double factor);
 // dst[i] = (a[i] op b[i]) * factor, in one pass (factor 1: no scaling; Average reduces
-// as Sum). dst may be a; otherwise no two of the buffers overlap. float16/bfloat16 are
-// combined and scaled in float and rounded once. The data plane's own reduction
-// (MpiCollectives' ring allreduce, and MPI's float16/bfloat16 user ops).
+// as Sum). dst may be a; otherwise no two of the buffers overlap. Integers wrap around.
+// float16/bfloat16 are combined in float and rounded, then scaled and rounded again, so
+// a scaled reduction equals the reduction followed by ScaleBuffer. The data plane's own
+// reduction (MpiCollectives' ring allreduce, and the user ops MpiOp hands MPI).
 void ReduceScaled(void* dst, const void* a, const void* b, int64_t count, DataType dt, ReduceOp op,
                   double factor);
 
