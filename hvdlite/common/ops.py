@@ -147,6 +147,12 @@ def current_process_set() -> Any:
     return _scope.process_set
 
 
+def current_set_size() -> int:
+    """How many ranks the enclosing process set has (the job's size for the global set)."""
+    ps = _scope.process_set
+    return _basics.size() if ps is None else (ps.size() or 1)  # unregistered: refused when submitted
+
+
 def _current_id() -> int:
     ps = _scope.process_set
     return 0 if ps is None else (ps.process_set_id or 0)

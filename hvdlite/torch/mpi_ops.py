@@ -15,7 +15,7 @@ and float64 are handed to the engine without a copy. Anything else works too:
   result back into the original tensor);
 * ``bool``, ``int16`` and complex tensors, and any other dtype, can be broadcast,
   allgathered and alltoall'ed (their bytes are moved as they are); reductions accept
-  ``int16`` (computed in int32), ``bool`` with ``Min``/``Max`` (logical and/or) and
+  ``int16`` (computed in int32 and wrapped back, as 16-bit arithmetic wraps), ``bool`` with ``Min``/``Max`` (logical and/or) and
   complex tensors with ``Sum``/``Average``; other combinations raise ``TypeError``;
 * CUDA tensors stay on their GPU: the collective runs with NCCL on hvdlite's own
   stream, ordered after the work queued so far on the current stream of the tensor's
@@ -63,9 +63,16 @@ class _Stage:
     dtype: str                     # engine dtype name of ``eng``
     shares: bool                   # ``eng`` aliases ``src``'s memory
     back: Callable[[torch.Tensor], torch.Tensor]  # engine-format tensor -> user's dtype/shape
+    # The reduction the engine runs when it is not the caller's (op, prescale, postscale):
+    # set for types reduced in a wider one, whose scaling ``back`` applies after narrowing.
+    engine_reduction: tuple[int, float, float] | None = None
 
     def raw(self) -> _ops.RawTensor:
         return _raw(self.eng, self.dtype)
+
+    def reduction(self, op: int, pre: float, post: float) -> tuple[int, float, float]:
+        """The op and scale factors to hand the engine for this tensor."""
+        return self.engine_reduction or (op, pre, post)
 
     def to_user_device(self, t: torch.Tensor) -> torch.Tensor:
         return t if t.device == self.src.device else t.to(self.src.device)
@@ -131,7 +138,13 @@ def _stage_move(t: torch.Tensor) -> _Stage:
     return _Stage(t, eng, "uint8", shares, lambda r: r.view(dtype))
 
 
-def _stage_reduce(t: torch.Tensor, op: int) -> _Stage:
+def _scaled_int(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """An integer tensor times ``factor`` in double precision, truncated toward zero into
+    its own dtype, as the engine scales integers."""
+    return t if factor == 1.0 else (t.to(torch.float64) * factor).trunc().to(t.dtype)
+
+
+def _stage_reduce(t: torch.Tensor, op: int, pre: float = 1.0, post: float = 1.0) -> _Stage:
     """Stage for reductions (allreduce, reducescatter). Raises TypeError for a tensor
     that cannot be reduced with `op` (the caller refuses it on every rank)."""
     host = _to_host(t)
@@ -146,7 +159,14 @@ def _stage_reduce(t: torch.Tensor, op: int) -> _Stage:
                             f"tensor.to(torch.int32)")
         return _Stage(t, host.view(torch.uint8), "uint8", shares, lambda r: r.view(torch.bool))
     if dtype in (torch.int16, torch.uint16):
-        return _Stage(t, host.to(torch.int32), "int32", False, lambda r: r.to(dtype))
+        # Reduced in int32, then narrowed, which wraps around as 16-bit arithmetic does.
+        # Scaling (Average, the factors) applies to the 16-bit values, as for the engine's
+        # own integer types: the input is prescaled here, the narrowed result scaled after.
+        n = _ops.current_set_size()
+        after = post / n if op == Average else post
+        engine_op = Sum if op == Average else op
+        return _Stage(t, _scaled_int(host, pre).to(torch.int32), "int32", False,
+                      lambda r: _scaled_int(r.to(dtype), after), (engine_op, 1.0, 1.0))
     if dtype.is_complex:
         if op not in (Sum, Average):
             raise TypeError(f"complex tensors ({dtype}) can only be reduced with Sum or Average, "
@@ -257,9 +277,10 @@ def _allreduce_submit(stages: list[_Stage], outputs: list[torch.Tensor], names: 
     parts = []
     gsize = len(stages) if gid >= 0 else 0
     for st, out, nm in zip(stages, outputs, names):
+        sop, pre, post = st.reduction(op, prescale_factor, postscale_factor)
         parts.append(_ops.submit(
             _ops.ALLREDUCE, st.raw(), _raw(out, st.dtype),
-            name=nm, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            name=nm, op=sop, prescale_factor=pre, postscale_factor=post,
             group_id=gid, group_size=gsize, keepalive=(st, out)))
     return parts
 
@@ -293,8 +314,8 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
     gid = -1
     if grouped:
         gid = _ops.new_group_id() if group_id is None else group_id
-    stages = _ops.stage_or_refuse(_ops.ALLREDUCE, names, tensors, lambda t: _stage_reduce(t, op),
-                                  gid, op)
+    stages = _ops.stage_or_refuse(_ops.ALLREDUCE, names, tensors,
+                                  lambda t: _stage_reduce(t, op, prescale_factor, postscale_factor), gid, op)
     outputs = []
     for st in stages:
         if inplace:
@@ -764,23 +785,24 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 # Reducescatter
 
 
-def _stage_reducescatter(op: int) -> Callable[[torch.Tensor], _Stage]:
+def _stage_reducescatter(op: int, pre: float, post: float) -> Callable[[torch.Tensor], _Stage]:
     def stage(t: torch.Tensor) -> _Stage:
         if op not in (Sum, Average, Adasum):
             raise ValueError(f"reducescatter supports only Sum, Average and Adasum, not "
                              f"{_ops.describe_op(op)}")
-        return _stage_reduce(t, op)
+        return _stage_reduce(t, op, pre, post)
     return stage
 
 
 def _reducescatter_impl(tensor: torch.Tensor, name: str | None, op: int, pre: float,
                         post: float) -> Handle:
     nm = name if name is not None else _ops.auto_name("reducescatter")
-    [st] = _ops.stage_or_refuse(_ops.REDUCESCATTER, [nm], [tensor], _stage_reducescatter(op))
+    [st] = _ops.stage_or_refuse(_ops.REDUCESCATTER, [nm], [tensor], _stage_reducescatter(op, pre, post))
     return _reducescatter_staged(st, nm, op, pre, post)
 
 
 def _reducescatter_staged(st: _Stage, nm: str, op: int, pre: float, post: float) -> Handle:
+    op, pre, post = st.reduction(op, pre, post)
     part = _ops.submit(_ops.REDUCESCATTER, st.raw(), name=nm, op=op, prescale_factor=pre,
                        postscale_factor=post, keepalive=st)
 
@@ -853,7 +875,7 @@ def _grouped_reducescatter_impl(tensors: Sequence[torch.Tensor], name: str | Non
                                 pre: float, post: float) -> Handle:
     base = name if name is not None else _ops.auto_name("grouped_reducescatter")
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    stages = _ops.stage_or_refuse(_ops.REDUCESCATTER, names, tensors, _stage_reducescatter(op))
+    stages = _ops.stage_or_refuse(_ops.REDUCESCATTER, names, tensors, _stage_reducescatter(op, pre, post))
     subs = [_reducescatter_staged(st, nm, op, pre, post) for st, nm in zip(stages, names)]
     return _TorchHandle(subs, lambda _: [h.wait() for h in subs], base)
 
