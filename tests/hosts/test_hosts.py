@@ -112,6 +112,25 @@ def test_hierarchical_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: li
     assert (two_level in small) == (mode == "1"), small
 
 
+@pytest.mark.parametrize("schedule", ["torus", "leader"])
+def test_hierarchical_allreduce_of_every_type_and_op_matches_numpy(hosts: EmulatedHosts, tmp_path: Path,
+                                                                   schedule: str) -> None:
+    """tests/core/dtype_checks.py across 2 hosts x 2 ranks with every allreduce in two
+    levels: every element type and reduce op, sizes 1 to 4097, integer values that wrap
+    around, alone, fused and on a process set, against NumPy's arithmetic."""
+    timeline = tmp_path / "timeline.json"
+    env = {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+           "HVDLITE_HIERARCHICAL_ALGORITHM": schedule}
+    layout = [2, 2]
+    out = run_on_hosts(hosts, layout, ["-H", hosts.host_spec(layout + [0])], "--paths", "negotiated,fused,set",
+                       script=REPO / "tests" / "core" / "dtype_checks.py", env=env)
+    assert out.count("ALL CHECKS PASSED") == 4, out[-3000:]
+    seen = phases(timeline)
+    phase = "MPI_HIERARCHICAL_ALLREDUCE" if schedule == "torus" else "MPI_LEADER_ALLREDUCE"
+    for name in ("neg.int8.Sum.16", "neg.uint8.Sum.4097", "neg.float16.Average.33", "neg.int64.Product.1000"):
+        assert phase in seen[name], (name, seen[name])
+
+
 @pytest.mark.parametrize("layout", [[2, 2], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
 def test_leader_allreduce(hosts: EmulatedHosts, tmp_path: Path, layout: list[int]) -> None:
     """HVDLITE_HIERARCHICAL_ALGORITHM=leader: every two-level allreduce is reduced to
