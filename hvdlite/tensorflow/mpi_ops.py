@@ -1193,7 +1193,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
                                        ignore_name_scope=True)
                     return back
 
-                return (y, recv), grad
+                return (y, recv), _keeps_process_set(grad)
 
             y, recv = fn(t)
         else:

@@ -14,7 +14,9 @@ from tests.launch import run_ok
 from tests.torch.torch_mp import assert_passed
 
 WORKER = Path(__file__).resolve().parent / "tf_process_sets_worker.py"
-CASES = ["collectives_on_a_set", "gradients_on_a_set", "session_graph_on_a_set",
+CASES = ["collectives_on_a_set", "gradients_on_a_set",
+         "gradient_of_every_collective_stays_on_its_set", "session_gradients_on_a_set",
+         "session_graph_on_a_set",
          "outside_the_set_is_refused", "dynamic_sets"]
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -97,6 +98,156 @@ def gradients_on_a_set() -> None:
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0), process_set=ps)
     opt.apply_gradients([(c, kv)])
     close(kv.numpy(), -want, "keras optimizer on a set")
+
+
+def upstream(r: int, shape) -> np.ndarray:
+    """The gradient rank ``r`` feeds back into a collective's output (distinct per rank)."""
+    return np.cos(np.arange(np.prod(shape), dtype=np.float64).reshape(shape) + 3 * r).astype(np.float32)
+
+
+def a2a_splits(members, i: int) -> list[int]:
+    """Rows the member at set rank ``i`` sends to each member (uneven, some zero)."""
+    return [(i + 2 * j) % 3 for j in range(len(members))]
+
+
+def expected_gradients(ps) -> dict[str, np.ndarray]:
+    """Each differentiable collective's input gradient on this rank, from the gradients
+    every member feeds back (NumPy over the set's members, Horovod's rules): allreduce
+    reduces the gradients with its op and scale factors; allgather averages the set's
+    gradients of this rank's rows; broadcast gives the root their average and the
+    others zeros; alltoall sends each gradient block back to where its rows came from;
+    reducescatter gathers the blocks, times the set's size for Sum, times its scale
+    factors."""
+    members, me = ps.ranks, hvd.rank()
+    n, k = len(members), members.index(me)
+    want = {
+        "allreduce_sum_scaled": 0.5 * 3.0 * sum(upstream(r, (4,)) for r in members),
+        "allreduce_average": np.mean([upstream(r, (4,)) for r in members], 0),
+        "grouped_allreduce": [sum(upstream(r, (4,)) for r in members),
+                              sum(upstream(r + 7, (3,)) for r in members)],
+        "broadcast": (np.mean([upstream(r, (4,)) for r in members], 0) if me == members[-1]
+                      else np.zeros(4, np.float32)),
+    }
+    rows = [1 + (members.index(r) % 2) for r in members]  # allgather rows per member
+    start = sum(rows[:k])
+    gathered = (sum(rows), 2)
+    want["allgather"] = np.mean([upstream(r, gathered)[start:start + rows[k]] for r in members], 0)
+    want["grouped_allgather"] = [want["allgather"],
+                                 np.mean([upstream(r + 5, (sum(rows),))[start:start + rows[k]]
+                                          for r in members], 0)]
+    splits = [a2a_splits(members, i) for i in range(n)]
+    blocks = []
+    for j, r in enumerate(members):  # what member j received, in sender order
+        dy = upstream(r, (sum(splits[i][j] for i in range(n)), 2))
+        off = sum(splits[i][j] for i in range(k))
+        blocks.append(dy[off:off + splits[k][j]])
+    want["alltoall"] = np.concatenate(blocks)
+    block = [upstream(r, (2, 2)) for r in members]
+    want["reducescatter_sum_scaled"] = np.concatenate(block) * n * 2.0 * 0.25
+    want["reducescatter_average"] = np.concatenate(block)
+    want["grouped_reducescatter"] = [np.concatenate(block) * n,
+                                     np.concatenate([upstream(r + 9, (2,)) for r in members]) * n]
+    return want
+
+
+def gradients_of(ps, tag: str) -> dict[str, Any]:
+    """The input gradients of every differentiable collective on set ``ps``, each fed
+    this rank's ``upstream`` gradient (computed with a tape; in tf.function when the
+    caller traces this)."""
+    members, me = ps.ranks, hvd.rank()
+    n, k = len(members), members.index(me)
+    got: dict[str, Any] = {}
+
+    def grad(name, build, xs, ups):
+        xs = [tf.constant(x) for x in xs]
+        with tf.GradientTape() as tape:
+            for x in xs:
+                tape.watch(x)
+            ys = build(*xs)
+            ys = ys if isinstance(ys, (list, tuple)) else [ys]
+        gs = tape.gradient(list(ys), xs, output_gradients=[tf.constant(u) for u in ups])
+        got[name] = gs if len(gs) > 1 else gs[0]
+
+    v4 = value(me)
+    grad("allreduce_sum_scaled", lambda x: hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5,
+                                                         postscale_factor=3.0, process_set=ps,
+                                                         name=f"g.ar.{tag}"),
+         [v4], [upstream(me, (4,))])
+    grad("allreduce_average", lambda x: hvd.allreduce(x, process_set=ps, name=f"g.avg.{tag}"),
+         [v4], [upstream(me, (4,))])
+    grad("grouped_allreduce", lambda a, b: hvd.grouped_allreduce([a, b], op=hvd.Sum, process_set=ps,
+                                                                 name=f"g.gar.{tag}"),
+         [v4, value(me, (3,))], [upstream(me, (4,)), upstream(me + 7, (3,))])
+    grad("broadcast", lambda x: hvd.broadcast(x, root_rank=members[-1], process_set=ps,
+                                              name=f"g.bc.{tag}"),
+         [v4], [upstream(me, (4,))])
+    rows = [1 + (i % 2) for i in range(n)]
+    total = sum(rows)
+    grad("allgather", lambda x: hvd.allgather(x, process_set=ps, name=f"g.ag.{tag}"),
+         [value(me, (rows[k], 2))], [upstream(me, (total, 2))])
+    grad("grouped_allgather", lambda a, b: hvd.grouped_allgather([a, b], process_set=ps,
+                                                                 name=f"g.gag.{tag}"),
+         [value(me, (rows[k], 2)), value(me, (rows[k],))],
+         [upstream(me, (total, 2)), upstream(me + 5, (total,))])
+    splits = [a2a_splits(members, i) for i in range(n)]
+    received = sum(splits[i][k] for i in range(n))
+    grad("alltoall", lambda x: hvd.alltoall(x, splits=splits[k], process_set=ps,
+                                            name=f"g.a2a.{tag}")[0],
+         [value(me, (sum(splits[k]), 2))], [upstream(me, (received, 2))])
+    grad("reducescatter_sum_scaled",
+         lambda x: hvd.reducescatter(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25,
+                                     process_set=ps, name=f"g.rs.{tag}"),
+         [value(me, (2 * n, 2))], [upstream(me, (2, 2))])
+    grad("reducescatter_average", lambda x: hvd.reducescatter(x, process_set=ps, name=f"g.rsa.{tag}"),
+         [value(me, (2 * n, 2))], [upstream(me, (2, 2))])
+    grad("grouped_reducescatter",
+         lambda a, b: hvd.grouped_reducescatter([a, b], op=hvd.Sum, process_set=ps, name=f"g.grs.{tag}"),
+         [value(me, (2 * n, 2)), value(me, (2 * n,))], [upstream(me, (2, 2)), upstream(me + 9, (2,))])
+    return got
+
+
+@case
+def gradient_of_every_collective_stays_on_its_set() -> None:
+    """Every differentiable collective's gradient runs on the set its forward ran on,
+    with its op, scale factors and (for alltoall) the splits it received, eagerly and
+    in tf.function; a global allreduce follows on every rank. (A gradient run on the
+    global set instead fails or waits for ranks outside the set.)"""
+    ps = mine()
+    want = expected_gradients(ps)
+    for mode in ("eager", "function"):
+        got = gradients_of(ps, mode) if mode == "eager" else tf.function(lambda: gradients_of(ps, mode))()
+        assert sorted(got) == sorted(want), sorted(got)
+        for name, w in want.items():
+            g = got[name]
+            if isinstance(w, list):
+                for i, (gi, wi) in enumerate(zip(g, w)):
+                    close(gi, wi, f"{mode} gradient of {name}, tensor {i}")
+            else:
+                close(g, w, f"{mode} gradient of {name}")
+    close(hvd.allreduce(tf.ones(2), op=hvd.Sum, name="g.after"), [3.0, 3.0], "global allreduce after")
+
+
+@case
+def session_gradients_on_a_set() -> None:
+    """tf.gradients of alltoall (uneven splits) and allgather on a set in a TF1 graph
+    run by a Session: each gradient's collective runs on the set."""
+    ps, me = mine(), hvd.rank()
+    members = ps.ranks
+    n, k = len(members), members.index(me)
+    splits = [a2a_splits(members, i) for i in range(n)]
+    want = expected_gradients(ps)
+    rows = [1 + (i % 2) for i in range(n)]
+    with tf.Graph().as_default():
+        x = tf.constant(value(me, (sum(splits[k]), 2)))
+        y, _ = hvd.alltoall(x, splits=splits[k], process_set=ps, name="g.session.a2a")
+        gx = tf.gradients(y, x, grad_ys=tf.constant(upstream(me, (sum(s[k] for s in splits), 2))))[0]
+        z = tf.constant(value(me, (rows[k], 2)))
+        w = hvd.allgather(z, process_set=ps, name="g.session.ag")
+        gz = tf.gradients(w, z, grad_ys=tf.constant(upstream(me, (sum(rows), 2))))[0]
+        with tf.compat.v1.Session() as sess:
+            got_x, got_z = sess.run([gx, gz])
+    close(got_x, want["alltoall"], "session alltoall gradient")
+    close(got_z, want["allgather"], "session allgather gradient")
 
 
 @case
