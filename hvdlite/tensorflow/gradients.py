@@ -259,9 +259,43 @@ def reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any]
     """:func:`allreduce_gradients` for the gradients of every variable that is not in
     ``local``; the gradients of local variables are not communicated, only divided by
     the number of ranks when ``scale_local_gradients`` (as Horovod does, so that they
-    keep the scale of the averaged ones). On ``process_set``'s ranks (None: all)."""
-    with _ops.process_set_scope(process_set):
+    keep the scale of the averaged ones). On ``process_set``'s ranks (None: all).
+
+    On a rank outside ``process_set`` nothing is communicated: the gradients come back
+    as they are (dense where ``sparse_as_dense``), as Horovod's do, local ones divided
+    by the set's size when ``scale_local_gradients``."""
+    if _mpi.outside_of(process_set):
+        return _outside_gradients(grads, variables, local, scale_local_gradients,
+                                  len(_set_ranks(process_set)), options.get("sparse_as_dense", False))
+    with _mpi._set_scope(process_set):
         return _reduce_gradients_except_local(grads, variables, local, scale_local_gradients, **options)
+
+
+def _set_ranks(process_set: Any) -> list[int]:
+    from hvdlite.common import process_set_table
+    return process_set_table.members(process_set.process_set_id) or []
+
+
+def _outside_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
+                       local: LocalVariables | None, scale_local_gradients: bool, set_size: int,
+                       sparse_as_dense: bool) -> list[Any]:
+    """What a rank outside the process set of a tape or optimizer gets: its own
+    gradients, unreduced (Horovod's ``_allreduce_cond`` takes its identity branch there);
+    the gradients of local variables are scaled as on the set's members."""
+    grads = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
+             for g in grads]
+    if not (local and scale_local_gradients and variables is not None
+            and len(variables) == len(grads) and set_size > 1):
+        return grads
+    return [_divided(g, set_size) if (g is not None and v in local) else g
+            for g, v in zip(grads, variables)]
+
+
+def _divided(g: Any, n: int) -> Any:
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices,
+                                dense_shape=g.dense_shape)
+    return g / tf.cast(n, g.dtype)
 
 
 def _reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any] | None,
@@ -280,14 +314,8 @@ def _reduce_gradients_except_local(grads: Sequence[Any], variables: Sequence[Any
     n = _ops.current_size()
     if scale_local_gradients and n > 1:
         for i, loc in enumerate(is_local):
-            g = grads[i]
-            if not loc or g is None:
-                continue
-            if isinstance(g, tf.IndexedSlices):
-                grads[i] = tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices,
-                                            dense_shape=g.dense_shape)
-            else:
-                grads[i] = g / tf.cast(n, g.dtype)
+            if loc and grads[i] is not None:
+                grads[i] = _divided(grads[i], n)
     return grads
 
 
@@ -340,7 +368,7 @@ def check_reduction_options(op: int, gradient_predivide_factor: float, num_group
                             groups: Any, process_set: Any) -> Any:
     """Validate the options that DistributedGradientTape and the Keras
     DistributedOptimizer share; returns ``groups`` (``num_groups`` is its older name)."""
-    _mpi.check_process_set(process_set)
+    _mpi.check_process_set(process_set, members_only=False)  # outside: local gradients
     if op not in _GRADIENT_OPS:
         raise ValueError(f"unsupported op {op!r} for gradients; use Average, Sum, Adasum, "
                          f"Min, Max or Product")
@@ -379,6 +407,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     ``tape.register_local_source(v)`` keeps the gradient of ``v`` local to each rank;
     ``scale_local_gradients`` (default True) divides such gradients by the number of
     ranks, as Horovod does. ``device_*`` are accepted for compatibility.
+    ``process_set``: average over that set's ranks only; on a rank outside the set
+    ``gradient()`` returns the rank's own gradients, unreduced, as Horovod's does.
     """
     groups = check_reduction_options(op, gradient_predivide_factor, num_groups, groups,
                                      process_set)

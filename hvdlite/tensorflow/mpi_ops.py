@@ -928,6 +928,25 @@ def _allreduce_dense(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+def _set_scope(process_set: Any) -> _ops.process_set_scope:
+    """``_ops.process_set_scope(process_set)`` for a public TensorFlow function, with
+    Horovod's TensorFlow errors: a set this rank is not a member of raises
+    ``tf.errors.InvalidArgumentError`` (Horovod's ops refuse it so, eagerly and in
+    graphs; here when the call is made or traced), which is also a ``ValueError`` and
+    an :class:`HvdliteError`; so does a set that is not registered (Horovod raises
+    ``ValueError`` for it). Nothing is submitted, so no other rank waits."""
+    try:
+        pid = getattr(process_set, "process_set_id", None)
+        if (pid not in (None, 0) and isinstance(pid, int)
+                and _process_set_table.members(pid) is None):
+            raise HvdliteValueError(f"process set id {pid} is not registered on rank {_basics.rank()}: "
+                                    "pass the set to hvd.init(process_sets=[...]) or hvd.add_process_set()")
+        return _ops.process_set_scope(process_set)
+    except HvdliteError as exc:
+        error = exc
+    raise _as_tf_error(error)
+
+
 def _keeps_process_set(grad: Callable[..., Any]) -> Callable[..., Any]:
     """A custom gradient's function, run on the process set its forward ran on (the
     gradient is built later, outside the caller's ``process_set_scope``)."""
@@ -963,7 +982,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     ``tf.function``; differentiable (the gradient is the same allreduce of the gradient).
     ``device_*`` are accepted for compatibility; tensors travel through host memory.
     """
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         op = _resolve_op(op, average)
         if isinstance(tensor, tf.IndexedSlices):
             return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name,
@@ -1013,7 +1032,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     """Allreduce a list of tensors as one group: the engine negotiates and fuses them
     together. Same arguments (in Horovod's order) and result per tensor as
     :func:`allreduce`."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         op = _resolve_op(op, average)
         tensors = list(tensors)
         if not tensors:
@@ -1048,7 +1067,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
     gradient is the rank's own slice of the gradient averaged over ranks (Horovod's rule).
     Tensors of types the engine cannot reduce (bool, int16, complex...) are moved as bytes.
     """
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         t = _tensor_of(tensor)
         nm = _op_name("allgather", name, ignore_name_scope)
 
@@ -1078,7 +1097,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: Any = None) -> list[tf.Tensor]:
     """Allgather several tensors in one batch; differentiable like :func:`allgather` when
     every tensor is floating point (the gradients are averaged in one grouped allreduce)."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         ts = [_tensor_of(t) for t in tensors]
         if not ts:
             return []
@@ -1113,7 +1132,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     """Return ``root_rank``'s value of ``tensor`` on every rank (shape and dtype must
     agree). Differentiable: the root's gradient is the average of all ranks' gradients,
     the others' is zero (Horovod's rule)."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         t = _tensor_of(tensor)
         nm = _op_name("broadcast", name, ignore_name_scope)
         root = int(root_rank)
@@ -1139,7 +1158,7 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
                process_set: Any = None) -> list[tf.Tensor]:
     """Broadcast variables in place from ``root_rank``: one batch for all of them, then
     each variable is assigned the root's value. Returns the new values."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         variables = list(variables)
         if not variables:
             return []
@@ -1170,7 +1189,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     is divided evenly (it must be divisible by the number of ranks). Returns the tensor,
     and, when ``splits`` was given, also the received splits (as Horovod does).
     Differentiable: the gradient is the reverse alltoall."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         t = _tensor_of(tensor)
         nm = _op_name("alltoall", name, ignore_name_scope)
         split_t, refused = None, {}
@@ -1212,7 +1231,7 @@ def reducescatter(tensor: Any, device_dense: str = "",
     ``r < dim0 % size``. Differentiable, with Horovod's convention: the gradient is the
     allgather of the gradient, times the number of ranks for ``Sum`` (in line with
     allreduce's gradient, which sums over the ranks), and times the scale factors."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         refused = _reducescatter_problem(op)
         t = _tensor_of(tensor)
         compressed, ctx = compression.compress(t)
@@ -1251,7 +1270,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     when every tensor is floating point (the gradients are allgathered in one batch). The
     arguments up to ``postscale_factor`` are Horovod's, in its order; ``name`` is
     hvdlite's."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         refused = _reducescatter_problem(op)
         comp = [compression.compress(_tensor_of(t)) for t in tensors]
         if not comp:
@@ -1287,7 +1306,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 def barrier(process_set: Any = None) -> None:
     """Block until every rank has reached this barrier (inside ``tf.function`` the
     barrier is an op that runs in program order)."""
-    with _ops.process_set_scope(process_set):
+    with _set_scope(process_set):
         _run([_Spec(_ops.BARRIER, _op_name("barrier", None))], [None])
 
 
@@ -1322,10 +1341,24 @@ def _set_members(process_set_id: int) -> list[int]:
     return ranks
 
 
-def check_process_set(process_set: Any) -> None:
-    """Raise ValueError unless this process can run collectives on `process_set` (a
-    registered set it is a member of; None or the global set always)."""
-    _resolve_process_set(process_set)
+def check_process_set(process_set: Any, members_only: bool = True) -> None:
+    """Raise unless this process can run collectives on `process_set` (a registered set
+    it is a member of; None or the global set always), as :func:`_set_scope` does.
+    With ``members_only=False`` a registered set this rank is not in passes too."""
+    if not members_only and outside_of(process_set):
+        return
+    with _set_scope(process_set):
+        pass
+
+
+def outside_of(process_set: Any) -> bool:
+    """True when `process_set` is a registered set (not the global one) that this rank
+    is not a member of."""
+    pid = getattr(process_set, "process_set_id", None)
+    if not isinstance(process_set, _process_set_table.ProcessSet) or pid in (None, 0):
+        return False
+    ranks = _process_set_table.members(pid)
+    return ranks is not None and _basics.rank() not in ranks
 
 
 @_no_autograph

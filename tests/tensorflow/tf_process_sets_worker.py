@@ -267,21 +267,88 @@ def session_graph_on_a_set() -> None:
 
 @case
 def outside_the_set_is_refused() -> None:
+    """A collective on a set this rank is not in raises tf.errors.InvalidArgumentError,
+    as Horovod's ops do (also a ValueError and an HvdliteError), eagerly, while a
+    tf.function or a TF1 graph is built, and for the object helpers; a set that is not
+    registered raises ValueError on every rank, its listed members included. Nothing is
+    submitted, so the next collective runs at once."""
     other = ODD if mine() is EVEN else EVEN
+    me = hvd.rank()
 
     @tf.function
     def gather():
         return hvd.allgather(tf.ones(2), process_set=other)
 
-    for what, call in (("allreduce", lambda: hvd.allreduce(tf.ones(2), process_set=other)),
-                       ("tape", lambda: hvd.DistributedGradientTape(tf.GradientTape(), process_set=other)),
-                       ("function", gather)):
+    def in_graph():
+        with tf.Graph().as_default():
+            hvd.allreduce(tf.ones(2), process_set=other)
+
+    rows = tf.ones((2 * len(other.ranks), 2))
+    calls = {
+        "allreduce": lambda: hvd.allreduce(tf.ones(2), process_set=other),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce([tf.ones(2)], process_set=other),
+        "allgather": lambda: hvd.allgather(tf.ones(2), process_set=other),
+        "grouped_allgather": lambda: hvd.grouped_allgather([tf.ones(2)], process_set=other),
+        "broadcast": lambda: hvd.broadcast(tf.ones(2), root_rank=other.ranks[0], process_set=other),
+        "broadcast_variables": lambda: hvd.broadcast_variables([tf.Variable(tf.ones(2))],
+                                                               root_rank=other.ranks[0], process_set=other),
+        "alltoall": lambda: hvd.alltoall(rows, process_set=other),
+        "reducescatter": lambda: hvd.reducescatter(rows, process_set=other),
+        "grouped_reducescatter": lambda: hvd.grouped_reducescatter([rows], process_set=other),
+        "barrier": lambda: hvd.barrier(process_set=other),
+        "broadcast_object": lambda: hvd.broadcast_object(1, root_rank=other.ranks[0], process_set=other),
+        "allgather_object": lambda: hvd.allgather_object(1, process_set=other),
+        "tf.function": gather,
+        "TF1 graph": in_graph,
+    }
+    for what, call in calls.items():
         try:
             call()
             raise AssertionError(f"{what} on a set without this rank did not raise")
-        except ValueError as e:
-            assert "not" in str(e) and "set" in str(e), str(e)
+        except tf.errors.InvalidArgumentError as e:
+            assert isinstance(e, ValueError) and isinstance(e, hvd.HvdliteError), type(e).__mro__
+            assert f"rank {me} is not in process set {other.process_set_id}" in str(e), str(e)
+    fake = hvd.ProcessSet([0, 1, 2])
+    fake.process_set_id = 99  # never registered (Horovod's test does this too)
+    try:
+        hvd.allreduce(tf.ones(2), process_set=fake)
+        raise AssertionError("a set that is not registered ran")
+    except ValueError as e:
+        assert "99" in str(e) and "not registered" in str(e), str(e)
     close(hvd.allreduce(tf.ones(2), op=hvd.Sum, name="ps.after"), [3.0, 3.0], "allreduce after refusal")
+
+
+@case
+def outside_the_set_gets_local_gradients() -> None:
+    """DistributedGradientTape and the Keras DistributedOptimizer on a set: members
+    average over the set, a rank outside it gets (applies) its own gradients, unreduced,
+    as with Horovod; also in tf.function, with backward_passes_per_step and with a
+    local variable (scaled by the set's size, as Horovod scales it)."""
+    me = hvd.rank()
+    c = tf.constant(value(me))
+    want = (np.mean([value(r) for r in EVEN.ranks], 0) if me in EVEN.ranks else value(me))
+    v = tf.Variable(tf.zeros(4))
+    w = tf.Variable(tf.zeros(4))
+
+    def tape_grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * c) + tf.reduce_sum(w * c)
+        tape = hvd.DistributedGradientTape(tape, process_set=EVEN)
+        tape.register_local_source(w)
+        return tape.gradient(loss, [v, w])
+    for mode, fn in (("eager", tape_grads), ("function", tf.function(tape_grads))):
+        gv, gw = fn()
+        close(gv, want, f"{mode} tape on EVEN")
+        close(gw, value(me) / len(EVEN.ranks), f"{mode} tape on EVEN, local source")
+    for passes in (1, 2):
+        kv = keras.Variable(np.zeros(4, np.float32))
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0), process_set=EVEN,
+                                       backward_passes_per_step=passes,
+                                       average_aggregated_gradients=True)
+        for _ in range(passes):
+            opt.apply_gradients([(c, kv)])
+        close(kv.numpy(), -want, f"keras optimizer on EVEN, backward_passes_per_step={passes}")
+    close(hvd.allreduce(tf.ones(2), op=hvd.Sum, name="ps.after.local"), [3.0, 3.0], "allreduce after")
 
 
 @case

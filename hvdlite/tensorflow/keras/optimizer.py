@@ -12,7 +12,7 @@ from hvdlite.tensorflow.gradients import (LocalVariables, check_reduction_option
                                           reduce_gradients_except_local,
                                           trainable_weights_of_layers)
 from hvdlite.common import basics as _basics
-from hvdlite.tensorflow.mpi_ops import Average, Min, allreduce
+from hvdlite.tensorflow.mpi_ops import Average, Min, allreduce, outside_of
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -151,10 +151,12 @@ def _make_loss_scaling_agree() -> None:
 
     def check_finite(self, grads):
         finite = local_check(self, grads)
-        if isinstance(self.inner_optimizer, _DistributedOptimizerMixin) and _basics.size() > 1:
+        process_set = (self.inner_optimizer._hvd_options.get("process_set")
+                       if isinstance(self.inner_optimizer, _DistributedOptimizerMixin) else None)
+        if (isinstance(self.inner_optimizer, _DistributedOptimizerMixin) and _basics.size() > 1
+                and not outside_of(process_set)):  # outside its set a rank steps alone
             votes = allreduce(tf.cast(finite, tf.int32), op=Min,
-                              name=f"{self.name}.gradients_finite",
-                              process_set=self.inner_optimizer._hvd_options.get("process_set"))
+                              name=f"{self.name}.gradients_finite", process_set=process_set)
             finite = tf.greater(votes, 0)
         return finite
 
@@ -260,6 +262,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     ``num_groups`` mean what they mean for :func:`hvdlite.tensorflow.DistributedGradientTape`.
     ``register_local_var(v)`` on the result keeps the gradient of ``v`` local to each
     rank (divided by the number of ranks while ``scale_local_gradients`` is True).
+    ``process_set``: average over that set's ranks; a rank outside the set applies its
+    own gradients, unreduced, as with Horovod.
     ``model.compile``'s default ``jit_compile="auto"`` then chooses no XLA, on GPU
     machines as well (XLA cannot compile hvdlite's collectives; an explicit
     ``jit_compile=True`` fails on more than one rank). ``name`` renames the optimizer;
