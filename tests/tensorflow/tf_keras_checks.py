@@ -86,9 +86,37 @@ def fit_with_distributed_optimizer_matches_single_process():
         expect_close(g, r, f"fit weight {i} vs single process", rtol=1e-5, atol=1e-6)
     weights_equal_everywhere(model.get_weights(), "fit")
     expect(int(opt.iterations.numpy()) == steps, f"iterations {int(opt.iterations.numpy())}")
-    # Keras-level helpers return NumPy
-    got = hvdk.allreduce(np.array([float(R)]), op=hvdk.Sum)
-    expect(isinstance(got, np.ndarray) and float(got[0]) == sum(range(N)), f"keras allreduce {got}")
+
+
+@check
+def keras_collectives_return_tensors():
+    """The Keras modules' allreduce, allgather, broadcast and reducescatter return a
+    tf.Tensor eagerly, as Horovod's do (its Keras module returns what
+    horovod.tensorflow's collective returns), with values checked against NumPy over
+    all ranks; in a TensorFlow 1 graph they run the op and return NumPy, as Horovod
+    runs it in Keras's session."""
+    import hvdlite.keras as hk
+    mine = np.arange(2 * N, dtype=np.float32).reshape(N, 2) + 10 * R
+    every = [np.arange(2 * N, dtype=np.float32).reshape(N, 2) + 10 * r for r in range(N)]
+    for module in (hvdk, hk):
+        results = {
+            "allreduce": (module.allreduce(mine, op=module.Sum, name=f"{module.__name__}.ar"),
+                          sum(every)),
+            "allreduce average": (module.allreduce(mine, name=f"{module.__name__}.avg"),
+                                  sum(every) / N),
+            "allgather": (module.allgather(mine, name=f"{module.__name__}.ag"), np.concatenate(every)),
+            "broadcast": (module.broadcast(mine, N - 1, name=f"{module.__name__}.bc"), every[N - 1]),
+            "reducescatter": (module.reducescatter(mine, op=module.Sum, name=f"{module.__name__}.rs"),
+                              sum(every)[R:R + 1]),
+        }
+        for what, (got, want) in results.items():
+            expect(isinstance(got, tf.Tensor) and not isinstance(got, np.ndarray),
+                   f"{module.__name__}.{what} returned {type(got)}")
+            expect_close(got.numpy(), want, f"{module.__name__}.{what}")
+    with tf.Graph().as_default():
+        got = hvdk.allreduce(mine, op=hvdk.Sum, name="keras.graph.ar")
+    expect(isinstance(got, np.ndarray), f"allreduce in a TF1 graph returned {type(got)}")
+    expect_close(got, sum(every), "allreduce in a TF1 graph")
 
 
 @check

@@ -15,15 +15,17 @@ Typical use with ``model.fit``::
     ], verbose=1 if hvd.rank() == 0 else 0)
 
 The callbacks are also importable from this module directly (an hvdlite addition).
-The collective functions here take and return NumPy-compatible values, as Horovod's
-Keras module does; use :mod:`hvdlite.tensorflow` for collectives on tensors.
+The collective functions here (``allreduce``, ``allgather``, ``broadcast``,
+``reducescatter``) take NumPy-compatible values or tensors and return a ``tf.Tensor``,
+as Horovod's Keras module does; :mod:`hvdlite.tensorflow` has the full set of
+collectives (process sets, async names, gradients).
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import keras
-import numpy as np
+import tensorflow as tf
 
 from hvdlite.tensorflow.keras_backend import wrong_keras_backend
 
@@ -55,29 +57,49 @@ from hvdlite.tensorflow.keras.optimizer import (DistributedOptimizer, PartialDis
                                                 wrap_in_place as _wrap_in_place)
 
 
+def _evaluated(result: Any) -> Any:
+    """A Keras-level collective's result as Horovod's Keras module gives it: the
+    ``tf.Tensor`` itself eagerly (and, hvdlite's addition, inside ``tf.function``, where
+    it is a symbolic tensor); in a TensorFlow 1 graph, its value (NumPy), computed with
+    the default session or a new one on the graph, as Horovod runs it with Keras's
+    session."""
+    if tf.executing_eagerly() or getattr(tf.compat.v1.get_default_graph(), "building_function", False):
+        return result
+    session = tf.compat.v1.get_default_session()
+    if session is not None:
+        return session.run(result)
+    with tf.compat.v1.Session() as session:
+        return session.run(result)
+
+
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              op: int | None = None, compression: type[Compressor] = Compression.none) -> np.ndarray:
-    """Allreduce a tensor-like value over all ranks and return the result as NumPy
-    (``op`` defaults to ``Average``). Runs eagerly."""
-    return np.asarray(_mpi.allreduce(value, average=average, compression=compression, op=op,
+              op: int | None = None, compression: type[Compressor] = Compression.none) -> Any:
+    """Allreduce a tensor-like value over all ranks (``op`` defaults to ``Average``).
+    Returns a ``tf.Tensor``, as Horovod's Keras module does (NumPy in a TensorFlow 1
+    graph, which it runs)."""
+    return _evaluated(_mpi.allreduce(tf.convert_to_tensor(value), average=average,
+                                     compression=compression, op=op,
                                      prescale_factor=prescale_factor,
                                      postscale_factor=postscale_factor, name=name))
 
 
-def allgather(value: Any, name: str | None = None) -> np.ndarray:
-    """Concatenate a tensor-like value from every rank along dimension 0 (NumPy result)."""
-    return np.asarray(_mpi.allgather(value, name=name))
+def allgather(value: Any, name: str | None = None) -> Any:
+    """Concatenate a tensor-like value from every rank along dimension 0
+    (``tf.Tensor`` result, as :func:`allreduce`)."""
+    return _evaluated(_mpi.allgather(tf.convert_to_tensor(value), name=name))
 
 
-def broadcast(value: Any, root_rank: int, name: str | None = None) -> np.ndarray:
-    """Return ``root_rank``'s value on every rank (NumPy result)."""
-    return np.asarray(_mpi.broadcast(value, root_rank, name=name))
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+    """Return ``root_rank``'s value on every rank (``tf.Tensor`` result, as
+    :func:`allreduce`)."""
+    return _evaluated(_mpi.broadcast(tf.convert_to_tensor(value), root_rank, name=name))
 
 
-def reducescatter(value: Any, name: str | None = None, op: int = Average) -> np.ndarray:
-    """Reduce over ranks and return this rank's block of rows (NumPy result)."""
-    return np.asarray(_mpi.reducescatter(value, op=op, name=name))
+def reducescatter(value: Any, name: str | None = None, op: int = Average) -> Any:
+    """Reduce over ranks and return this rank's block of rows (``tf.Tensor`` result, as
+    :func:`allreduce`)."""
+    return _evaluated(_mpi.reducescatter(tf.convert_to_tensor(value), op=op, name=name))
 
 
 def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None,
