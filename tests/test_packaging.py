@@ -3,9 +3,11 @@ README's commands are the ones CI runs with extras that exist."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 
-from tests.launch import REPO
+from tests.launch import REPO, job_env
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
@@ -48,3 +50,21 @@ def test_readme_commands_are_cis_and_use_existing_extras() -> None:
     pinned = {_name(line) for line in constraints.splitlines()
               if line.strip() and not line.startswith("#")}
     assert pinned <= {_name(r) for reqs in EXTRAS.values() for r in reqs}, pinned
+
+
+def test_horovodrun_is_the_launcher_under_horovods_name() -> None:
+    """``horovodrun`` is declared as the same entry point as ``hvdlite-run``; loaded the
+    way the console script loads it, it runs a job and names itself in its usage."""
+    scripts = PYPROJECT["project"]["scripts"]
+    assert scripts["horovodrun"] == scripts["hvdlite-run"] == "hvdlite.runner.launch:main"
+    entry = ("import sys; from importlib.metadata import EntryPoint; sys.argv[0] = 'horovodrun'; "
+             f"sys.exit(EntryPoint('horovodrun', {scripts['horovodrun']!r}, 'console_scripts').load()())")
+    rank = "import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], flush=True)"
+    proc = subprocess.run([sys.executable, "-c", entry, "-np", "2", sys.executable, "-c", rank],
+                          capture_output=True, text=True, timeout=120, env=job_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(l for l in proc.stdout.splitlines() if l.startswith("rank ")) == ["rank 0", "rank 1"]
+    usage = subprocess.run([sys.executable, "-c", entry, "-np", "2"], capture_output=True,
+                           text=True, timeout=120, env=job_env(), cwd=REPO)
+    assert usage.returncode == 2 and "usage: horovodrun" in usage.stderr, usage.stderr
+    assert "horovodrun: error: no command given" in usage.stderr, usage.stderr
