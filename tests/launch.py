@@ -18,16 +18,20 @@ from typing import Sequence
 REPO = Path(__file__).resolve().parents[1]
 
 
-def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a rank sees: the caller's, plus this checkout and quiet logs."""
+def job_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The environment a rank sees: the caller's, plus this checkout and quiet logs;
+    ``extra`` adds variables, and removes those it gives as None."""
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("HVDLITE_LOG_LEVEL", "warning")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if extra:
-        env.update(extra)
+    for name, value in (extra or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 
@@ -91,7 +95,7 @@ def stacks_of_tree(pid: int, frames: int = 14) -> str:
     return "\n".join(parts)
 
 
-def run_job(n: int, script: str | Path, *args: str, env: dict[str, str] | None = None,
+def run_job(n: int, script: str | Path, *args: str, env: dict[str, str | None] | None = None,
             timeout: float = 180, cwd: str | Path = REPO,
             launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Run ``script`` on ``n`` ranks with ``hvdlite-run`` (given ``launcher_args`` too, such

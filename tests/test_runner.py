@@ -59,6 +59,9 @@ def test_basic_local_command() -> None:
     assert "--allow-run-as-root" not in argv
     assert "--host" not in argv and "--hostfile" not in argv
     assert argv[-4:] == ["python", "train.py", "--lr", "1"]
+    # Each rank starts through the shell that sizes its thread pools on its host.
+    assert argv[-8:-4] == launch.rank_threads_command()
+    assert "OMP_NUM_THREADS" not in env
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
     assert {"PATH", "OMPI_MCA_mpi_yield_when_idle"} <= _forwarded(argv)
@@ -242,7 +245,88 @@ def test_open_mpi_4_and_user_mpi_args() -> None:
     argv, _ = _build(config)
     assert argv.count("--map-by") == 1 and argv.count("--bind-to") == 1
     assert "--oversubscribe" in argv
-    assert argv[-5:] == ["--map-by", "slot", "--bind-to", "core", "true"]
+    # Ranks bound to cores of their own get one thread per core they are bound to.
+    assert argv[-9:] == ["--map-by", "slot", "--bind-to", "core",
+                         *launch.rank_threads_command(divide=False), "true"]
+
+
+def _notes(config: LaunchConfig, environ: dict[str, str] | None = None, **kw) -> tuple[list[str], list[str]]:
+    notes: list[str] = []
+    argv, _ = _build(config, environ, notes=notes, **kw)
+    return argv, notes
+
+
+def test_threads_per_rank_unless_the_user_sets_them() -> None:
+    """Without OMP_NUM_THREADS each rank's thread pools are sized on its host (cores /
+    ranks there), with one line for the whole job; a value of the user's, in the
+    environment or given to mpirun with -x, is left alone and reaches every host."""
+    wrapper = launch.rank_threads_command()
+    cores = len(os.sched_getaffinity(0))
+    argv, notes = _notes(LaunchConfig(num_proc=2, command=["python", "t.py"]))
+    assert argv[-6:] == [*wrapper, "python", "t.py"]
+    want = max(1, cores // 2)
+    assert notes == [f"OMP_NUM_THREADS is not set: each rank gets {want} thread{'s' * (want != 1)} "
+                     f"({cores} cores / 2 ranks; OMP_NUM_THREADS, MKL_NUM_THREADS and TensorFlow's "
+                     "TF_NUM_INTRAOP/INTEROP_THREADS); set OMP_NUM_THREADS to choose"]
+    # A lone rank keeps the frameworks' defaults: nothing to say.
+    assert _notes(LaunchConfig(num_proc=1, command=["t"]))[1] == []
+    # The user's OMP_NUM_THREADS: no wrapper, no line, forwarded to every rank.
+    argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"]), {"PATH": "/bin", "OMP_NUM_THREADS": "3"})
+    assert argv[-1:] == ["t"] and "/bin/sh" not in argv and notes == []
+    assert "OMP_NUM_THREADS" in _forwarded(argv)
+    for mpi_args in (["-x", "OMP_NUM_THREADS=3"], ["-x", "OMP_NUM_THREADS"]):
+        argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], mpi_args=mpi_args))
+        assert "/bin/sh" not in argv and notes == [], mpi_args
+    # MKL_NUM_THREADS alone is kept (and forwarded); the others are still sized.
+    argv, _ = _notes(LaunchConfig(num_proc=2, command=["t"]), {"PATH": "/bin", "MKL_NUM_THREADS": "8"})
+    assert argv[-5:-1] == wrapper and "MKL_NUM_THREADS" in _forwarded(argv)
+    # Several hosts: each host's own cores and ranks, worked out where the rank starts.
+    argv, notes = _notes(LaunchConfig(num_proc=4, command=["t"], hosts="node1:2,node2:2"))
+    assert argv[-5:-1] == wrapper and "its host's cores / the ranks on that host" in notes[0]
+    # A binding of the user's: the cores each rank is bound to, not divided again;
+    # --bind-to none divides.
+    argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], binding_args=["--bind-to", "core"]))
+    assert argv[-5:-1] == launch.rank_threads_command(divide=False)
+    assert "one thread per core it is bound to" in notes[0]
+    argv, _ = _notes(LaunchConfig(num_proc=2, command=["t"], binding_args=["--bind-to", "none"]))
+    assert argv[-5:-1] == wrapper
+    # Elastic: the most workers a host may hold (its slots) share its cores.
+    argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], min_np=2, max_np=4))
+    assert argv[-5:-1] == launch.rank_threads_command(at_least=4)
+    assert f"({cores} cores / 4 ranks;" in notes[0]
+
+
+@pytest.mark.parametrize("env, divide, at_least, expected", [
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, True, 1, 16 // 3),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, True, 1, 16 // 2),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "32"}, True, 1, 1),        # never 0
+    ({"MPI_LOCALNRANKS": "4"}, True, 1, 16 // 4),              # MPICH's name
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, True, 4, 16 // 4),    # elastic: the host's slots
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, False, 1, 16),       # bound: its own cores
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, True, 1, None),      # a lone rank: left alone
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "x"}, True, 1, None),
+])
+def test_rank_threads_command_sizes_the_pools(tmp_path: Path, env: dict[str, str], divide: bool,
+                                              at_least: int, expected: int | None) -> None:
+    """The shell run in front of each rank, on a host whose nproc says 16."""
+    _write(tmp_path / "nproc", "#!/bin/sh\necho 16\n").chmod(0o755)
+    show = "echo ${OMP_NUM_THREADS-unset} ${MKL_NUM_THREADS-unset} ${TF_NUM_INTRAOP_THREADS-unset} " \
+           "${TF_NUM_INTEROP_THREADS-unset}"
+    base = {"PATH": f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    cmd = [*launch.rank_threads_command(divide=divide, at_least=at_least), "/bin/sh", "-c", show]
+    out = subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True, check=True).stdout
+    value = "unset" if expected is None else str(expected)
+    assert out.split() == [value] * 4
+    # What the user set stays: OMP_NUM_THREADS leaves everything alone, any other keeps its value.
+    out = subprocess.run(cmd, env={**base, **env, "OMP_NUM_THREADS": "7"}, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["7", "unset", "unset", "unset"]
+    out = subprocess.run(cmd, env={**base, **env, "MKL_NUM_THREADS": "5"}, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == [value, "5", value, value]
+    # The command's exit status is the rank's (exec, not a child).
+    rc = subprocess.run([*launch.rank_threads_command(), "/bin/sh", "-c", "exit 7"], env=base).returncode
+    assert rc == 7
 
 
 def test_parse_args_command_keeps_its_flags() -> None:
@@ -423,6 +507,41 @@ def test_tuning_flags_reach_ranks(tmp_path: Path) -> None:
     assert rows == [["0", *expected], ["1", *expected]]
 
 
+THREADS_SCRIPT = (
+    "import os, torch\n"
+    "keys = ['OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS', 'TF_NUM_INTEROP_THREADS']\n"
+    "print('threads', os.environ['OMPI_COMM_WORLD_RANK'], *[os.environ.get(k, '-') for k in keys],\n"
+    "      torch.get_num_threads(), flush=True)\n"
+)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
+def test_threads_per_rank_reach_the_ranks() -> None:
+    """Without OMP_NUM_THREADS, 3 ranks on this host get its cores / 3 threads each, in
+    every thread variable and in PyTorch's own pool, and the launcher says so once; the
+    user's value is what every rank gets, untouched, and nothing is said."""
+    env = {k: v for k, v in _env().items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                        "TF_NUM_INTEROP_THREADS")}
+    proc = subprocess.run([sys.executable, "-m", "hvdlite.runner", "-np", "3", sys.executable, "-c",
+                           THREADS_SCRIPT], capture_output=True, text=True, timeout=TIMEOUT, env=env,
+                          cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    n = str(max(1, len(os.sched_getaffinity(0)) // 3))
+    rows = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("threads "))
+    assert rows == [[str(r), n, n, n, n, n] for r in range(3)], proc.stdout
+    assert proc.stderr.count("OMP_NUM_THREADS is not set") == 1, proc.stderr
+    # All the cores for each of 2 ranks (PyTorch takes no more threads than cores).
+    mine = str(len(os.sched_getaffinity(0)))
+    proc = subprocess.run([sys.executable, "-m", "hvdlite.runner", "-np", "2", sys.executable, "-c",
+                           THREADS_SCRIPT], capture_output=True, text=True, timeout=TIMEOUT,
+                          env={**env, "OMP_NUM_THREADS": mine}, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    rows = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("threads "))
+    assert rows == [[str(r), mine, "-", "-", "-", mine] for r in range(2)], proc.stdout
+    assert "OMP_NUM_THREADS is not set" not in proc.stderr
+
+
 def test_horovodrun_options_run_a_job(tmp_path: Path) -> None:
     """A horovodrun command line, run as it is: TCP only on the loopback interface,
     output files with timestamps, a timeline with cycle marks, stall options."""
@@ -482,6 +601,21 @@ def test_check_build_output() -> None:
     assert "NCCL" in out and "Gloo" in out
     for feature in ("Timeline", "Response cache", "Tensor fusion", "Stall inspector"):
         assert feature in out
+    # NCCL, where it is not found: every place searched is listed, one per line below.
+    lines = out.splitlines()
+    nccl = next(i for i, l in enumerate(lines) if "] NCCL" in l)
+    if lines[nccl].lstrip().startswith("[ ]"):
+        assert lines[nccl].endswith("Searched:") and "Searched:;" not in out, lines[nccl]
+        listed = []
+        for line in lines[nccl + 1:]:
+            if not line.startswith(" " * 10):
+                break
+            listed.append(line.strip())
+        from hvdlite.common.gpu_libraries import search_folders
+        for folder in search_folders()["nccl"]:
+            assert any(item.startswith(folder) for item in listed), (folder, listed)
+        assert any(item.startswith("the system's search for libnccl") for item in listed), listed
+        assert any(item.startswith("already loaded in this process") for item in listed), listed
 
 
 def test_check_build_imports_no_framework() -> None:
@@ -594,33 +728,92 @@ def test_missing_mpirun_is_a_clear_error(tmp_path: Path) -> None:
     assert "HVDLITE_MPIRUN" in proc.stderr and "mpirun" in proc.stderr
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="POSIX only")
-def test_sigint_forwarded_to_job() -> None:
+def _alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not zombies)."""
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _start_and_wait_ready(cmd: list[str], ready: int, env: dict[str, str]) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO_ROOT, start_new_session=True)
+    seen = 0
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while seen < ready and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line.startswith("ready")
+    assert seen == ready, "the job did not start"
+    return proc
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the job's processes from /proc")
+def test_ctrl_c_stops_the_job_with_status_130() -> None:
+    """Ctrl-C: one line saying what happens, the job stopped (no process of it left),
+    and the shell's status for an interrupted command, 130."""
+    from tests.launch import _tree, kill_tree
     script = ("import os, time; print('ready', os.environ['OMPI_COMM_WORLD_RANK'], flush=True); "
               "time.sleep(600)")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hvdlite.runner", "-np", "2", sys.executable, "-c", script],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO_ROOT,
-    )
+    proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", sys.executable,
+                                  "-c", script], 2, _env())
     try:
-        ready = 0
-        deadline = time.monotonic() + 60
-        assert proc.stdout is not None
-        while ready < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            ready += line.startswith("ready")
-        assert ready == 2, "ranks did not start"
-        start = time.monotonic()
+        job = _tree(proc.pid)
+        assert len(job) >= 4, job  # the launcher, mpirun, two ranks
         proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=60)
-        assert rc != 0
-        assert time.monotonic() - start < 60
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, (proc.returncode, err)
+        assert err.count("hvdlite-run: interrupted, stopping the job (Ctrl-C again to kill it at once)") == 1, err
+        assert "Traceback" not in err, err
+        time.sleep(0.5)
+        assert _alive(job) == [], f"left running: {_alive(job)}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        kill_tree(proc.pid)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the job's processes from /proc")
+def test_second_ctrl_c_kills_the_job_at_once(tmp_path: Path) -> None:
+    """An mpirun that does not stop on Ctrl-C (here a stand-in that ignores it, with
+    ranks that ignore it too): the second Ctrl-C kills it and every process below it."""
+    from tests.launch import _tree, kill_tree
+    rank = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)")
+    fake = _write(tmp_path / "mpirun", f"""#!{sys.executable}
+import signal, subprocess, sys, time
+if "--version" in sys.argv:
+    print("mpirun (Open MPI) 5.0.0")
+    sys.exit(0)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ranks = [subprocess.Popen([sys.executable, "-c", {rank!r}], start_new_session=True) for _ in range(2)]
+for r in ranks:
+    r.wait()
+""")
+    fake.chmod(0o755)
+    proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", "true"], 2,
+                                 _env(HVDLITE_MPIRUN=str(fake)))
+    try:
+        job = _tree(proc.pid)
+        assert len(job) >= 4, job
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.5)
+        assert proc.poll() is None and len(_alive(job)) == len(job)  # ignored by this mpirun
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, (proc.returncode, err)
+        assert "interrupted, stopping the job" in err and "killing the job" in err, err
+        time.sleep(0.5)
+        assert _alive(job) == [], f"left running: {_alive(job)}"
+    finally:
+        kill_tree(proc.pid)
 
 
 def test_module_import_is_light() -> None:

@@ -120,31 +120,45 @@ def gpu_status() -> dict[str, Any] | None:
 
 
 def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
+    """The engine's message without the list of places it searched (see :func:`_searched`)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line.removesuffix("Searched:").rstrip().removesuffix(".")
+
+
+def _searched(text: str, indent: str = "          ") -> list[str]:
+    """The places a library was looked for, one per line: the lines after the first of
+    the engine's message (``... Searched:`` then one indented line per place)."""
+    return [indent + line.strip() for line in text.strip().splitlines()[1:] if line.strip()]
 
 
 def _box(flag: bool) -> str:
     return "[X]" if flag else "[ ]"
 
 
-def _nccl_line(gpu: dict[str, Any] | None) -> str:
+def _nccl_lines(gpu: dict[str, Any] | None) -> list[str]:
     if gpu is None:
-        return f"    {_box(False)} NCCL (the engine could not be asked)"
+        return [f"    {_box(False)} NCCL (the engine could not be asked)"]
     nccl = gpu["nccl"]
     if nccl["loaded"]:
-        return f"    {_box(True)} NCCL {nccl['version']} (loaded at run time from {nccl['path']})"
-    return f"    {_box(False)} NCCL (not found: {_first_line(nccl.get('error', ''))}; pip install 'hvdlite[gpu]')"
+        return [f"    {_box(True)} NCCL {nccl['version']} (loaded at run time from {nccl['path']})"]
+    error = nccl.get("error", "")
+    searched = _searched(error)
+    return [f"    {_box(False)} NCCL (not found: {_first_line(error)}; pip install 'hvdlite[gpu]')"
+            + (". Searched:" if searched else ""), *searched]
 
 
-def _cuda_line(gpu: dict[str, Any] | None) -> str:
+def _cuda_lines(gpu: dict[str, Any] | None) -> list[str]:
     if gpu is None:
-        return "CUDA runtime: unknown"
+        return ["CUDA runtime: unknown"]
     cuda = gpu["cuda"]
     if not cuda["loaded"]:
-        return f"CUDA runtime: not found ({_first_line(cuda.get('error', ''))}); GPU tensors need it"
+        error = cuda.get("error", "")
+        searched = _searched(error, indent="    ")
+        return [f"CUDA runtime: not found ({_first_line(error)}); GPU tensors need it"
+                + (". Searched:" if searched else ""), *searched]
     v = int(cuda["runtime_version"])
-    return (f"CUDA runtime: {v // 1000}.{v % 1000 // 10} [{cuda['path']}], "
-            f"{cuda['device_count']} GPU(s) visible")
+    return [f"CUDA runtime: {v // 1000}.{v % 1000 // 10} [{cuda['path']}], "
+            f"{cuda['device_count']} GPU(s) visible"]
 
 
 def check_build_report(mpirun: str | None = None) -> str:
@@ -168,7 +182,7 @@ def check_build_report(mpirun: str | None = None) -> str:
         f"    {_box(False)} Gloo (not supported)",
         "",
         "Available Tensor Operations:",
-        _nccl_line(gpu),
+        *_nccl_lines(gpu),
         f"    {_box(core is not None)} MPI{core_note}",
         f"    {_box(False)} Gloo (not supported)",
         "",
@@ -178,7 +192,7 @@ def check_build_report(mpirun: str | None = None) -> str:
         lines.append(f"    {_box(core is not None)} {feature}{core_note}")
 
     lines += ["", f"Core extension: {core if core else 'NOT BUILT (pip install -e . builds it)'}"]
-    lines.append(_cuda_line(gpu))
+    lines += _cuda_lines(gpu)
     try:
         path = mpirun or find_mpirun()
     except LaunchError as exc:

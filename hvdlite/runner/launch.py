@@ -25,8 +25,8 @@ for ``-np`` slots to appear.  Rebuilding the job when workers fail or join is
 the workers' business, not the launcher's.
 
 The launcher turns its flags into one ``mpirun`` command line and a set of
-environment variables, runs it, forwards Ctrl-C / SIGTERM to it and exits with
-its exit status.  With Open MPI 5 it also writes the ranks' output itself, as it
+environment variables, runs it and exits with its exit status; Ctrl-C (or
+SIGTERM) stops the job, a second Ctrl-C kills it at once (:func:`_run_mpirun`).  With Open MPI 5 it also writes the ranks' output itself, as it
 comes, so that a progress bar's redraws show live (:mod:`hvdlite.runner.output`,
 :func:`live_output`).  Inside a Slurm allocation, without ``-H``/``--hostfile``, the
 ranks go to the allocation's nodes (:mod:`hvdlite.runner.slurm`).  Everything that
@@ -83,6 +83,19 @@ FORWARD_NAMES: tuple[str, ...] = (
     "PYTHONPATH",
     "VIRTUAL_ENV",
     "OMPI_MCA_mpi_yield_when_idle",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+)
+#: The variables that size a rank's compute thread pools: OpenMP's (PyTorch's intra-op
+#: pool; NumPy's OpenBLAS), Intel MKL's (PyTorch's BLAS on x86; MKL_NUM_THREADS wins
+#: over OMP_NUM_THREADS there) and TensorFlow's intra-op and inter-op pools. Each
+#: framework reads them once, when it loads. Unless the user sets OMP_NUM_THREADS,
+#: every rank gets the cores of its host divided by the ranks there
+#: (:func:`rank_threads_command`).
+THREAD_VARIABLES: tuple[str, ...] = (
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
 )
 #: Log levels understood by the core (Horovod's names).
 LOG_LEVELS: tuple[str, ...] = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -256,6 +269,12 @@ def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
     if not result:
         raise ValueError(f"hostfile {path} lists no hosts")
     return result
+
+
+def program_name() -> str:
+    """``horovodrun`` when the launcher was started under that name (the same program,
+    installed under Horovod's name too), else ``hvdlite-run``."""
+    return "horovodrun" if os.path.basename(sys.argv[0] or "") == "horovodrun" else "hvdlite-run"
 
 
 def _is_local_host(host: str) -> bool:
@@ -452,6 +471,7 @@ def build_mpirun_command(
     is_root: bool | None = None,
     host_list: Sequence[tuple[str, int | None]] | None = None,
     status_file: str | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Build the ``mpirun`` argv and the environment to run it with.
 
@@ -475,6 +495,11 @@ def build_mpirun_command(
     rank 0 writes ``finished`` (``HVDLITE_ELASTIC_STATUS_FILE``).  Stale
     ``HVDLITE_ELASTIC*`` and ``HOROVOD_ELASTIC`` variables in ``environ`` are dropped
     in either mode.
+
+    Unless ``OMP_NUM_THREADS`` is set (in ``environ``, or with ``-x`` in
+    ``--mpi-args``), each rank's command is started through
+    :func:`rank_threads_command`, which sizes its thread pools on its host; the line
+    ``hvdlite-run`` prints about it is appended to ``notes`` when that is a list.
 
     Raises :class:`LaunchError` for an inconsistent request (for instance more
     processes than the slots of a remote host list).
@@ -702,8 +727,109 @@ def build_mpirun_command(
         argv += ["-x", name]
 
     argv += user_args
+    if not _threads_chosen(env, user_args):
+        # Compute threads per rank: the host's cores / the ranks there, worked out where
+        # each rank starts (a remote host's cores are not known here).
+        binds = _user_binds(config.binding_args, user_args)
+        divisor = _elastic_divisor(elastic, host_list)
+        argv += rank_threads_command(divide=not binds, at_least=divisor)
+        if notes is not None:
+            note = _threads_note(config.num_proc if elastic is None else max(config.num_proc, divisor),
+                                 local_only, binds)
+            if note:
+                notes.append(note)
     argv += list(config.command)
     return argv, env
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def _threads_chosen(env: Mapping[str, str], user_args: Sequence[str]) -> bool:
+    """Whether the user sized the ranks' thread pools: OMP_NUM_THREADS in the launcher's
+    environment (forwarded to every rank) or given to mpirun (``-x OMP_NUM_THREADS``)."""
+    if "OMP_NUM_THREADS" in env:
+        return True
+    for flag, value in zip(user_args, user_args[1:]):
+        if flag in ("-x", "--x") and value.split("=", 1)[0] == "OMP_NUM_THREADS":
+            return True
+    return any(a.startswith(("-x=OMP_NUM_THREADS", "--x=OMP_NUM_THREADS")) for a in user_args)
+
+
+def _user_binds(binding_args: Sequence[str], user_args: Sequence[str]) -> bool:
+    """Whether the user bound the ranks to cores (--binding-args, or --bind-to other than
+    none in --mpi-args): each rank then has cores of its own, not divided further."""
+    args = list(binding_args) + list(user_args)
+    for i, arg in enumerate(args):
+        head, eq, value = arg.partition("=")
+        if head in ("--bind-to", "-bind-to"):
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            return value.split(":", 1)[0].lower() != "none"
+    return bool(binding_args)
+
+
+def _elastic_divisor(elastic: discovery.ElasticSettings | None,
+                     host_list: Sequence[tuple[str, int | None]] | None) -> int:
+    """In an elastic job, the most workers any host of the launch may hold (its slots):
+    workers that join later share the cores with those started first."""
+    if elastic is None or not host_list:
+        return 1
+    return max((s or 1) for _, s in host_list)
+
+
+def rank_threads_command(divide: bool = True, at_least: int = 1) -> list[str]:
+    """The words put in front of each rank's command to size its thread pools.
+
+    A POSIX shell, in the rank's own environment on its host, leaves everything alone
+    when ``OMP_NUM_THREADS`` is set there; otherwise it sets each of
+    :data:`THREAD_VARIABLES` that is unset to ``max(1, cores // ranks)``: ``cores`` are
+    the CPUs the rank may run on (``nproc``: the host's, or those its binding gives it),
+    ``ranks`` the ranks of the job on that host (``OMPI_COMM_WORLD_LOCAL_SIZE``, at
+    least ``at_least``; 1 when ``divide`` is false, for ranks bound to cores of their
+    own). A lone rank on its host (``ranks`` 1, ``divide`` true) keeps the frameworks'
+    own defaults, as with torchrun. Then it ``exec``s the command."""
+    lines = [
+        'if [ -z "${OMP_NUM_THREADS+x}" ]; then',
+        ' n=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null'
+        ' || getconf _NPROCESSORS_ONLN 2>/dev/null)',
+        ' case $n in ""|*[!0-9]*) n=1;; esac',
+    ]
+    if divide:
+        lines += [
+            ' d=${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-1}}',
+            ' case $d in ""|*[!0-9]*) d=1;; esac',
+            f' [ "$d" -ge {int(at_least)} ] || d={int(at_least)}',
+            ' if [ "$d" -gt 1 ]; then n=$((n / d)); else n=; fi',
+        ]
+    lines += [' if [ -n "$n" ]; then', '  [ "$n" -ge 1 ] || n=1']
+    lines += [f'  [ -n "${{{name}+x}}" ] || export {name}=$n' for name in THREAD_VARIABLES]
+    lines += [' fi', 'fi', 'exec "$@"']
+    return ["/bin/sh", "-c", "\n".join(lines), "hvdlite-run"]
+
+
+def _threads_note(ranks_here: int, local_only: bool, binds: bool) -> str:
+    """The line hvdlite-run prints about the threads it gives each rank ("" if none)."""
+    what = "OMP_NUM_THREADS, MKL_NUM_THREADS and TensorFlow's TF_NUM_INTRAOP/INTEROP_THREADS"
+    if binds:
+        return (f"OMP_NUM_THREADS is not set: each rank gets one thread per core "
+                f"it is bound to ({what}); set OMP_NUM_THREADS to choose")
+    if not local_only:
+        return (f"OMP_NUM_THREADS is not set: each rank gets its host's cores / "
+                f"the ranks on that host as threads ({what}); set OMP_NUM_THREADS to choose")
+    if ranks_here < 2:
+        return ""
+    cores = _cores_here()
+    n = max(1, cores // ranks_here)
+    return (f"OMP_NUM_THREADS is not set: each rank gets {n} thread{'s' * (n != 1)} "
+            f"({cores} cores / {ranks_here} ranks; {what}); set OMP_NUM_THREADS to choose")
+
+
+def _cores_here() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 #: mpirun options that shape the ranks' output: given in --mpi-args, they are left to
@@ -789,7 +915,7 @@ def _log_level(text: str) -> str:
 def make_parser() -> argparse.ArgumentParser:
     """Return the ``hvdlite-run`` argument parser."""
     parser = argparse.ArgumentParser(
-        prog="hvdlite-run",
+        prog=program_name(),
         description="Launch a data-parallel hvdlite job through Open MPI's mpirun.",
         epilog="Example: hvdlite-run -np 4 python train.py",
         allow_abbrev=False,
@@ -1089,9 +1215,10 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     its hosts offer ``-np`` slots or ``--elastic-timeout`` passes
     (:func:`wait_for_slots`, a :class:`LaunchError` then).
 
-    SIGINT, SIGTERM and SIGHUP received by this process are forwarded to
-    ``mpirun``, which tears the job down; a second Ctrl-C kills ``mpirun``.
-    A job ended by signal N returns ``128 + N``, as a shell would report it.
+    SIGINT, SIGTERM and SIGHUP received by this process print one line and are
+    forwarded to ``mpirun``, which tears the job down; a second Ctrl-C kills
+    ``mpirun`` and every process of the job at once. A job stopped that way, or ended
+    by signal N, returns ``128 + N`` (130 for Ctrl-C), as a shell would report it.
     """
     env_in = os.environ if environ is None else environ
     mpirun = find_mpirun(env_in)
@@ -1101,29 +1228,33 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         settings = elastic_settings(config, env_in)
         host_list = list(wait_for_slots(
             settings, config.num_proc,
-            log=lambda line: print(f"hvdlite-run: {line}", file=sys.stderr, flush=True)))
+            log=lambda line: print(f"{program_name()}: {line}", file=sys.stderr, flush=True)))
     # The last world's rank 0 of an elastic job writes here when training ended well:
     # mpirun's own status counts workers lost along the way (137 for a killed one that
     # joined).
     status_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-") if config.elastic else None
+    notes: list[str] = []
     try:
         argv, env = build_mpirun_command(
             config, mpirun, env_in, ompi_major=major, host_list=host_list,
-            status_file=os.path.join(status_dir, "status") if status_dir else None)
+            status_file=os.path.join(status_dir, "status") if status_dir else None,
+            notes=notes)
     except BaseException:
         _read_status(status_dir)  # removes the folder
         raise
+    for note in notes:
+        print(f"{program_name()}: {note}", file=sys.stderr, flush=True)
     if config.verbose:
         set_vars = {k: v for k, v in env.items() if env_in.get(k) != v}
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
-        print(f"hvdlite-run: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
+        print(f"{program_name()}: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
     try:
         returncode = _run_mpirun(argv, env, live=live_output(config, major, env_in))
     finally:
         finished = _read_status(status_dir)
     if returncode != 0 and finished:
-        print(f"hvdlite-run: the elastic job finished its training (mpirun reported status "
+        print(f"{program_name()}: the elastic job finished its training (mpirun reported status "
               f"{returncode} for workers lost on the way)", file=sys.stderr, flush=True)
         return 0
     return returncode
@@ -1144,7 +1275,13 @@ def _read_status(status_dir: str | None) -> bool:
 
 
 def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int:
-    """Run mpirun, forwarding signals to it; its exit status (128 + N for signal N).
+    """Run mpirun, stopping the job on SIGINT, SIGTERM or SIGHUP; returns its exit status
+    (128 + N for signal N, and 128 + N when this process was asked to stop by signal N).
+
+    The first such signal prints one line and is passed on to mpirun, which stops the
+    ranks; a second SIGINT (Ctrl-C again) kills mpirun and every process below it at
+    once. Processes of the job still there once mpirun has gone after a signal are
+    killed too.
 
     ``live``: mpirun was asked for tagged raw output (``--output tag:raw``), which is
     read from pipes and written to this process's stdout and stderr by
@@ -1164,17 +1301,33 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
         finish = output.forward(out_r, err_r, sys.stdout, sys.stderr)
     else:
         proc = subprocess.Popen(argv, env=env)
-    interrupts = 0
+    received: list[int] = []
+    job: dict[int, int] = {}  # the job's processes when it was asked to stop: pid -> start time
 
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal interrupts
-        if signum == signal.SIGINT:
-            interrupts += 1
+    def say(text: str) -> None:
         try:
-            if interrupts >= 2:
-                proc.kill()
+            print(f"{program_name()}: {text}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        job.update(_process_tree(proc.pid))
+        if len(received) == 1:
+            if signum == signal.SIGINT:
+                say("interrupted, stopping the job (Ctrl-C again to kill it at once)")
             else:
-                proc.send_signal(signum)
+                say(f"got {signal.Signals(signum).name}, stopping the job")
+        elif signum == signal.SIGINT:
+            say("killing the job")
+            _kill_processes(job)
+            try:
+                proc.kill()  # where /proc could not list the job's processes
+            except OSError:
+                pass
+            return
+        try:
+            proc.send_signal(signum)
         except ProcessLookupError:
             pass
 
@@ -1184,27 +1337,78 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
     previous = {}
     try:
         for sig in handled:
-            previous[sig] = signal.signal(sig, forward)
+            previous[sig] = signal.signal(sig, on_signal)
     except ValueError:
         # Not the main thread: signals cannot be handled here; mpirun still gets
         # a terminal's Ctrl-C directly since it shares our process group.
         pass
     try:
         returncode = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if received:
+            _kill_processes(job)  # whatever outlived mpirun (a rank's own children)
         if finish is not None:
             # The pipes end when the last process holding them (mpirun, its daemons)
             # has gone; a stray child of a rank may keep them open longer.
             finish(5.0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        return 128 + received[0]
     if returncode < 0:
         return 128 - returncode
     return returncode
 
 
+def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """Every process's children and start time, from ``/proc`` (empty without it)."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return children, started
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            parent, start = int(fields[1]), int(fields[19])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+        started[int(entry)] = start
+    return children, started
+
+
+def _process_tree(*roots: int, only: Mapping[int, int] | None = None) -> dict[int, int]:
+    """The ``roots`` and every process below them, each with its start time (so that a
+    pid used again later is not taken for it). With ``only`` (pid -> start time), a root
+    counts only while it is still the process noted there."""
+    children, started = _process_table()
+    tree: dict[int, int] = {}
+    todo = [r for r in roots if r in started and (only is None or only.get(r) == started[r])]
+    while todo:
+        pid = todo.pop()
+        if pid in started and pid not in tree:
+            tree[pid] = started[pid]
+            todo.extend(children.get(pid, []))
+    return tree
+
+
+def _kill_processes(processes: Mapping[int, int]) -> None:
+    """SIGKILL each noted process that is still the one noted, and everything now below
+    it."""
+    for pid in _process_tree(*processes, only=processes):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``hvdlite-run`` and ``python -m hvdlite.runner``.
+    """Entry point of ``hvdlite-run``, ``horovodrun`` and ``python -m hvdlite.runner``.
 
     Returns the exit status (the job's, or 2 for a usage error); the console
     script wrapper passes it to ``sys.exit``.
@@ -1215,11 +1419,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return launch(config)
+    except KeyboardInterrupt:  # before the job started (mpirun --version, discovery)
+        print(f"{program_name()}: interrupted", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     except LaunchError as exc:
-        print(f"hvdlite-run: error: {exc}", file=sys.stderr)
+        print(f"{program_name()}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"hvdlite-run: error: could not start mpirun: {exc}", file=sys.stderr)
+        print(f"{program_name()}: error: could not start mpirun: {exc}", file=sys.stderr)
         return 127
 
 
