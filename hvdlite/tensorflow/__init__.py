@@ -28,6 +28,8 @@ Typical custom training loop::
 """
 from __future__ import annotations
 
+import tensorflow as tf
+
 from hvdlite.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
                                    local_size, cross_rank, cross_size, is_homogeneous,
                                    mpi_threads_supported,
@@ -61,17 +63,28 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=None, scale_local_gradients=True):
     """Horovod's ``hvd.DistributedOptimizer`` of the TensorFlow module, with its arguments
-    in its order: for a Keras 3 optimizer this is
-    :func:`hvdlite.tensorflow.keras.DistributedOptimizer`. ``use_locking`` belonged to
-    TensorFlow 1 optimizers and is accepted and ignored. Unlike Horovod, which drops
-    ``op``, ``num_groups`` and ``groups`` on this path, hvdlite applies them.
-    TensorFlow 1 ``tf.compat.v1.train.Optimizer`` objects are not supported; use
-    ``DistributedGradientTape`` in custom loops."""
-    from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer as _keras_distributed
+    in its order.
+
+    For a TensorFlow 1 optimizer (``tf.compat.v1.train.Optimizer``), a wrapper whose
+    ``compute_gradients`` combines the gradients over the ranks (and ``minimize``
+    through it), for graphs run by a ``tf.compat.v1.Session``; see
+    :mod:`hvdlite.tensorflow.legacy_optimizer`. For a Keras 3 optimizer,
+    :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (``use_locking`` is accepted
+    and ignored there; unlike Horovod, which drops ``op``, ``num_groups`` and ``groups``
+    on that path, hvdlite applies them). ``device_dense`` and ``device_sparse`` are
+    accepted for compatibility."""
     import keras
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from hvdlite.tensorflow.legacy_optimizer import distributed_legacy_optimizer
+        return distributed_legacy_optimizer(
+            optimizer, name, use_locking, compression, sparse_as_dense, backward_passes_per_step,
+            op, gradient_predivide_factor, average_aggregated_gradients, num_groups, groups,
+            process_set, scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise NotImplementedError("hvdlite wraps Keras 3 optimizers only; for other training "
-                                  "loops use hvd.DistributedGradientTape")
+        raise TypeError("hvd.DistributedOptimizer wraps a Keras 3 optimizer or a TensorFlow 1 "
+                        f"tf.compat.v1.train.Optimizer, not {type(optimizer).__name__}; for other "
+                        "training loops use hvd.DistributedGradientTape")
+    from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer as _keras_distributed
     del use_locking
     return _keras_distributed(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,

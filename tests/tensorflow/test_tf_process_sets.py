@@ -17,7 +17,8 @@ WORKER = Path(__file__).resolve().parent / "tf_process_sets_worker.py"
 CASES = ["collectives_on_a_set", "gradients_on_a_set",
          "gradient_of_every_collective_stays_on_its_set", "session_gradients_on_a_set",
          "session_graph_on_a_set",
-         "outside_the_set_is_refused", "outside_the_set_gets_local_gradients", "dynamic_sets"]
+         "outside_the_set_is_refused", "outside_the_set_gets_local_gradients",
+         "tf1_distributed_optimizer_on_a_set", "dynamic_sets"]
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                                 reason="tensorflow is not installed (pip install hvdlite[tensorflow])")

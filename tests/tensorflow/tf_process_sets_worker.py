@@ -352,6 +352,26 @@ def outside_the_set_gets_local_gradients() -> None:
 
 
 @case
+def tf1_distributed_optimizer_on_a_set() -> None:
+    """hvd.DistributedOptimizer around a tf.compat.v1 optimizer on set EVEN, in a TF1
+    graph run by a Session (reference variables, as Horovod's test makes them): EVEN's
+    members apply the average of their gradients, rank 1 (outside) its own."""
+    tf1 = tf.compat.v1
+    me = hvd.rank()
+    with tf.Graph().as_default():
+        var = tf1.get_variable("v", initializer=[0.0], use_resource=False)
+        opt = hvd.DistributedOptimizer(tf1.train.GradientDescentOptimizer(1.0), process_set=EVEN)
+        grads = opt.compute_gradients(-float(me) * tf.reduce_sum(var), var_list=[var])
+        step = opt.apply_gradients(grads)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(step)
+            got = sess.run(var)
+    want = np.mean(EVEN.ranks) if me in EVEN.ranks else float(me)
+    close(got, [want], "TF1 DistributedOptimizer on EVEN")
+
+
+@case
 def dynamic_sets() -> None:
     me = hvd.rank()
     low = hvd.add_process_set([0, 1])
