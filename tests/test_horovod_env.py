@@ -8,6 +8,8 @@ variable hvdlite does not honour and stays quiet about the ones it does.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from hvdlite.common import horovod_env
 from hvdlite.common.horovod_env import BUILD, HONOURED, NOT_YET, VARIABLES, unhonoured
 
-from tests.launch import REPO, run_job
+from tests.launch import REPO, job_env, run_job
 
 # Every HOROVOD_* name in Horovod 0.28.1's user documentation (install, Tensor Fusion,
 # Timeline, Autotune, MPI, GPU, oneCCL, XLA, process sets, elastic), horovodrun's
@@ -121,18 +123,94 @@ hvd.shutdown()
 
 
 @pytest.mark.timeout(180)
-def test_rank_zero_warns_once_for_each_unhonoured_variable(tmp_path: Path) -> None:
+def test_each_warning_once_per_job(tmp_path: Path) -> None:
+    """3 ranks: rank 0 alone warns about each variable hvdlite does not honour, and the
+    launcher alone about each value the engine cannot use (every rank then runs with
+    the engine's default, without a line of its own)."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     env = {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.5", "HOROVOD_CCL_CACHE": "1",
            "HOROVOD_MLSL_BGT_AFFINITY": "0",
            "HOROVOD_TIMELINE": "DYNAMIC", "HOROVOD_FUSION_THRESHOLD": "1048576",
-           "HOROVOD_CYCLE_TIME": "2"}
-    proc = run_job(2, script, env=env, cwd=tmp_path)
+           "HOROVOD_CYCLE_TIME": "2", "HOROVOD_STALL_CHECK_TIME_SECONDS": "soon",
+           "HVDLITE_HIERARCHICAL_ALGORITHM": "ring", "HOROVOD_CACHE_CAPACITY": "100000"}
+    proc = run_job(3, script, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(re.findall(r"rank (\d) sum 2.0", proc.stdout)) == ["0", "1"]
+    assert sorted(re.findall(r"rank (\d) sum 3.0", proc.stdout)) == ["0", "1", "2"]
     for name in ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "HOROVOD_CCL_CACHE", "HOROVOD_MLSL_BGT_AFFINITY"):
         assert proc.stderr.count(f"HorovodVariableWarning: {name}=") == 1, (name, proc.stderr)
     for name in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"):
         assert f"HorovodVariableWarning: {name}" not in proc.stderr, proc.stderr
+    for text in ("ignoring HOROVOD_STALL_CHECK_TIME_SECONDS='soon': expected a number",
+                 "ignoring HVDLITE_HIERARCHICAL_ALGORITHM='ring': expected torus or leader",
+                 "HOROVOD_CACHE_CAPACITY=100000 is above hvdlite's limit"):
+        assert proc.stderr.count(text) == 1, (text, proc.stderr)
+    assert "hvdlite: ignoring" not in proc.stderr, proc.stderr  # no rank said it again
     assert not (tmp_path / "DYNAMIC").exists()  # not taken for a timeline file name
+
+
+# Values the engine cannot use, one per variable it checks, under either name.
+BAD_VALUES = {
+    "HOROVOD_FUSION_THRESHOLD": "64MB", "HVDLITE_CACHE_CAPACITY": "1e3",
+    "HOROVOD_HOST_CHUNK_BYTES": "", "HVDLITE_SPIN_MICROSECONDS": "5.0",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "99999999999999999999", "HOROVOD_CYCLE_TIME": "fast",
+    "HVDLITE_STALL_CHECK_TIME_SECONDS": "1e999", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "1_0",
+    "HOROVOD_LOG_LEVEL": "loud", "HVDLITE_THREAD_AFFINITY": "0,,1", "HOROVOD_GPU_OPERATIONS": "DDL",
+    "HVDLITE_GPU_ALLREDUCE": "gloo", "HOROVOD_GPU_ALLGATHER": " mpi", "HVDLITE_HIERARCHICAL_ALGORITHM": "ring",
+    "HVDLITE_HIERARCHICAL_CROSS": "tcp", "HVDLITE_RING_MIN_SEGMENT_BYTES": "+",
+    "HOROVOD_FUSION_DIRECT_BYTES": "0x10", "HOROVOD_HIERARCHICAL_CHUNK_BYTES": "12 34",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "ten", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "-",
+}
+# Values it reads, spelled as unusually as it allows.
+GOOD_VALUES = {
+    "HOROVOD_FUSION_THRESHOLD": " 1048576 ", "HVDLITE_CYCLE_TIME": "0x1p1",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "1e3", "HOROVOD_LOG_LEVEL": "WARN",
+    "HVDLITE_THREAD_AFFINITY": " 0", "HOROVOD_GPU_OPERATIONS": "", "HVDLITE_GPU_ALLREDUCE": "mpi",
+    "HVDLITE_HIERARCHICAL_ALGORITHM": "LEADER", "HOROVOD_SPIN_MICROSECONDS": "+0",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "-2.5e1",
+}
+ENGINE_PROBE = "import hvdlite as hvd; hvd.init(); hvd.shutdown(); print('probe done', flush=True)"
+
+
+def _engine_reports(env: dict[str, str]) -> str:
+    """What the engine itself prints at hvd.init() in one process with ``env``."""
+    proc = subprocess.run([sys.executable, "-c", ENGINE_PROBE], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env=job_env({"HVDLITE_LOG_LEVEL": None, **env}))
+    assert proc.returncode == 0 and "probe done" in proc.stdout, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_value_rules_are_the_engines() -> None:
+    """bad_engine_values() finds exactly the variables the engine reports, checked by
+    starting the engine on those values (and on valid ones it reports nothing about)."""
+    bad = horovod_env.bad_engine_values(BAD_VALUES)
+    assert sorted(b.name for b in bad) == sorted(BAD_VALUES)
+    reported = re.findall(r"hvdlite: ignoring ([A-Z_]+)=", _engine_reports(BAD_VALUES))
+    assert sorted(reported) == sorted(BAD_VALUES)
+    assert all(b.replace == {b.name: None} for b in bad)
+    assert horovod_env.bad_engine_values(GOOD_VALUES) == []
+    over = {**GOOD_VALUES, "HVDLITE_CACHE_CAPACITY": "100000"}
+    report = _engine_reports(over)
+    assert "hvdlite: ignoring" not in report, report
+    assert "HOROVOD_CACHE_CAPACITY=100000 is above hvdlite's limit; using 65536" in report
+    (capacity,) = horovod_env.bad_engine_values(over)
+    assert capacity.replace == {"HVDLITE_CACHE_CAPACITY": "65536"}
+
+
+def test_launcher_passes_on_what_the_engine_would_use() -> None:
+    """A bad value is said once by hvdlite-run and not given to the ranks, under either
+    name: the engine ignores HOROVOD_X too when HVDLITE_X is bad."""
+    from hvdlite.runner.launch import LaunchConfig, build_mpirun_command
+    environ = {"PATH": "/bin", "HVDLITE_CYCLE_TIME": "fast", "HOROVOD_CYCLE_TIME": "3",
+               "HOROVOD_CACHE_CAPACITY": "70000", "HOROVOD_FUSION_THRESHOLD": "1024"}
+    notes: list[str] = []
+    argv, env = build_mpirun_command(LaunchConfig(num_proc=2, command=["t"]), "mpirun", environ,
+                                     is_root=False, notes=notes)
+    assert "HVDLITE_CYCLE_TIME" not in env and "HOROVOD_CYCLE_TIME" not in env
+    assert env["HOROVOD_CACHE_CAPACITY"] == "65536" and env["HOROVOD_FUSION_THRESHOLD"] == "1024"
+    assert "HOROVOD_CYCLE_TIME" not in argv and "HOROVOD_CACHE_CAPACITY" in argv
+    said = [n for n in notes if "CYCLE_TIME" in n or "CACHE_CAPACITY" in n]
+    assert said == ["HOROVOD_CACHE_CAPACITY=70000 is above hvdlite's limit; every rank uses 65536 "
+                    "(each cycle carries two bits per entry)",
+                    "ignoring HVDLITE_CYCLE_TIME='fast': expected a number; every rank uses the default"]

@@ -39,7 +39,8 @@ import warnings
 from collections.abc import Callable, Mapping
 
 __all__ = ["HONOURED", "IGNORED", "NOT_YET", "BUILD", "Variable", "VARIABLES",
-           "HorovodVariableWarning", "unhonoured", "warn_unhonoured"]
+           "HorovodVariableWarning", "unhonoured", "warn_unhonoured", "ENGINE_VALUES", "BadValue",
+           "bad_engine_values"]
 
 HONOURED = "honoured"
 IGNORED = "ignored"
@@ -237,3 +238,115 @@ def warn_unhonoured(rank: int, environ: Mapping[str, str] | None = None) -> list
         names.append(name)
         warnings.warn(message, HorovodVariableWarning, stacklevel=3)
     return names
+
+
+# ---------------------------------------------------------------- values the engine reads
+#
+# The engine reads each of these as HVDLITE_<SUFFIX>, else HOROVOD_<SUFFIX>
+# (hvdlite/csrc/parameters.cc), and reports a value it cannot use ("hvdlite: ignoring
+# ...; using the default") on every rank that reads it. hvdlite-run checks them here
+# first, by the same rules, says so once for the whole job and hands the ranks the
+# value the engine would use (the default: the variable dropped), so that no rank
+# repeats it. tests/test_horovod_env.py checks these rules against the engine's.
+
+_C_SPACE = " \t\n\v\f\r"
+
+
+def _c_int(text: str) -> int | None:
+    """``text`` as the engine's ParseInt reads it (strtoll base 10, spaces around)."""
+    body = text.lstrip(_C_SPACE).rstrip(_C_SPACE)
+    if not body or body[0] in "+-" and (len(body) == 1 or not body[1:].isdigit()):
+        return None
+    digits = body[1:] if body[0] in "+-" else body
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    value = int(body)
+    return value if -2**63 <= value < 2**63 else None
+
+
+def _c_real(text: str) -> bool:
+    """Whether strtod reads all of ``text`` (spaces around allowed) without overflow."""
+    body = text.lstrip(_C_SPACE).rstrip(_C_SPACE)
+    if not body or "_" in body or not body.isascii():
+        return False
+    try:
+        value = float(body)
+    except ValueError:
+        try:
+            value = float.fromhex(body)
+        except ValueError:
+            return False
+    return not (value in (float("inf"), float("-inf")) and "inf" not in body.lower())
+
+
+def _one_of(*choices: str) -> Callable[[str], bool]:
+    return lambda v: v == "" or v.lower() in choices
+
+
+def _integer(v: str) -> bool:
+    return _c_int(v) is not None
+
+
+def _log_level(v: str) -> bool:
+    names = ("trace", "debug", "info", "warning", "error", "fatal", "warn")
+    n = _c_int(v)
+    return v.lower() in names or (n is not None and 0 <= n <= 5)
+
+
+def _cores(v: str) -> bool:
+    return all((n := _c_int(item)) is not None and 0 <= n < 2**20 for item in v.split(","))
+
+
+#: suffix -> (whether the engine can use a value, what it expects)
+ENGINE_VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
+    **{s: (_integer, "an integer") for s in (
+        "FUSION_THRESHOLD", "CACHE_CAPACITY", "HOST_CHUNK_BYTES", "FUSION_DIRECT_BYTES",
+        "RING_MIN_SEGMENT_BYTES", "SPIN_MICROSECONDS", "HIERARCHICAL_CHUNK_BYTES",
+        "AUTOTUNE_WARMUP_SAMPLES", "AUTOTUNE_STEPS_PER_SAMPLE", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES")},
+    **{s: (_c_real, "a number") for s in (
+        "CYCLE_TIME", "STALL_CHECK_TIME_SECONDS", "STALL_SHUTDOWN_TIME_SECONDS")},
+    "LOG_LEVEL": (_log_level, "trace, debug, info, warning, error, fatal or 0-5"),
+    "THREAD_AFFINITY": (_cores, "core numbers separated by commas, one per local rank"),
+    **{s: (_one_of("nccl", "mpi"), "NCCL or MPI (hvdlite has no other GPU backend)") for s in (
+        "GPU_OPERATIONS", "GPU_ALLREDUCE", "GPU_ALLGATHER", "GPU_BROADCAST", "GPU_ALLTOALL",
+        "GPU_REDUCESCATTER")},
+    "HIERARCHICAL_ALGORITHM": (_one_of("torus", "leader"), "torus or leader"),
+    "HIERARCHICAL_CROSS": (_one_of("mpi", "nccl"), "mpi or nccl"),
+}
+#: The engine's largest response cache (kMaxCacheCapacity in hvdlite/csrc/parameters.h).
+MAX_CACHE_CAPACITY = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class BadValue:
+    """A variable the engine would report on every rank: ``message`` says what it does
+    instead; ``replace`` maps each variable to its new value (None: removed), giving the
+    ranks what the engine would use."""
+
+    name: str
+    message: str
+    replace: dict[str, str | None]
+
+
+def bad_engine_values(environ: Mapping[str, str] | None = None) -> list[BadValue]:
+    """The values of :data:`ENGINE_VALUES` in ``environ`` (default ``os.environ``) that
+    the engine cannot use, in suffix order; each is dropped under both its names, since
+    the engine then takes its default whatever the other name says."""
+    env = os.environ if environ is None else environ
+    found: list[BadValue] = []
+    for suffix in sorted(ENGINE_VALUES):
+        names = (f"HVDLITE_{suffix}", f"HOROVOD_{suffix}")
+        name = next((n for n in names if n in env), None)
+        if name is None:
+            continue
+        value = env[name]
+        ok, expected = ENGINE_VALUES[suffix]
+        drop = {n: None for n in names if n in env}
+        if not ok(value):
+            found.append(BadValue(name, f"ignoring {name}={value!r}: expected {expected}; "
+                                        "every rank uses the default", drop))
+        elif suffix == "CACHE_CAPACITY" and (_c_int(value) or 0) > MAX_CACHE_CAPACITY:
+            found.append(BadValue(name, f"{name}={value} is above hvdlite's limit; every rank uses "
+                                        f"{MAX_CACHE_CAPACITY} (each cycle carries two bits per entry)",
+                                  {**drop, name: str(MAX_CACHE_CAPACITY)}))
+    return found

@@ -54,6 +54,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from hvdlite.common import horovod_env
 from hvdlite.runner import discovery, output, slurm
 from hvdlite.runner.check_build import check_build_report, hvdlite_version
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
@@ -498,8 +499,10 @@ def build_mpirun_command(
 
     Unless ``OMP_NUM_THREADS`` is set (in ``environ``, or with ``-x`` in
     ``--mpi-args``), each rank's command is started through
-    :func:`rank_threads_command`, which sizes its thread pools on its host; the line
-    ``hvdlite-run`` prints about it is appended to ``notes`` when that is a list.
+    :func:`rank_threads_command`, which sizes its thread pools on its host. A value
+    the engine cannot use (:func:`hvdlite.common.horovod_env.bad_engine_values`) is
+    not passed on; the ranks get the engine's default. The lines ``hvdlite-run`` prints
+    about both, once for the job, are appended to ``notes`` when that is a list.
 
     Raises :class:`LaunchError` for an inconsistent request (for instance more
     processes than the slots of a remote host list).
@@ -714,6 +717,16 @@ def build_mpirun_command(
         alias = _HOROVOD_ALIASES.get(name)
         if alias and alias in env:
             env[alias] = value
+    # A value the engine cannot use is said once here, for the whole job, and the ranks
+    # get what the engine would use instead (its default), so that none repeats it.
+    for bad in horovod_env.bad_engine_values(env):
+        for name, value in bad.replace.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        if notes is not None:
+            notes.append(bad.message)
     # MPI must not busy-poll while ranks share cores.
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
