@@ -73,13 +73,18 @@ def core_or_none() -> Any:
 # What modules above this one do when hvdlite's world starts (given init's
 # `process_sets`) and when it changes or ends (shutdown, an elastic reset): the process
 # sets' registry (hvdlite.common.process_sets) registers itself here.
-_lifecycle_hooks: list[tuple[Callable[[Any], None], Callable[[], None]]] = []
+_lifecycle_hooks: list[tuple[Callable[[Any, Any], None], Callable[[], None]]] = []
+_init_again_hooks: list[Callable[[Any], None]] = []
 
 
-def add_lifecycle_hooks(after_init: Callable[[Any], None], after_change: Callable[[], None]) -> None:
-    """Run `after_init(process_sets)` after each successful ``init``, and
-    `after_change()` after a shutdown or a change of the world (:func:`world_changed`)."""
+def add_lifecycle_hooks(after_init: Callable[[Any, Any], None], after_change: Callable[[], None],
+                        init_again: Callable[[Any], None] | None = None) -> None:
+    """Run `after_init(process_sets, comm)` after each successful ``init``,
+    `after_change()` after a shutdown or a change of the world (:func:`world_changed`),
+    and `init_again(process_sets)` when ``init`` is called while hvdlite runs."""
     _lifecycle_hooks.append((after_init, after_change))
+    if init_again is not None:
+        _init_again_hooks.append(init_again)
 
 
 def world_changed() -> None:
@@ -88,22 +93,36 @@ def world_changed() -> None:
         after_change()
 
 
+def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
+    """Every registered process set's id and world ranks, the global set's (0) included:
+    Horovod's internal helper of this name, which its tests call."""
+    from hvdlite.common import process_set_table  # it builds on this module
+    return {ps.process_set_id: list(ps.ranks or []) for ps in process_set_table.process_sets()}
+
+
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start hvdlite in this process.
 
     ``comm`` may be an mpi4py communicator (hvdlite works on a duplicate of it) or a
     list of ranks of ``MPI_COMM_WORLD`` that form hvdlite's world; by default the whole
-    of ``MPI_COMM_WORLD``. Calling ``init`` again while initialized does nothing;
-    after ``shutdown()`` it starts the engine afresh.
+    of ``MPI_COMM_WORLD``. A communicator is kept as ``global_process_set.mpi_comm``.
+    Calling ``init`` again while initialized starts nothing; it only looks up the
+    ``process_sets`` it is given among those registered (as Horovod does); after
+    ``shutdown()`` it starts the engine afresh.
 
     ``process_sets``: Horovod's static process sets, a list of
     :class:`~hvdlite.common.process_sets.ProcessSet` registered now on every rank alike,
     or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later (as
-    ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` does).
+    ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` does). Sets are numbered as in Horovod: those of
+    each communicator first (every rank's communicator gives one set), then the rank
+    lists in order. A set given twice, or equal to the global set, raises ``ValueError``
+    on the ranks whose list holds the duplicate (the others are registered).
     """
     _check_not_a_child()
     c = _load_core()
     if c.is_initialized():
+        for init_again in _init_again_hooks:
+            init_again(process_sets)
         return
     comm_handle = 0
     ranks: list[int] = []
@@ -124,7 +143,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         # No HOROVOD_* variable goes silently unheeded (rank 0 says so, once).
         horovod_env.warn_unhonoured(c.rank())
         for after_init, _ in _lifecycle_hooks:
-            after_init(process_sets)
+            after_init(process_sets, comm)
 
 
 # Set by init() to the initializing process's pid and launcher job, and inherited by

@@ -43,20 +43,43 @@ def _dynamic_enabled() -> bool:
     return _dynamic or os.environ.get(DYNAMIC_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def setup(process_sets: Any) -> None:
+def setup(process_sets: Any, comm: Any = None) -> None:
     """Run by ``hvd.init`` once the world is up: forget older sets, then register the
-    sets given to ``init`` (a list of :class:`ProcessSet`, or "dynamic")."""
+    sets given to ``init`` (a list of :class:`ProcessSet`, or "dynamic"). `comm` is what
+    ``init`` was given: an mpi4py communicator becomes ``global_process_set.mpi_comm``."""
     global _dynamic
     _forget_all()
+    global_process_set.mpi_comm = comm if _is_communicator(comm) else None
     _dynamic = process_sets == "dynamic"
     if process_sets is None or process_sets == "dynamic":
         return
+    sets = _checked_list(process_sets)
+    if any(ps.mpi_comm is not None for ps in sets) and comm is not None and not _is_communicator(comm):
+        raise NotImplementedError("process sets built from MPI communicators need hvd.init(comm=...) to be a "
+                                  "communicator (or None), not a list of ranks, as in Horovod")
+    _register_at_init(sets)
+    _assign(sets)
+
+
+def again(process_sets: Any) -> None:
+    """``hvd.init(process_sets=[...])`` while hvdlite runs: the sets are looked up among
+    those registered (nothing is registered now, as in Horovod), and a duplicate raises."""
+    if process_sets is None or process_sets == "dynamic":
+        return
+    _assign(_checked_list(process_sets))
+
+
+def _is_communicator(comm: Any) -> bool:
+    return comm is not None and hasattr(comm, "Get_group") and hasattr(comm, "allgather")
+
+
+def _checked_list(process_sets: Any) -> list[ProcessSet]:
     if isinstance(process_sets, ProcessSet) or not isinstance(process_sets, (list, tuple)):
         raise HvdliteValueError("hvd.init(process_sets=...) takes a list of ProcessSet objects or \"dynamic\"")
     for ps in process_sets:
         if not isinstance(ps, ProcessSet):
             raise HvdliteValueError(f"hvd.init(process_sets=...): {ps!r} is not a ProcessSet")
-    _register(list(process_sets), allow_existing=True)
+    return list(process_sets)
 
 
 def _forget_all() -> None:
@@ -66,55 +89,115 @@ def _forget_all() -> None:
     reset()
 
 
-basics.add_lifecycle_hooks(after_init=setup, after_change=_forget_all)
+basics.add_lifecycle_hooks(after_init=setup, after_change=_forget_all, init_again=again)
 
 
 def _members_of(ps: ProcessSet) -> list[int]:
-    """The world ranks of `ps`: its list, or its communicator's members (collective
-    over that communicator)."""
+    """The world ranks of `ps`: its list, or its communicator's members, translated from
+    the communicator's group into hvdlite's world (no communication)."""
     if ps.mpi_comm is None:
         return list(ps.ranks or [])
-    return sorted(int(r) for r in ps.mpi_comm.allgather(rank()))
+    from mpi4py import MPI
+    world = global_process_set.mpi_comm or MPI.COMM_WORLD
+    group, world_group = ps.mpi_comm.Get_group(), world.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
+    finally:
+        group.Free()
+        world_group.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        raise HvdliteValueError(f"{ps}: its communicator has processes outside hvdlite's world")
+    return sorted(int(r) for r in ranks)
 
 
-def _register(sets: list[ProcessSet], allow_existing: bool) -> None:
-    """Register `sets` on every rank alike. Every rank publishes the rank lists it
-    asks for; lists given explicitly must be the same on every rank; lists from
-    communicators (which differ between ranks: each rank passes its own) are merged.
-    New lists get ids in the same order everywhere."""
+def _world_id(ranks: list[int]) -> int | None:
+    """The id of the registered set with these ranks: 0 for the whole world."""
+    return 0 if ranks == list(range(size())) else id_of(ranks)
+
+
+def _check_ranks(ranks: list[int]) -> None:
+    world = size()
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad or not ranks or len(set(ranks)) != len(ranks):
+        raise HvdliteValueError(f"process set {ranks}: " + (
+            f"rank(s) {bad} outside hvdlite's world of {world}" if bad else
+            "it has no ranks" if not ranks else "a rank is listed twice"))
+
+
+def _publish(explicit: list[list[int]], from_comms: list[list[int]]) -> list[tuple[list, list]]:
+    """Every rank's explicit rank lists and communicators' members, gathered, after
+    checking that the explicit lists and the number of communicators agree."""
     global _round
-    explicit = [list(ps.ranks or []) for ps in sets if ps.mpi_comm is None]
-    from_comms = {id(ps): _members_of(ps) for ps in sets if ps.mpi_comm is not None}
     _round += 1
-    everyone = objects.allgather_object((explicit, list(from_comms.values())),
-                                        name=f"hvdlite.process_sets.{_round}")
-    differ = [r for r, (theirs, _) in enumerate(everyone) if theirs != explicit]
+    everyone = objects.allgather_object((explicit, from_comms), name=f"hvdlite.process_sets.{_round}")
+    differ = [r for r, (theirs, comms) in enumerate(everyone) if theirs != explicit or len(comms) != len(from_comms)]
     if differ:
         raise HvdliteValueError(
-            f"process sets must be registered alike on every rank: rank {rank()} asked for {explicit}, but rank(s) "
+            f"process sets must be registered alike on every rank: rank {rank()} asked for {explicit}"
+            f"{f' and {len(from_comms)} communicator(s)' if from_comms else ''}, but rank(s) "
             f"{', '.join(map(str, differ))} asked for something else "
-            f"({'; '.join(f'rank {r}: {everyone[r][0]}' for r in differ[:4])})")
+            f"({'; '.join(f'rank {r}: {everyone[r][0]}, {len(everyone[r][1])} communicator(s)' for r in differ[:4])})")
+    return everyone
+
+
+def _register_lists(wanted: list[list[int]], allow_existing: bool) -> None:
+    """Give each new rank list an engine, in order (the same on every rank)."""
+    for ranks in wanted:
+        _check_ranks(ranks)
+    core = _load_core()
+    for ranks in wanted:
+        existing = _world_id(ranks)
+        if existing is not None and not allow_existing:
+            raise HvdliteValueError(f"a process set with ranks {ranks} is already registered "
+                                    f"({'the global set' if existing == 0 else f'id {existing}'})")
+        if existing is None:
+            record(ProcessSet(ranks), int(core.add_process_set(ranks)), ranks)
+
+
+def _register_at_init(sets: list[ProcessSet]) -> None:
+    """Register the sets given to ``init`` on every rank alike, numbered as Horovod numbers
+    them: first the sets of each communicator in turn (the member lists of every rank's
+    communicator, in sorted order), then the explicit rank lists in the order given. A
+    list seen before (or the whole world, the global set) gets no new id."""
+    explicit = [list(ps.ranks or []) for ps in sets if ps.mpi_comm is None]
+    from_comms = [_members_of(ps) for ps in sets if ps.mpi_comm is not None]
+    everyone = _publish(explicit, from_comms)
     wanted: list[list[int]] = []
-    for ranks in explicit + [lst for _, comms in everyone for lst in comms]:
+    for i in range(len(from_comms)):
+        for ranks in sorted({tuple(comms[i]) for _, comms in everyone}):
+            if list(ranks) not in wanted:
+                wanted.append(list(ranks))
+    for ranks in explicit:
         if ranks not in wanted:
             wanted.append(ranks)
-    world = size()
-    for ranks in wanted:
-        bad = [r for r in ranks if not 0 <= r < world]
-        if bad or not ranks or len(set(ranks)) != len(ranks):
-            raise HvdliteValueError(f"process set {ranks}: " + (
-                f"rank(s) {bad} outside hvdlite's world of {world}" if bad else
-                "it has no ranks" if not ranks else "a rank is listed twice"))
-    core = _load_core()
-    ids: dict[tuple[int, ...], int] = {}
-    for ranks in wanted:
-        existing = id_of(ranks)
-        if existing is not None and not allow_existing:
-            raise HvdliteValueError(f"a process set with ranks {ranks} is already registered (id {existing})")
-        ids[tuple(ranks)] = existing if existing is not None else int(core.add_process_set(ranks))
-    for ps in sets:
-        ranks = from_comms[id(ps)] if ps.mpi_comm is not None else list(ps.ranks or [])
-        record(ps, ids[tuple(ranks)], ranks)
+    _register_lists(wanted, allow_existing=True)
+
+
+def _assign(sets: list[ProcessSet]) -> None:
+    """Point each ProcessSet object at its registered set. As in Horovod, an entry whose
+    set the list names before it (or the global set) is a duplicate: it stays
+    unregistered and this rank raises ValueError, after the others are assigned."""
+    seen = {0}
+    duplicates = []
+    for i, ps in enumerate(sets):
+        ranks = _members_of(ps)
+        pid = _world_id(ranks)
+        if pid is None:
+            raise HvdliteValueError(f"process_sets entry {i} ({ps}) is not registered: hvdlite is already running, "
+                                    "so hvd.init(process_sets=...) only looks up the sets of the first init; add "
+                                    "new ones with hvd.add_process_set")
+        if pid in seen:
+            duplicates.append((i, ranks))
+            continue
+        seen.add(pid)
+        if pid == 0:
+            continue
+        record(ps, pid, ranks)
+    if duplicates:
+        i, ranks = duplicates[0]
+        what = "the global set" if _world_id(ranks) == 0 else f"an earlier entry's set {ranks}"
+        raise HvdliteValueError(f"hvd.init(process_sets=...): entry number {i} ({sets[i]}) is a duplicate of "
+                                f"{what}; each process set may be given once")
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -133,7 +216,10 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
                                   "(as in Horovod); build it from a list of ranks")
     if process_set.process_set_id is not None:
         raise HvdliteValueError(f"{process_set} is already registered")
-    _register([process_set], allow_existing=False)
+    ranks = list(process_set.ranks or [])
+    _publish([ranks], [])
+    _register_lists([ranks], allow_existing=False)
+    record(process_set, _world_id(ranks), ranks)
     return process_set
 
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from hvdlite.common import codes as _codes, ops as _ops
+from hvdlite.common import basics as _basics, codes as _codes, ops as _ops  # noqa: F401 (_basics: Horovod tests reach it)
 from hvdlite.common.basics import rank, size
 from hvdlite.common.codes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - Horovod's constants
 from hvdlite.common.exceptions import HorovodInternalError, HvdliteError  # noqa: F401

@@ -190,9 +190,14 @@ def dynamic() -> None:
         assert first.process_set_id is None
         expect_error(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=first), "not registered")
         assert hvd.remove_process_set(hvd.global_process_set) is False
-        again = hvd.add_process_set(hvd.ProcessSet(range(n)))
+        # Every rank is the global set: a duplicate, as in Horovod.
+        expect_error(ValueError, lambda: hvd.add_process_set(hvd.ProcessSet(range(n))), "already registered",
+                     "global set")
+        again = hvd.add_process_set(hvd.ProcessSet(range(n - 1)))
         assert again.process_set_id not in (None, 0, 1)
-        check_collectives(again, "dyn2")
+        expect_error(ValueError, lambda: hvd.add_process_set(range(n - 1)), "already registered")
+        if again.included():
+            check_collectives(again, "dyn2")
         assert hvd.remove_process_set(again)
         assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="dyn.global").item() == n
 
@@ -203,15 +208,38 @@ def comm() -> None:
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     sub = world.Split(color=world.rank % 2, key=world.rank)
-    split_set = hvd.ProcessSet(sub)
-    hvd.init(world, process_sets=[split_set])
+    n = world.size
+    # The whole world again, and a rank list equal to one half: duplicates, refused on
+    # the ranks whose list holds them (the world clone: every rank; the evens: even ranks).
+    clone = hvd.ProcessSet(world.Dup())
+    try:
+        hvd.init(world, process_sets=[hvd.ProcessSet([0]), hvd.ProcessSet(sub), clone])
+        raise AssertionError("a clone of the world was accepted")
+    except ValueError as exc:
+        assert "entry number 2" in str(exc) and "global set" in str(exc), exc
+    assert clone.process_set_id is None
+    evens = hvd.ProcessSet(range(0, n, 2))
+    if world.rank % 2 == 0:
+        expect_error(ValueError, lambda: hvd.init(world, process_sets=[hvd.ProcessSet(sub), evens]),
+                     "entry number 1", "duplicate")
+    else:
+        hvd.init(world, process_sets=[hvd.ProcessSet(sub), evens])
+        assert evens.process_set_id == 1
+    # hvdlite runs: init with a list free of duplicates looks its sets up.
+    first, split_set = hvd.ProcessSet([0]), hvd.ProcessSet(sub)
+    hvd.init(world, process_sets=[first, split_set])
 
     def from_communicators() -> None:
-        n = hvd.size()
+        assert hvd.size() == n and hvd.global_process_set.mpi_comm is world
         assert split_set.ranks == list(range(hvd.rank() % 2, n, 2)), split_set
-        # Both halves registered on every rank: ids 1 (evens) and 2 (odds).
-        assert split_set.process_set_id == 1 + hvd.rank() % 2
+        # Numbered as Horovod numbers them: the communicator's sets (every rank's, in
+        # sorted order) before the rank lists, whatever order the list gives them in.
+        assert hvd.mpi_ops._basics._get_process_set_ids_and_ranks() == {
+            0: list(range(n)), 1: list(range(0, n, 2)), 2: list(range(1, n, 2)), 3: [0]}
+        assert split_set.process_set_id == 1 + hvd.rank() % 2 and first.process_set_id == 3
         check_collectives(split_set, "comm")
+        # A set that was never registered is not registered by a later init.
+        expect_error(ValueError, lambda: hvd.init(world, process_sets=[hvd.ProcessSet([1])]), "not registered")
 
     run("sets_from_communicators", from_communicators)
 
