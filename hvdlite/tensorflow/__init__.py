@@ -55,6 +55,9 @@ from hvdlite.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hvdlite.tensorflow import elastic
 from hvdlite.tensorflow import util
 from hvdlite.tensorflow.util import _executing_eagerly  # noqa: F401 - Horovod's package has it
+from hvdlite.tensorflow.keras_backend import make_optimizer_variables_callable as _callable_variables
+
+_callable_variables()  # opt.variables() as Keras 2 wrote it (see docs/keras3.md)
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",

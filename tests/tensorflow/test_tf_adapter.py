@@ -50,6 +50,7 @@ CHECKS = [
     "local_sources_keep_their_gradients",
     "fit_with_distributed_optimizer_matches_single_process",
     "keras_collectives_return_tensors",
+    "keras2_calls_scripts_make_are_bridged",
     "mixed_float16_fit_skips_a_non_finite_step_on_every_rank",
     "fit_sparse_embedding_gradients",
     "horovod_keras_module_name_trains_the_same",

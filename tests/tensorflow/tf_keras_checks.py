@@ -120,6 +120,69 @@ def keras_collectives_return_tensors():
 
 
 @check
+def keras2_calls_scripts_make_are_bridged():
+    """Calls that Horovod's TensorFlow 2 examples and Keras tests make in Keras 2's terms
+    work with Keras 3 through hvdlite: ``opt.variables()`` on any optimizer (a list that
+    is also callable), broadcast from rank 0 inside tf.function after a first step as
+    Horovod's synthetic benchmark does; the distributed optimizer's ``lr`` (assign,
+    numpy, tf.keras.backend.set_value, the setter); compile's
+    ``experimental_run_tf_function`` with a distributed optimizer (a plain one still
+    gets Keras's TypeError); ``compute_gradients`` then ``apply_gradients`` (with Keras
+    2's ``experimental_aggregate_gradients``) combining the gradients once (op=Sum
+    against NumPy's sum over the ranks)."""
+    plain = keras.optimizers.SGD(0.1)
+    expect(plain.variables() == plain.variables and isinstance(plain.variables, list),
+           "opt.variables() is not the list opt.variables")
+    model = make_model(40 + R)
+    x = tf.constant(global_data(1, seed=8)[0][:B])
+
+    @tf.function
+    def step(first):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        plain.apply_gradients(zip(grads, model.trainable_variables))
+        if first:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(plain.variables(), root_rank=0)
+    step(True)
+    step(False)
+    weights_equal_everywhere(model.get_weights() + [v.numpy() for v in plain.variables()],
+                             "after opt.variables() broadcast")
+
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01))
+    expect(abs(float(opt.lr.numpy()) - 0.01) < 1e-7, f"lr {opt.lr}")
+    opt.lr.assign(0.02)
+    expect(abs(float(opt.learning_rate.numpy()) - 0.02) < 1e-7, "lr.assign did not set learning_rate")
+    tf.keras.backend.set_value(opt.lr, 0.03)
+    expect(abs(float(opt.learning_rate.numpy()) - 0.03) < 1e-7, "set_value(opt.lr) did not set it")
+    opt.lr = 0.04
+    expect(abs(float(opt.learning_rate.numpy()) - 0.04) < 1e-7, "opt.lr = x did not set it")
+    m = make_model(41)
+    m.compile(optimizer=opt, loss="mse", experimental_run_tf_function=False)
+    expect(m.optimizer is opt, "compile with experimental_run_tf_function lost the optimizer")
+    try:
+        make_model(42).compile(optimizer="sgd", loss="mse", experimental_run_tf_function=False)
+        expect(False, "a plain optimizer's compile accepted experimental_run_tf_function")
+    except TypeError:
+        pass
+
+    summed = hvdk.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hvdk.Sum)
+    v = tf.Variable([1.0, 2.0])
+    pairs = summed.compute_gradients(lambda: tf.reduce_sum(v * float(R + 1)), [v])
+    want = sum(r + 1 for r in range(N))
+    expect_close(pairs[0][0].numpy(), [want, want], "compute_gradients with op=Sum")
+    summed.apply_gradients(pairs, experimental_aggregate_gradients=False)
+    expect_close(v.numpy(), [1.0 - want, 2.0 - want], "apply_gradients after compute_gradients")
+    try:
+        summed.apply_gradients(pairs, no_such_argument=1)
+        expect(False, "apply_gradients accepted an unknown keyword")
+    except TypeError:
+        pass
+
+
+@check
 def mixed_float16_fit_skips_a_non_finite_step_on_every_rank():
     """Under the mixed_float16 policy, compile wraps DistributedOptimizer in Keras's
     LossScaleOptimizer, which skips a step whose gradients are not finite. Only the last

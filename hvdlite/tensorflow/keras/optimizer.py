@@ -65,8 +65,79 @@ class _DistributedOptimizerMixin:
             var_list = list(getattr(self, "_trainable_variables", []) or [])
         if opts["backward_passes_per_step"] > 1:
             return self._hvd_apply_accumulated(grads, trainable_variables, var_list)
+        if self._hvd_take_combined(grads):  # from compute_gradients: combined already
+            return super().apply(grads, trainable_variables)
         reduced = self._hvd_reduce(grads, var_list)
         return super().apply(reduced, trainable_variables)
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
+                        **kwargs):
+        """Keras's ``apply_gradients``; also takes the arguments Keras 2's took (``name``,
+        ``skip_gradients_aggregation``, ``experimental_aggregate_gradients``), which
+        scripts written for Horovod pass, and ignores them (they concerned
+        ``tf.distribute`` replicas; the gradients are combined over the ranks here
+        either way)."""
+        kwargs.pop("experimental_aggregate_gradients", None)
+        if kwargs:
+            raise TypeError(f"apply_gradients() got unexpected keyword arguments {sorted(kwargs)}")
+        return super().apply_gradients(grads_and_vars)
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        """Horovod's ``compute_gradients`` (Keras 2 optimizers had it): the gradients of
+        ``loss`` (a tensor recorded on ``tape``, or a callable, evaluated on a new tape)
+        with respect to ``var_list`` (or a callable that returns it), combined over the
+        ranks, as a list of ``(gradient, variable)`` pairs. ``apply_gradients`` then
+        applies them without combining them again. With ``backward_passes_per_step`` > 1
+        the local gradients are returned and ``apply_gradients`` sums and combines them."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    @_no_autograph
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """:meth:`compute_gradients` under the name Keras 2's private method had (which
+        Horovod's tests call), with its ``grad_loss``."""
+        tape = tf.GradientTape() if tape is None else tape
+        if callable(loss):
+            with tape:
+                if not callable(var_list):
+                    tape.watch(var_list)
+                loss = loss()
+        if callable(var_list):
+            var_list = var_list()
+        var_list = list(tf.nest.flatten(var_list))
+        grads = list(tape.gradient(loss, var_list, grad_loss))
+        if self._hvd_options["backward_passes_per_step"] == 1:
+            grads = list(self._hvd_reduce(grads, var_list))
+            combined = self.__dict__.setdefault("_hvd_combined", {})
+            for g in grads:
+                if g is not None:
+                    combined[id(g)] = g
+        return list(zip(grads, var_list))
+
+    def _hvd_take_combined(self, grads) -> bool:
+        """True (and forgotten) when every gradient came from :meth:`compute_gradients`."""
+        combined = self.__dict__.get("_hvd_combined")
+        present = [g for g in grads if g is not None]
+        if not combined or not present or any(combined.get(id(g)) is not g for g in present):
+            return False
+        for g in present:
+            combined.pop(id(g), None)
+        return True
+
+    @property
+    def lr(self):
+        """Keras 2's name of the learning rate, which Horovod's examples use
+        (``opt.lr.assign(x)``, ``tf.keras.backend.set_value(opt.lr, x)``): the
+        ``tf.Variable`` that holds ``learning_rate`` (its current value when the
+        learning rate is a schedule). hvdlite addition; Keras 3 optimizers lack it."""
+        holder = getattr(self, "_learning_rate", None)
+        value = getattr(holder, "value", None)
+        if isinstance(value, tf.Variable):
+            return value
+        return self.learning_rate
+
+    @lr.setter
+    def lr(self, value):
+        self.learning_rate = value
 
     def _hvd_reduce(self, grads, var_list):
         opts = self._hvd_options
@@ -207,6 +278,38 @@ def _keep_auto_xla_off() -> None:
 
 
 _keep_auto_xla_off()
+
+
+from hvdlite.tensorflow.keras_backend import CallableList, make_optimizer_variables_callable  # noqa: E402,F401
+
+make_optimizer_variables_callable()
+
+
+def _accept_experimental_run_tf_function() -> None:
+    """Let ``model.compile(optimizer=hvd.DistributedOptimizer(...),
+    experimental_run_tf_function=False)`` through, as Horovod's TensorFlow 2 Keras
+    examples write it (their optimizer needed it on TensorFlow 2.0 and 2.1; it has had
+    no effect since). Keras 3's ``compile`` takes no such argument; it is dropped when
+    the optimizer is a distributed one, and left for Keras to refuse otherwise."""
+    from keras.src.trainers.trainer import Trainer
+    compile_ = Trainer.__dict__.get("compile")
+    if compile_ is None or getattr(compile_, "_hvdlite_compat", False):
+        return
+
+    def compile(self, *args, **kwargs):
+        if "experimental_run_tf_function" in kwargs:
+            optimizer = kwargs.get("optimizer", args[0] if args else None)
+            if _is_distributed(optimizer):
+                kwargs.pop("experimental_run_tf_function")
+        return compile_(self, *args, **kwargs)
+
+    compile._hvdlite_compat = True
+    compile.__doc__ = compile_.__doc__
+    compile.__wrapped__ = compile_
+    Trainer.compile = compile
+
+
+_accept_experimental_run_tf_function()
 
 
 _classes: dict[type, type] = {}
