@@ -20,9 +20,12 @@ Without fault tolerance a failure ends the job as it does without ``elastic``, a
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from typing import Any, Callable
 
 from hvdlite.common import membership
+from hvdlite.common.basics import rank, size
 from hvdlite.common.exceptions import HostsUpdatedInterrupt
 
 _sync_root = 0
@@ -114,16 +117,43 @@ class ObjectState(State):
 
 def _choose_sync_root(state: State) -> None:
     """Collective (elastic jobs): the rank with the most commits becomes the sync root
-    (the lowest such rank; rank 0 at the start), and every rank's host is noted."""
+    (the lowest such rank; rank 0 at the start), and every rank's host and launch (the
+    first job, or the one that added it) are noted."""
     global _sync_root
     from hvdlite.common.objects import allgather_object
-    mine = (getattr(state, "_commits", 0), membership.hostname())
+    mine = (getattr(state, "_commits", 0), membership.hostname(), membership.job_name())
     gathered = allgather_object(mine, name="hvdlite.elastic.world")
-    counts = [c for c, _ in gathered]
-    membership.world_hosts([h for _, h in gathered])
+    counts = [c for c, _, _ in gathered]
+    membership.world_hosts([h for _, h, _ in gathered], [j for _, _, j in gathered])
     newest = max(counts)
     _sync_root = counts.index(newest)
     state._commits = newest
+
+
+def _report_recovery(state: State) -> None:
+    """After the world lost workers and the survivors synced: one line, from the new
+    rank 0, saying who was lost and what training goes on with."""
+    losses, added = membership.take_changes()
+    if not losses or rank() != 0 or not _warnings_shown():
+        return
+    lost = ", then ".join(
+        f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} of {before} failed" if before
+        else f"{len(ranks)} worker{'s' * (len(ranks) > 1)} failed" for ranks, before in losses)
+    commits = getattr(state, "_commits", 0)
+    where = f"commit {commits}" if commits else "the start (nothing was committed yet)"
+    progress = ", ".join(f"{k}={v}" for k, v in (getattr(state, "_saved_state", None) or {}).items()
+                         if isinstance(v, int) and not isinstance(v, bool))
+    n = size()
+    new = f" ({added} new)" if added else ""
+    sys.stderr.write(f"[hvdlite WARNING rank 0] {lost}; continuing with {n} worker{'s' * (n != 1)}{new} "
+                     f"from {where}{f' ({progress})' if progress and commits else ''}\n")
+    sys.stderr.flush()
+
+
+def _warnings_shown() -> bool:
+    """Whether hvdlite's log level (HVDLITE_LOG_LEVEL, HOROVOD_LOG_LEVEL) shows warnings."""
+    level = (os.environ.get("HVDLITE_LOG_LEVEL") or os.environ.get("HOROVOD_LOG_LEVEL") or "").strip().lower()
+    return level not in ("error", "fatal", "4", "5")
 
 
 def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -143,6 +173,7 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
                     if settings is not None:
                         _choose_sync_root(state)
                     state.sync()
+                _report_recovery(state)
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync

@@ -87,24 +87,42 @@ class _World:
 
     def __init__(self) -> None:
         self.hosts: list[str] | None = None  # the host of every rank, by rank
+        # The Open MPI job (PMIx namespace) every rank was started in, by rank: the
+        # launch's, or that of the workers added with it; None where not known yet.
+        self.jobs: list[str | None] | None = None
         # Workers that died, per host: their slots stay taken in Open MPI's allocation,
         # and each one lengthens the host's blacklist cooldown.
         self.dead: collections.Counter[str] = collections.Counter()
         self.blacklist: dict[str, float] = {}  # host -> until (monotonic; inf: for good)
         self.ignored: set[str] = set()  # new hosts outside the launch, reported once
         self.join_pending = False  # this process joined; its first sync is still to come
+        # Workers lost since the last report, per rebuild: (their ranks, the world's size),
+        # and workers added since then.
+        self.losses: list[tuple[list[int], int]] = []
+        self.added = 0
+        # A process started in this process's own Open MPI job died: MPI_Finalize could
+        # wait for it for ever (see leave_without_finalize).
+        self.peer_lost = False
 
 
 _world = _World()
 
 
-def world_hosts(hosts: list[str]) -> None:
-    """Record every rank's host (gathered by the elastic loop's collective)."""
+def world_hosts(hosts: list[str], jobs: list[str] | None = None) -> None:
+    """Record every rank's host and Open MPI job (gathered by the elastic loop's
+    collective)."""
     _world.hosts = list(hosts)
+    _world.jobs = None if jobs is None else list(jobs)
 
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def job_name() -> str:
+    """The Open MPI job this process was started in (its PMIx namespace): the launch's,
+    or the one that added it to a running job."""
+    return os.environ.get("PMIX_NAMESPACE", "")
 
 
 # ------------------------------------------------------------------ discovery
@@ -226,8 +244,16 @@ def reset(after_failure: bool) -> None:
     added where slots are free, waiting for them under ``--min-np``."""
     if after_failure:
         c = _core()
+        try:
+            before = int(c.size())
+        except Exception:  # noqa: BLE001 - the size of the stopped world, for the report only
+            before = 0
         c.rebuild()
-        _note_lost(list(c.lost_ranks()))
+        lost = list(c.lost_ranks())
+        if lost:
+            _world.losses.append((lost, before))
+            _world.peer_lost = _world.peer_lost or _own_job_lost(lost)
+        _note_lost(lost)
     naming.reset_auto_names()  # every rank's unnamed requests count from 0 again
     basics.world_changed()  # the core dropped the process sets: members renumbered or gone
     s = settings()
@@ -258,6 +284,16 @@ def reset(after_failure: bool) -> None:
         time.sleep(_DISCOVERY_PERIOD_S)
 
 
+def _own_job_lost(lost: list[int]) -> bool:
+    """Whether a rank of ``lost`` was started in this process's own Open MPI job (all
+    were, unless workers were added to the job). Ranks not known count as not."""
+    jobs = _world.jobs
+    if jobs is None:
+        return True
+    mine = job_name()
+    return any(r < len(jobs) and jobs[r] == mine for r in lost)
+
+
 def _note_lost(lost: list[int]) -> None:
     """The hosts of the ranks a shrink left out: blacklisted, their slots held."""
     if _world.hosts is None:
@@ -279,6 +315,8 @@ def _note_lost(lost: list[int]) -> None:
         _world.blacklist[host] = time.monotonic() + stay
     gone = set(lost)
     _world.hosts = [h for r, h in enumerate(_world.hosts) if r not in gone]
+    if _world.jobs is not None:
+        _world.jobs = [j for r, j in enumerate(_world.jobs) if r not in gone]
 
 
 def _shared_plan(s: Any) -> list[str]:
@@ -299,6 +337,39 @@ def _grow(hosts: list[str]) -> None:
     basics.world_changed()
     if _world.hosts is not None:
         _world.hosts += hosts
+    if _world.jobs is not None:
+        _world.jobs += [None] * len(hosts)  # known at the sync that follows
+    _world.added += len(hosts)
+
+
+def take_changes() -> tuple[list[tuple[list[int], int]], int]:
+    """The workers lost since the last call (their ranks and the size of the world they
+    were lost from, one entry per rebuild) and the number added since then."""
+    losses, added = _world.losses, _world.added
+    _world.losses, _world.added = [], 0
+    return losses, added
+
+
+@atexit.register
+def leave_without_finalize() -> None:
+    """At exit, once a process started in this process's own Open MPI job has died:
+    stop the engine but leave MPI unfinalized, as the other survivors of that job do.
+
+    Open MPI's MPI_Finalize ends with a fence over every process the job started, the
+    dead one included, and was seen to wait for it for ever now and then (the engine
+    then gives up after 10 s). Nothing is left for MPI_Finalize to do here: the engine's
+    own shutdown has every rank done with its communication, and the fault-tolerant
+    runtime lets a job that already lost a process end without it (mpirun's exit status
+    is the ranks' own). Workers added later, in a job of their own that lost no one,
+    finalize as usual: without it the runtime would call their exit abnormal. Runs
+    after :func:`note_finished` (registered after this)."""
+    if not _world.peer_lost:
+        return
+    c = basics._core_module
+    if c is None or c.forked_reason():
+        return
+    atexit.unregister(basics._finalize_at_exit)
+    c.shutdown()
 
 
 @atexit.register

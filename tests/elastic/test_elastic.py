@@ -8,6 +8,7 @@ committed as processed (none lost to the reshard).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -76,6 +77,13 @@ def test_survivors_finish_when_a_rank_dies(tmp_path: Path, victim: int) -> None:
     _check_survivors(proc, results, 4, {victim})
     # The failure was reported as the lost rank, on the survivors.
     assert f"rank {victim} of 4 failed" in proc.stderr
+    # One warning for the job says what happens next: the commit every rank made just
+    # before the victim died at step 20 (a commit every 2 steps) is where training goes on.
+    said = re.findall(r"\[hvdlite WARNING rank 0\] rank (\d) of 4 failed; continuing with 3 workers "
+                      r"from commit \d+ \(epoch=\d+, batch=\d+, steps=(\d+)\)\n", proc.stderr)
+    assert said == [(str(victim), "20")], proc.stderr[-4000:]
+    # The survivors leave without waiting in MPI_Finalize for the dead process.
+    assert "MPI_Finalize did not finish" not in proc.stderr
 
 
 @pytest.mark.timeout(300)
@@ -250,6 +258,13 @@ def test_twenty_kills_in_a_row_each_replaced(tmp_path: Path) -> None:
     steps = {r["steps"] for r in results}
     assert len(steps) == 1 and steps.pop() >= 20 * 20, steps
     assert results[0]["loss"] < 0.5
+    # One warning per recovery, each naming the worker lost and the replacement.
+    said = re.findall(r"\[hvdlite WARNING rank 0\] rank \d of 4 failed; continuing with (\d) workers"
+                      r"(?: \((\d) new\))? from commit", proc.stderr)
+    assert len(said) == 20 and all(w in (("3", ""), ("4", "1")) for w in said), said
+    # Every process left cleanly: none waited for a dead one in MPI_Finalize, and none
+    # was taken by the runtime for one that ended abnormally.
+    assert "MPI_Finalize did not finish" not in proc.stderr and "improperly" not in proc.stderr, detail
 
 
 @pytest.mark.timeout(300)
