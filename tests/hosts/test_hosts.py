@@ -309,6 +309,28 @@ def test_uneven_hosts_from_a_hostfile(hosts: EmulatedHosts, tmp_path: Path) -> N
     check_topology(out, layout)
 
 
+THREADS = """
+import os, socket
+keys = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"]
+print("threads", socket.gethostname(), *[os.environ.get(k, "-") for k in keys], flush=True)
+"""
+
+
+def test_threads_per_rank_are_each_hosts_own(hosts: EmulatedHosts, tmp_path: Path) -> None:
+    """Without OMP_NUM_THREADS, each rank's thread variables are worked out on its own
+    host: 3 ranks on h1 share its cores; the one rank on h2 keeps the frameworks'
+    defaults (nothing set), as a lone rank does. The launcher says so in one line."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    proc = run_job(4, script, env={**hosts.env(), "OMP_NUM_THREADS": None},
+                   launcher_args=["-H", hosts.host_spec([3, 1, 0])], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    n = str(max(1, len(os.sched_getaffinity(0)) // 3))  # the emulated hosts share this machine's cores
+    rows = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("threads "))
+    assert rows == [["h1", n, n, n, n]] * 3 + [["h2", "-", "-", "-", "-"]], proc.stdout
+    assert proc.stderr.count("its host's cores / the ranks on that host") == 1, proc.stderr
+
+
 @pytest.mark.parametrize("nodelist, tasks, layout", [("h[1-2]", "2(x2)", [2, 2]), ("h1,h[2-3]", "2,1(x2)", [2, 1, 1])],
                          ids=["2x2", "2-1-1"])
 def test_ranks_placed_on_a_slurm_allocation(hosts: EmulatedHosts, nodelist: str, tasks: str,
