@@ -2,11 +2,9 @@
 
 It writes the wheel itself (a pure-Python package, ``src/horovod``) and so needs nothing
 from PyPI. Before a wheel for installing is built it asks the Python environment being
-installed into, and refuses (the build fails with a message) if
-
-- a real Horovod is installed there (its ``horovod`` distribution, or a ``horovod``
-  package that is not this alias): the alias would shadow it or overwrite its files;
-- hvdlite is not installed there: the alias would have nothing to run.
+installed into, and refuses (the build fails with a message) if a real Horovod is
+installed there (its ``horovod`` distribution, or a ``horovod`` package that is not this
+alias): the alias would shadow it or overwrite its files.
 
 Which environment: pip runs this backend with the interpreter it installs for, but,
 with build isolation (its default), under ``PYTHONPATH``/``PYTHONNOUSERSITE`` settings
@@ -14,8 +12,10 @@ that hide that interpreter's site-packages. The check therefore starts a fresh p
 of the same interpreter without those two variables, which sees what a script run with
 that interpreter would import: its site-packages, the user site, and a
 ``--system-site-packages`` venv's base packages. (``pip install --target DIR`` and
-``--prefix`` still check the interpreter's own environment.) The alias checks again
-when it is imported, wherever it was installed.
+``--prefix`` still check the interpreter's own environment; front ends that build in a
+venv of their own, such as ``python -m build`` and uv, have the check look at that
+venv.) The alias checks again when it is imported, wherever it was installed, and
+says so there if hvdlite itself is missing.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ _SOURCE = _HERE / "src"
 _PROBE = r"""
 import importlib.metadata, importlib.util, json, os, sys
 sys.path[:] = [p for p in sys.path if p]  # not the working directory: the alias's own source may be there
-found = {"executable": sys.executable, "dist": None, "package": None, "hvdlite": False}
+found = {"executable": sys.executable, "dist": None, "package": None}
 try:
     d = importlib.metadata.distribution("horovod")
     found["dist"] = [d.metadata["Name"], d.version, str(getattr(d, "_path", ""))]
@@ -49,7 +49,6 @@ if spec is not None:
     folders = list(spec.submodule_search_locations or [])
     if not any(os.path.isfile(os.path.join(f, "_hvdlite_alias.py")) for f in folders):
         found["package"] = spec.origin or ", ".join(folders)
-found["hvdlite"] = importlib.util.find_spec("hvdlite") is not None
 print(json.dumps(found))
 """
 
@@ -71,21 +70,18 @@ def _refuse_unfit_environment() -> None:
         sys.stderr.write("hvdlite-horovod-alias: could not check the target environment for a real "
                          "Horovod; the alias checks again when imported\n")
         return
-    problems = []
     if found["dist"]:
         name, version, where = found["dist"]
-        problems.append(f"a real Horovod is installed there ({name} {version}{f', {where}' if where else ''}); "
-                        "the alias would shadow it or overwrite its files. Uninstall it first "
-                        "(pip uninstall horovod) if you mean to replace it by hvdlite")
+        problem = (f"a real Horovod is installed there ({name} {version}{f', {where}' if where else ''}); "
+                   "the alias would shadow it or overwrite its files. Uninstall it first "
+                   "(pip uninstall horovod) if you mean to replace it by hvdlite")
     elif found["package"]:
-        problems.append(f"a horovod package that is not hvdlite's alias is importable there ({found['package']}); "
-                        "the alias would shadow it or be shadowed by it. Remove it first")
-    if not found["hvdlite"]:
-        problems.append("hvdlite is not installed there, and the alias only runs hvdlite. Install hvdlite "
-                        "first (pip install -e . from hvdlite's repository root)")
-    if problems:
-        raise SystemExit(f"hvdlite-horovod-alias refuses to install into the environment of "
-                         f"{found['executable']}: " + "; ".join(problems) + ".")
+        problem = (f"a horovod package that is not hvdlite's alias is importable there ({found['package']}); "
+                   "the alias would shadow it or be shadowed by it. Remove it first")
+    else:
+        return
+    raise SystemExit(f"hvdlite-horovod-alias refuses to install into the environment of "
+                     f"{found['executable']}: {problem}.")
 
 
 def _project() -> dict[str, str]:

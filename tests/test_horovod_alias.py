@@ -220,7 +220,7 @@ def test_the_alias_refuses_to_run_beside_a_real_horovod(installed: tuple[Path, P
 
 
 @pytest.mark.timeout(240)
-def test_install_is_refused_over_a_real_horovod_or_without_hvdlite(tmp_path: Path) -> None:
+def test_install_is_refused_over_a_real_horovod(tmp_path: Path) -> None:
     python, site = _venv(tmp_path / "with_horovod", with_hvdlite=True)
     fake = site / "horovod-0.28.1.dist-info"
     fake.mkdir()
@@ -230,7 +230,6 @@ def test_install_is_refused_over_a_real_horovod_or_without_hvdlite(tmp_path: Pat
     out = proc.stdout + proc.stderr
     assert "hvdlite-horovod-alias refuses to install into the environment of" in out
     assert f"a real Horovod is installed there (horovod 0.28.1, {fake})" in out
-    assert "hvdlite is not installed" not in out
     assert not (site / "horovod").exists()
 
     # The same venv without the fake Horovod: the build's check passes, in an editable
@@ -241,9 +240,11 @@ def test_install_is_refused_over_a_real_horovod_or_without_hvdlite(tmp_path: Pat
     proc = _python(python, "import horovod; print(horovod.__file__)")
     assert proc.returncode == 0 and proc.stdout.strip() == str(ALIAS / "src" / "horovod" / "__init__.py")
 
+    # Without hvdlite the alias installs (hvdlite is no declared dependency, so no index is
+    # asked for it) and says at import what is missing.
     python, site = _venv(tmp_path / "without_hvdlite", with_hvdlite=False)
     proc = _pip_install(python, "./alias")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _python(python, "import horovod")
     assert proc.returncode != 0
-    out = proc.stdout + proc.stderr
-    assert "hvdlite is not installed there" in out and "a real Horovod" not in out
-    assert not (site / "horovod").exists()
+    assert "ImportError: this horovod package is hvdlite's horovod alias, and hvdlite is not installed" in proc.stderr

@@ -74,9 +74,9 @@ OWN_FILES = frozenset({
     "runner/util/__init__.py",
 })
 
-_LAUNCH = ("launch a script with `hvdlite-run -np N python train.py` (horovodrun's command "
-           "line), or run a function on N ranks from Python with horovod.run(func, num_proc=N) "
-           "(hvdlite.run)")
+_LAUNCH = ("launch a script with hvdlite's launcher, `hvdlite-run -np N python train.py` (also "
+           "installed as `horovodrun`, with horovodrun's options), or run a function on N ranks "
+           "from Python with horovod.run(func, num_proc=N) (hvdlite.run)")
 
 # Parts of Horovod that hvdlite does not have: (module prefix, what to say). The longest
 # matching prefix applies.

@@ -5,7 +5,8 @@ Of Horovod's launcher package only the helpers that scripts and test suites impo
 here: ``horovod.runner.common.util.env.get_env_rank_and_size`` and
 ``horovod.runner.util.threads`` (``in_thread``, ``on_event``). Its internals (``launch``,
 ``gloo_run``, ``mpi_run``, ``elastic``, ``driver``, ...) are not part of hvdlite; launch
-jobs with ``hvdlite-run``, which takes horovodrun's command line.
+jobs with hvdlite's launcher, ``hvdlite-run`` (also installed as ``horovodrun``), which
+takes horovodrun's command line.
 """
 from hvdlite.runner.function import run
 
