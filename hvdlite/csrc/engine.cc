@@ -26,6 +26,9 @@ namespace {
 
 constexpr int64_t kIdleWaitMicros = 100000;   // nothing in flight: wake this often anyway
 constexpr int64_t kStallCheckEveryMicros = 1000000;
+// How often a rank sends rank 0 the timeline records it relays (it also sends them when
+// it leaves), so that rank 0's trace shows every process set's collectives soon.
+constexpr int64_t kRelayEveryMicros = 50000;
 // How long rank 0, failing, listens for a worker's report of the failure's cause.
 constexpr int64_t kPeerReportGraceMicros = 200000;
 // A clean shutdown sees a cycle in flight through, if every rank has started it (a rank
@@ -144,9 +147,13 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, in
   applied_.hierarchical = params_.two_level.allreduce;
   if (rank == 0 && process_set_ == 0 && params_.autotune)
     tuner_ = std::make_unique<Autotuner>(applied_, mpi_->HierarchicalPossible(), params_.autotune_options);
-  if (rank == 0 && process_set_ == 0 && !params_.timeline_path.empty()) {
+  // A set's rank 0 records what the world's rank 0 does not see: its set, where rank 0
+  // is not a member (elsewhere the writer does not relay, and the flag does nothing).
+  if (process_set_ != 0 && rank == 0) timeline_.SetRelays(true);
+  if (process_set_ == 0 && !params_.timeline_path.empty()) {
     std::string err;
-    if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
+    if (rank != 0) timeline_.writer()->StartRelay();
+    else if (!timeline_.Start(params_.timeline_path, params_.timeline_mark_cycles, &err)) HVD_WARN(err);
   }
   HVD_INFO("engine started: rank " << rank << " of " << size << " (local " << topology_->local_rank() << " of "
            << topology_->local_size() << "), fusion threshold " << params_.fusion_threshold_bytes
@@ -194,7 +201,11 @@ void Engine::RevokeCommunicators() {
 }
 
 bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::string* error) {
-  if (rank() != 0 || process_set_ != 0) return true;  // the world's rank 0 writes the timeline
+  if (process_set_ != 0) return true;
+  if (rank() != 0) {  // the world's rank 0 writes the timeline; the others relay to it
+    timeline_.writer()->StartRelay();
+    return true;
+  }
   return timeline_.Start(path, mark_cycles, error);
 }
 
@@ -311,6 +322,7 @@ void Engine::StopWorker() {
   drain_to_ = -1;
   RequestList ack;
   ack.shutdown_ack = true;
+  if (process_set_ == 0) ack.timeline = timeline_.writer()->TakeRelayed();  // rank 0 writes it before it closes
   channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(ack)));
   running_ = false;
 }
@@ -456,6 +468,7 @@ bool Engine::CoordinatorStep() {
   while (size() > 1 && channel_->ReceiveRequest(&buf, &from)) {
     progress = true;
     RequestList list = DeserializeRequestList(buf.data(), buf.size());
+    if (!list.timeline.empty()) timeline_.writer()->WriteRelayed(list.timeline);
     if (list.shutdown_ack) {
       ++acks_;
       continue;
@@ -537,7 +550,12 @@ bool Engine::WorkerStep() {
   const int64_t now = NowMicros();
   std::vector<Request> fresh = queue_.TakeNew();
   const bool ask_shutdown = stop_requested_ && !shutting_down_;
-  if (!fresh.empty() || ask_shutdown) {
+  // Timeline records of process sets without the world's rank 0 go to it with this
+  // rank's next message (so a barrier after them brings them there first), or alone
+  // now and then.
+  const bool relay = process_set_ == 0 && timeline_.writer()->HasRelayed() &&
+                     (!fresh.empty() || ask_shutdown || now - last_relay_us_ >= kRelayEveryMicros);
+  if (!fresh.empty() || ask_shutdown || relay) {
     progress = true;
     RequestList list;
     for (Request& r : fresh) Route(std::move(r), now, &list);
@@ -546,7 +564,11 @@ bool Engine::WorkerStep() {
       list.cycles_completed = cycle_->completed();
       shutting_down_ = true;
     }
-    if (!list.requests.empty() || list.shutdown)
+    if (relay) {
+      list.timeline = timeline_.writer()->TakeRelayed();
+      last_relay_us_ = now;
+    }
+    if (!list.requests.empty() || list.shutdown || !list.timeline.empty())
       channel_->SendToCoordinator(std::make_shared<std::vector<uint8_t>>(Serialize(list)));
   }
   std::vector<uint8_t> buf;

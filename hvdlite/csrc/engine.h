@@ -261,6 +261,7 @@ class Engine {
   int acks_ = 0;
   std::string shutdown_reason_;
   int64_t last_stall_check_us_ = 0;
+  int64_t last_relay_us_ = 0;  // when this rank last sent rank 0 relayed timeline records
   int64_t last_stall_report_us_ = 0;
   std::atomic<int64_t> requests_in_full_{0}, requests_as_ids_{0}, waits_driven_{0}, device_collectives_{0};
   std::atomic<int64_t> waits_handed_back_{0};

@@ -150,6 +150,7 @@ std::vector<uint8_t> Serialize(const RequestList& list) {
   w.Pod<int64_t>(list.cycles_completed);
   w.Pod<uint32_t>(static_cast<uint32_t>(list.requests.size()));
   for (const auto& r : list.requests) Put(w, r);
+  w.Str(list.timeline);
   return w.Take();
 }
 
@@ -167,6 +168,7 @@ RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
   auto n = rd.Pod<uint32_t>();
   list.requests.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.requests.push_back(GetRequest(rd));
+  list.timeline = rd.Str();
   return list;
 }
 

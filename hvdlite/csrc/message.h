@@ -54,6 +54,9 @@ struct RequestList {
   // other ranks abort their device work instead of waiting for this rank's part.
   bool failure = false;
   std::string shutdown_reason;
+  // Timeline records of this rank's process sets that the world's rank 0 is not in,
+  // for rank 0 to write (TimelineWriter's encoding; global engine only).
+  std::string timeline;
 };
 
 // The coordinator's instruction, identical on every rank: run this collective on

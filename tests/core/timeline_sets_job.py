@@ -1,7 +1,8 @@
 """The timeline with process sets, on 3 ranks: rank 0's trace holds the collectives of
-every set rank 0 is in (named "NAME (process set ID)"), beside the global set's, and
-none of a set without rank 0. A set added at run time and removed again leaves the
-trace writing; the global set's stop_timeline ends it (path in argv[1])."""
+every set (named "NAME (process set ID)"), beside the global set's: those rank 0 is in,
+and those of a set without rank 0, which that set's rank 0 sends it, the last just
+before the trace stops. A set added at run time and removed again leaves the trace
+writing; the global set's stop_timeline ends it (path in argv[1])."""
 import sys
 
 import numpy as np
@@ -30,6 +31,8 @@ if dynamic.included():
     hvd.broadcast(np.ones(4), root_rank=2, name="dynamic.bcast", process_set=dynamic)
 hvd.remove_process_set(dynamic)
 hvd.allreduce(np.ones(10), name="after.removal")
+if without_zero.included():
+    hvd.allreduce(np.ones(10), name="late.not.on.zero", process_set=without_zero)
 hvd.barrier()
 hvd.stop_timeline()
 hvd.shutdown()
