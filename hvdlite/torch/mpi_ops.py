@@ -78,6 +78,13 @@ class _Stage:
         return t if t.device == self.src.device else t.to(self.src.device)
 
 
+def _request_name(kind: str, name: str | None) -> str:
+    """The engine's name of a request: Horovod's PyTorch names, ``allreduce.NAME`` (the
+    kind, a dot, the caller's name), which the timeline and error messages show; an
+    unnamed request gets ``allreduce.noname.N``."""
+    return f"{kind}.{name}" if name is not None else _ops.auto_name(kind)
+
+
 def _raw(t: torch.Tensor, dtype: str) -> _ops.RawTensor:
     """A contiguous tensor as the engine takes it. A CUDA tensor comes with the current
     stream of its device: the collective is ordered after the work queued there."""
@@ -289,7 +296,7 @@ def _allreduce_impl(tensors: list[torch.Tensor], name: str | None, op: int, pres
                     postscale_factor: float, inplace: bool, grouped: bool,
                     group_id: int | None = None) -> Handle:
     kind = "grouped_allreduce" if grouped else "allreduce"
-    base = name if name is not None else _ops.auto_name(kind)
+    base = _request_name(kind, name)
     if not grouped:
         t = tensors[0]
         dt = _NATIVE.get(t.dtype)
@@ -505,7 +512,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
     """Reduce a sparse COO tensor by gathering every rank's indices and values; the result
     is an uncoalesced sparse tensor (divided by the number of ranks for ``Average``)."""
     with _ops.process_set_scope(process_set):
-        names = [f"{name}.indices", f"{name}.values"]
+        parts = [f"{name}.indices", f"{name}.values"]  # the allgathers' names
+        names = [_request_name("allgather", part) for part in parts]  # ... as the engine knows them
 
         def rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             if op not in (Sum, Average):
@@ -515,8 +523,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
             return t, t._indices().transpose(0, 1).contiguous(), t._values().contiguous()
 
         [(t, indices, values)] = _ops.stage_or_refuse(_ops.ALLGATHER, names, [tensor], rows)
-        idx = allgather_async(indices, name=names[0])
-        val = allgather_async(values, name=names[1])
+        idx = allgather_async(indices, name=parts[0])
+        val = allgather_async(values, name=parts[1])
 
         ranks = _ops.current_size()
 
@@ -536,7 +544,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
 
 
 def _allgather_impl(tensor: torch.Tensor, name: str | None) -> Handle:
-    nm = name if name is not None else _ops.auto_name("allgather")
+    nm = _request_name("allgather", name)
     [st] = _ops.stage_or_refuse(_ops.ALLGATHER, [nm], [tensor], _stage_move)
     return _allgather_staged(st, nm)
 
@@ -594,7 +602,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
 
 
 def _grouped_allgather_impl(tensors: Sequence[torch.Tensor], name: str | None) -> Handle:
-    base = name if name is not None else _ops.auto_name("grouped_allgather")
+    base = _request_name("grouped_allgather", name)
     names = [f"{base}.{i}" for i in range(len(tensors))]
     stages = _ops.stage_or_refuse(_ops.ALLGATHER, names, tensors, _stage_move)
     subs = [_allgather_staged(st, nm) for st, nm in zip(stages, names)]
@@ -623,7 +631,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 
 
 def _broadcast_impl(tensor: torch.Tensor, root_rank: int, name: str | None, inplace: bool) -> Handle:
-    nm = name if name is not None else _ops.auto_name("broadcast")
+    nm = _request_name("broadcast", name)
     [st] = _ops.stage_or_refuse(_ops.BROADCAST, [nm], [tensor], _stage_move)
     buf = st.eng if (inplace or not st.shares) else st.eng.clone()
     raw = _raw(buf, st.dtype)
@@ -727,7 +735,7 @@ def _stage_alltoall(t: torch.Tensor, splits: Any) -> tuple[_Stage, list[int] | N
 
 
 def _alltoall_impl(tensor: torch.Tensor, splits: Any, name: str | None) -> Handle:
-    nm = name if name is not None else _ops.auto_name("alltoall")
+    nm = _request_name("alltoall", name)
     [(st, sp)] = _ops.stage_or_refuse(_ops.ALLTOALL, [nm], [tensor],
                                       lambda t: _stage_alltoall(t, splits))
     part = _ops.submit(_ops.ALLTOALL, st.raw(), name=nm, splits=sp, keepalive=st)
@@ -796,7 +804,7 @@ def _stage_reducescatter(op: int, pre: float, post: float) -> Callable[[torch.Te
 
 def _reducescatter_impl(tensor: torch.Tensor, name: str | None, op: int, pre: float,
                         post: float) -> Handle:
-    nm = name if name is not None else _ops.auto_name("reducescatter")
+    nm = _request_name("reducescatter", name)
     [st] = _ops.stage_or_refuse(_ops.REDUCESCATTER, [nm], [tensor], _stage_reducescatter(op, pre, post))
     return _reducescatter_staged(st, nm, op, pre, post)
 
@@ -873,7 +881,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
 
 def _grouped_reducescatter_impl(tensors: Sequence[torch.Tensor], name: str | None, op: int,
                                 pre: float, post: float) -> Handle:
-    base = name if name is not None else _ops.auto_name("grouped_reducescatter")
+    base = _request_name("grouped_reducescatter", name)
     names = [f"{base}.{i}" for i in range(len(tensors))]
     stages = _ops.stage_or_refuse(_ops.REDUCESCATTER, names, tensors, _stage_reducescatter(op, pre, post))
     subs = [_reducescatter_staged(st, nm, op, pre, post) for st, nm in zip(stages, names)]

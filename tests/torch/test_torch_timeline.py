@@ -64,7 +64,7 @@ def test_allreduce_overlaps_backward(tmp_path: Path) -> None:
     out = run_ranks(2, "overlap_worker.py", env={"HVDLITE_TIMELINE": str(trace)}, timeout=150)
     assert out.count("BACKWARD_S") == 3
     phases = load_phases(trace)
-    last, first = f"layers.{LAYERS - 1}.weight", "layers.0.weight"
+    last, first = f"allreduce.layers.{LAYERS - 1}.weight", "allreduce.layers.0.weight"
     for name in (last, first):
         assert name in phases, f"tensor {name} missing from the trace: {sorted(phases)[:20]}"
         assert "QUEUE" in phases[name], f"{name} has no QUEUE phase: {sorted(phases[name])}"
@@ -77,3 +77,34 @@ def test_allreduce_overlaps_backward(tmp_path: Path) -> None:
         assert done + DELAY_US <= submitted, (
             f"step {step}: last layer's allreduce ended at {done} us, first layer's gradient "
             f"was submitted at {submitted} us: no overlap with backward")
+
+
+NAMES_SCRIPT = """
+import sys
+import torch
+import hvdlite.torch as hvd
+
+hvd.init()
+hvd.allreduce(torch.tensor([1.0, 2.0, 3.0]), name="test_allreduce")
+hvd.allgather(torch.ones(2), name="test_allgather")
+hvd.broadcast(torch.ones(2), root_rank=0, name="test_broadcast")
+hvd.allreduce(torch.ones(2))
+hvd.barrier()
+rank = hvd.rank()
+hvd.shutdown()
+print(f"ALL CHECKS PASSED rank {rank}", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_tensor_rows_carry_horovods_pytorch_names(tmp_path: Path) -> None:
+    """As in Horovod's PyTorch API, a request named NAME is the timeline row
+    ``allreduce.NAME`` (``allgather.NAME``, ...); unnamed ones ``allreduce.noname.N``."""
+    script = tmp_path / "names.py"
+    script.write_text(NAMES_SCRIPT)
+    trace = tmp_path / "timeline.json"
+    run_ranks(2, str(script), env={"HOROVOD_TIMELINE": str(trace)}, timeout=100)
+    rows = set(load_phases(trace))
+    assert {"allreduce.test_allreduce", "allgather.test_allgather", "broadcast.test_broadcast",
+            "allreduce.noname.0"} <= rows, sorted(rows)
+    assert "NEGOTIATE_ALLREDUCE" in load_phases(trace)["allreduce.test_allreduce"]

@@ -256,7 +256,8 @@ def process_set_shards_over_its_ranks() -> None:
     within the set (1: world rank N-1). A rank outside the set is refused with a
     ValueError naming it."""
     n = hvd.size()
-    ps = hvd.add_process_set([0, n - 1])
+    # On 2 ranks [0, 1] is the global set, which cannot be added again (as in Horovod).
+    ps = hvd.add_process_set([0, n - 1]) if n > 2 else hvd.global_process_set
     try:
         if not ps.included():
             try:
@@ -294,7 +295,8 @@ def process_set_shards_over_its_ranks() -> None:
         else:
             raise AssertionError("consolidate_state_dict(to=2) was accepted on a set of 2")
     finally:
-        hvd.remove_process_set(ps)
+        if ps is not hvd.global_process_set:
+            hvd.remove_process_set(ps)
 
 
 @case
