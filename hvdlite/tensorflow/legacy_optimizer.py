@@ -68,7 +68,28 @@ def _cond(pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) ->
         return tf.cond(pred, true_fn, false_fn)
 
 
-class _DistributedOptimizer(_LegacyOptimizer):
+class _Wrapper(_LegacyOptimizer):
+    """A ``tf.compat.v1.train.Optimizer`` around another one, ``_optimizer``, whose slots
+    and variables are its own."""
+
+    def __init__(self, optimizer: Any, name: str | None, prefix: str, use_locking: bool) -> None:
+        super().__init__(name=name or f"{prefix}{type(optimizer).__name__}", use_locking=use_locking)
+        self._optimizer = optimizer
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped optimizer's ``get_slot``."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped optimizer's ``get_slot_names``."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped optimizer's ``variables``."""
+        return self._optimizer.variables(*args, **kwargs)
+
+
+class _DistributedOptimizer(_Wrapper):
     """A ``tf.compat.v1.train.Optimizer`` that combines the gradients of the optimizer it
     wraps over the ranks before that optimizer applies them (see the module)."""
 
@@ -78,10 +99,7 @@ class _DistributedOptimizer(_LegacyOptimizer):
                  backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                  groups: Any = None, process_set: Any = None,
                  scale_local_gradients: bool = True) -> None:
-        if name is None:
-            name = f"Distributed{type(optimizer).__name__}"
-        super().__init__(name=name, use_locking=use_locking)
-        self._optimizer = optimizer
+        super().__init__(optimizer, name, "Distributed", use_locking)
         self.process_set = process_set
         self.scale_local_gradients = bool(scale_local_gradients)
         self._options = dict(op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
@@ -222,22 +240,8 @@ class _DistributedOptimizer(_LegacyOptimizer):
             result[i] = o
         return result
 
-    # -- what Horovod's class delegates -------------------------------------------------
 
-    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped optimizer's ``get_slot``."""
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped optimizer's ``get_slot_names``."""
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped optimizer's ``variables``."""
-        return self._optimizer.variables(*args, **kwargs)
-
-
-class _DistributedAdasumOptimizer(_LegacyOptimizer):
+class _DistributedAdasumOptimizer(_Wrapper):
     """Each rank applies its own gradients with the wrapped optimizer; every
     ``backward_passes_per_step`` steps the variables' changes since the last exchange
     are combined over the ranks with Adasum and added to where they started."""
@@ -245,10 +249,7 @@ class _DistributedAdasumOptimizer(_LegacyOptimizer):
     def __init__(self, optimizer: Any, name: str | None = None, use_locking: bool = False,
                  compression: type[Compressor] = Compression.none,
                  backward_passes_per_step: int = 1) -> None:
-        if name is None:
-            name = f"DistributedDelta{type(optimizer).__name__}"
-        super().__init__(name=name, use_locking=use_locking)
-        self._optimizer = optimizer
+        super().__init__(optimizer, name, "DistributedDelta", use_locking)
         self._compression = compression
         self._passes = int(backward_passes_per_step)
         self._state: dict[Any, Any] = {}  # graph -> (step, {variable: start})
@@ -315,17 +316,6 @@ class _DistributedAdasumOptimizer(_LegacyOptimizer):
         with tf.control_dependencies(writes):
             return tf.group(step.assign_add(1))
 
-    def get_slot(self, var: Any, name: str) -> Any:
-        """The wrapped optimizer's ``get_slot``."""
-        return self._optimizer.get_slot(var, name)
-
-    def get_slot_names(self) -> Any:
-        """The wrapped optimizer's ``get_slot_names``."""
-        return self._optimizer.get_slot_names()
-
-    def variables(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped optimizer's ``variables``."""
-        return self._optimizer.variables(*args, **kwargs)
 
 
 def distributed_legacy_optimizer(optimizer: Any, name: str | None, use_locking: bool,
