@@ -180,9 +180,7 @@ class _DistributedOptimizer(_Wrapper):
             for i, (g, v) in enumerate(zip(grads, variables)):
                 if g is None:
                     continue
-                shape = g.dense_shape if isinstance(g, tf.IndexedSlices) else g.shape
-                static = tf.TensorShape(v.shape) if not tf.TensorShape(shape).is_fully_defined() else shape
-                sums[i] = tf.compat.v1.get_variable(f"gradient_sum_{i}", shape=tf.TensorShape(static),
+                sums[i] = tf.compat.v1.get_variable(f"gradient_sum_{i}", shape=v.shape,
                                                     dtype=v.dtype.base_dtype,
                                                     initializer=tf.compat.v1.zeros_initializer(),
                                                     trainable=False, collections=collections)
