@@ -107,10 +107,9 @@ class _DistributedOptimizerMixin:
         grads = list(tape.gradient(loss, var_list, grad_loss))
         if self._hvd_options["backward_passes_per_step"] == 1:
             grads = list(self._hvd_reduce(grads, var_list))
-            combined = self.__dict__.setdefault("_hvd_combined", {})
-            for g in grads:
-                if g is not None:
-                    combined[id(g)] = g
+            # The latest call's results only: gradients changed before apply_gradients
+            # (clipped, scaled) are other objects, and are combined there as usual.
+            object.__setattr__(self, "_hvd_combined", {id(g): g for g in grads if g is not None})
         return list(zip(grads, var_list))
 
     def _hvd_take_combined(self, grads) -> bool:
