@@ -97,7 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-batches-per-iter", type=int, default=5)
     p.add_argument("--num-iters", type=int, default=5)
     p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16")
-    p.add_argument("--threads", type=int, default=1, help="PyTorch threads per rank")
+    p.add_argument("--threads", type=int, default=0,
+                   help="PyTorch threads per rank; 0 keeps PyTorch's choice, which follows "
+                        "OMP_NUM_THREADS (hvdlite-run sets it to the host's cores / its ranks)")
     return p.parse_args(argv)
 
 
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     hvd.init()
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = MODELS[args.model][0]()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Model: {args.model} ({n_params / 1e6:.2f} M parameters in "
         f"{len(list(model.parameters()))} tensors)")
     log(f"Batch size: {args.batch_size} per rank")
-    log(f"Number of ranks: {hvd.size()}")
+    log(f"Number of ranks: {hvd.size()}, {torch.get_num_threads()} PyTorch thread(s) each")
     log("Running warmup...")
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     log("Running benchmark...")
