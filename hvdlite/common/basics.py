@@ -96,8 +96,7 @@ def world_changed() -> None:
 def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
     """Every registered process set's id and world ranks, the global set's (0) included:
     Horovod's internal helper of this name, which its tests call."""
-    from hvdlite.common import process_set_table  # it builds on this module
-    return {ps.process_set_id: list(ps.ranks or []) for ps in process_set_table.process_sets()}
+    return {int(k): list(v) for k, v in core().process_sets().items()}
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:

@@ -948,6 +948,15 @@ PYBIND11_MODULE(_core, m) {
         py::arg("group_size") = 0, py::arg("process_set") = 0);
   m.def("add_process_set", &AddProcessSet, py::arg("ranks"));
   m.def("remove_process_set", &RemoveProcessSet, py::arg("process_set"));
+  // Every registered set's world ranks by id, the global set (0) included.
+  m.def("process_sets", [] {
+    std::map<int32_t, std::vector<int>> out;
+    std::vector<int> all(static_cast<size_t>(Known().size()));
+    for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+    out[0] = std::move(all);
+    for (const auto& [id, entry] : g_sets) out[id] = entry.ranks;
+    return out;
+  });
   m.def("poll", [](int64_t h) {
     RaiseIfForkedCopy();
     return g_handles.Poll(h);
