@@ -6,6 +6,7 @@ Run by tests/core/test_dtypes.py (and tests/hosts/test_hosts.py across emulated 
 through hvdlite-run:
 
     dtype_checks.py --frontend numpy|torch|tensorflow --paths negotiated,carried,fused,set,adasum
+                    [--device cuda]   (torch: tensors on the GPU; on a machine lent one)
 
 What the results are compared with:
 
@@ -158,8 +159,8 @@ def adasum_reference(xs: list[np.ndarray]) -> np.ndarray:
 class Frontend:
     """The calls a front end makes, on NumPy arrays in and out."""
 
-    def __init__(self, kind: str, set_members: list[int] | None) -> None:
-        self.kind = kind
+    def __init__(self, kind: str, set_members: list[int] | None, device: str = "cpu") -> None:
+        self.kind, self.device = kind, device
         if kind == "numpy":
             import hvdlite as hvd
             self.hvd = hvd
@@ -194,8 +195,8 @@ class Frontend:
             return x
         if self.kind == "torch":
             if x.dtype.name == "bfloat16":
-                return self.torch.from_numpy(x.view(np.int16).copy()).view(self.torch.bfloat16)
-            return self.torch.from_numpy(x.copy())
+                return self.torch.from_numpy(x.view(np.int16).copy()).view(self.torch.bfloat16).to(self.device)
+            return self.torch.from_numpy(x.copy()).to(self.device)
         if x.dtype.name == "bfloat16":
             return self.tf.constant(x.astype(np.float32), dtype=self.tf.bfloat16)
         return self.tf.constant(x)
@@ -204,6 +205,7 @@ class Frontend:
         if self.kind == "numpy":
             return np.asarray(t)
         if self.kind == "torch":
+            t = t.cpu()
             if tname == "bfloat16":
                 return t.view(self.torch.int16).numpy().view(np_type("bfloat16"))
             return t.numpy()
@@ -300,12 +302,17 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--frontend", choices=["numpy", "torch", "tensorflow"], default="numpy")
     p.add_argument("--paths", default="negotiated,carried,fused,set,adasum")
+    p.add_argument("--device", default="cpu", help="torch only: 'cuda' puts the tensors on the rank's GPU")
     args = p.parse_args()
     paths = args.paths.split(",")
     from mpi4py import MPI
     n = MPI.COMM_WORLD.Get_size()
     members = [q for q in range(n) if q != 1] if n > 2 else [0]
-    fe = Frontend(args.frontend, members if "set" in paths else None)
+    if args.device != "cpu":
+        import torch
+        torch.cuda.set_device(int(__import__("os").environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+                              % torch.cuda.device_count())
+    fe = Frontend(args.frontend, members if "set" in paths else None, args.device)
     hvd = fe.hvd
     r = hvd.rank()
     assert hvd.size() == n

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a real GPU, as one script for a machine lent through `device`
 # (PyTorch with CUDA and NCCL installed, no network): the PyTorch CUDA tests, the CuPy
-# checks of the NumPy front end, the real NCCL wheel's loader test, the digits example
-# on CUDA and benchmarks/bench_gpu.py. Each step has its own time limit, so one that
+# checks of the NumPy front end, the real NCCL wheel's loader test, every element type
+# and reduce op of allreduce on CUDA tensors against NumPy, the digits example on CUDA
+# and benchmarks/bench_gpu.py. Each step has its own time limit, so one that
 # fails or hangs does not hide the others; everything goes to OUTDIR/gpu_session.log.
 #
 #   tests/gpu/run_on_gpu.sh PREBUILT OUTDIR
@@ -37,6 +38,15 @@ timeout 60 $PY -m hvdlite.runner --check-build
 step "tests that need a GPU"
 timeout 240 $PY -m pytest -v -rs -p no:cacheprovider tests/torch/test_torch_gpu.py \
   tests/gpu/test_gpu.py::test_cupy_arrays_on_a_real_gpu tests/gpu/test_gpu.py::test_loader_opens_the_real_nccl_wheel
+
+step "allreduce of every type and op against NumPy, CUDA tensors (tests/core/dtype_checks.py)"
+# One GPU: NCCL at 1 rank; through host memory and MPI at 2 and 4 ranks sharing it.
+timeout 120 $PY -m hvdlite.runner -np 1 $PY tests/core/dtype_checks.py --frontend torch --device cuda \
+  --paths negotiated,fused,set,adasum | grep -E "PASS|Error|error" | sort | uniq -c
+for n in 2 4; do
+  HOROVOD_GPU_OPERATIONS=MPI timeout 180 $PY -m hvdlite.runner -np $n $PY tests/core/dtype_checks.py --frontend torch \
+    --device cuda --paths negotiated,fused,set,adasum | grep -E "PASS|Error|error" | sort | uniq -c
+done
 
 step "digits example on CUDA, 1 rank"
 TIMEFORMAT="wall seconds: %R"
