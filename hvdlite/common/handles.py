@@ -56,7 +56,11 @@ class Request:
         return bool(_basics._load_core().poll(self._id))
 
     def wait(self) -> None:
-        """Block until the request is done; raise :class:`HvdliteError` if it failed."""
+        """Block until the request is done; raise :class:`HvdliteError` if it failed.
+
+        Python's signal handlers run while it blocks: an exception one raises (Ctrl-C's
+        ``KeyboardInterrupt``, a timeout's) comes out of ``wait`` with the request still
+        in flight, and a later ``wait`` picks it up."""
         if not self._done:
             core = _basics._load_core()  # requests outlive a shutdown and report its reason
             has_output = self.kind in ENGINE_OUTPUT
@@ -214,6 +218,10 @@ class Handle:
             try:
                 part.wait()
             except Exception as exc:  # noqa: BLE001 - keep waiting so that nothing dangles
+                if not part.poll():
+                    # A signal handler's exception out of the wait (see Request.wait): the
+                    # part is still in flight, and so is this handle; a later wait goes on.
+                    raise
                 if error is None:
                     error = exc
         if error is None:

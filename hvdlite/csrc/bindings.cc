@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <list>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -456,6 +457,55 @@ void Grow(const std::string& command, const std::vector<std::string>& args, cons
   if (!error.empty()) RaiseHvdliteError("hvdlite: " + error);
 }
 
+// A buffer-protocol view held for the length of one blocking call; it also keeps the
+// exporting object alive.
+class HeldBuffer {
+ public:
+  HeldBuffer() = default;
+  HeldBuffer(const HeldBuffer&) = delete;
+  HeldBuffer& operator=(const HeldBuffer&) = delete;
+  HeldBuffer(HeldBuffer&& other) noexcept : view_(other.view_), held_(other.held_) { other.held_ = false; }
+  ~HeldBuffer() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  // False (with no Python error set) if `obj` is not a C-contiguous buffer, or not a
+  // writable one when `writable` is asked for.
+  bool Get(py::handle obj, bool writable) {
+    const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    held_ = true;
+    return true;
+  }
+  const Py_buffer& view() const { return view_; }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+// Blocking collectives whose wait a signal handler's exception interrupted: the engine
+// may still read and write the caller's arrays, so their buffers stay held until the
+// request is done. Reaped (with the GIL, which also guards the list) by later calls.
+struct InterruptedRun {
+  int64_t handle;
+  HeldBuffer in, out;
+};
+std::list<InterruptedRun> g_interrupted_runs;
+
+void ReapInterruptedRuns() {
+  for (auto it = g_interrupted_runs.begin(); it != g_interrupted_runs.end();) {
+    if (!g_handles.Poll(it->handle)) {
+      ++it;
+      continue;
+    }
+    g_handles.Release(it->handle);
+    it = g_interrupted_runs.erase(it);  // releases the buffers
+  }
+}
+
 void Shutdown() {
   if (!g_forked) DropProcessSets(/*revoke=*/false);
   std::shared_ptr<Engine> e = TakeEngine();
@@ -466,9 +516,14 @@ void Shutdown() {
     new std::shared_ptr<Engine>(std::move(e));
     return;
   }
-  py::gil_scoped_release nogil;
-  e->Stop();
-  e.reset();
+  {
+    py::gil_scoped_release nogil;
+    e->Stop();
+    e.reset();
+  }
+  // The engine is gone: nothing writes into interrupted calls' arrays any more.
+  for (InterruptedRun& run : g_interrupted_runs) g_handles.Release(run.handle);
+  g_interrupted_runs.clear();
 }
 
 // Open MPI's MPI_Finalize ends with a fence over every process the job started. After
@@ -578,6 +633,9 @@ int64_t Refuse(int type, const std::string& name, const std::string& message, in
 // before the work queued on those streams from now on; the host does not wait for it.
 // With `sync_host`, the host waits for the device work (for data whose owner named no
 // stream to order).
+// How long a blocked caller waits between looks at Python's pending signals.
+constexpr int64_t kSignalCheckMicros = 100000;
+
 bool WaitFor(int64_t h, bool release, std::string* error, const std::vector<uintptr_t>& consumers = {},
              bool sync_host = false) {
   if (ForkedCopy()) {  // the request was the parent's; nothing here completes it
@@ -588,8 +646,22 @@ bool WaitFor(int64_t h, bool release, std::string* error, const std::vector<uint
   std::shared_ptr<Engine> engine = OwnerEngine(h);
   py::gil_scoped_release nogil;
   std::shared_ptr<ReadyEvent> ready;
-  // The engine may run itself on this thread while it waits (Engine::Wait).
-  ok = engine ? engine->Wait(h, error, release, &ready) : g_handles.Wait(h, error, release, &ready);
+  // The engine may run itself on this thread while it waits (Engine::Wait). The wait
+  // goes in slices with Python's signal handlers run between them, so that Ctrl-C, a
+  // SIGALRM or a SIGTERM handler ends a collective that never completes (a peer gone
+  // silent) with their exception; the request stays in the engine.
+  for (;;) {
+    bool pending = false;
+    const int64_t deadline = NowMicros() + kSignalCheckMicros;
+    ok = engine ? engine->Wait(h, error, release, &ready, deadline, &pending)
+                : g_handles.Wait(h, error, release, &ready, deadline, &pending);
+    if (!pending) break;
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) {
+      engine.reset();
+      throw py::error_already_set();
+    }
+  }
   engine.reset();  // the last owner, if another thread shut down meanwhile
   if (ok && ready && (!consumers.empty() || sync_host)) {
     try {
@@ -618,34 +690,6 @@ py::tuple Wait(int64_t h, bool release, const std::vector<uintptr_t>& streams, b
   throw py::error_already_set();
 }
 
-// A buffer-protocol view held for the length of one blocking call; it also keeps the
-// exporting object alive.
-class HeldBuffer {
- public:
-  HeldBuffer() = default;
-  HeldBuffer(const HeldBuffer&) = delete;
-  HeldBuffer& operator=(const HeldBuffer&) = delete;
-  ~HeldBuffer() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  // False (with no Python error set) if `obj` is not a C-contiguous buffer, or not a
-  // writable one when `writable` is asked for.
-  bool Get(py::handle obj, bool writable) {
-    const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
-      PyErr_Clear();
-      return false;
-    }
-    held_ = true;
-    return true;
-  }
-  const Py_buffer& view() const { return view_; }
-
- private:
-  Py_buffer view_{};
-  bool held_ = false;
-};
-
 // A blocking collective on arrays the caller owns (allreduce into `out`, or in place
 // when `out` is `in`; broadcast in place on `in`; barrier with `in` None): enqueue,
 // wait and release in one call. `dtype` is the engine's code for the arrays' element
@@ -662,6 +706,7 @@ class HeldBuffer {
 bool RunCollective(int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
                    double prescale, double postscale, int root, bool decline, int32_t process_set = 0) {
   if (decline && (ForkedCopy() || !g_engine || !g_engine->Running())) return false;
+  if (!g_interrupted_runs.empty()) ReapInterruptedRuns();
   const auto kind = static_cast<RequestType>(type);
   if (kind != RequestType::kAllreduce && kind != RequestType::kBroadcast && kind != RequestType::kBarrier)
     throw std::invalid_argument("hvdlite: run() takes allreduce, broadcast and barrier requests only");
@@ -700,7 +745,14 @@ bool RunCollective(int type, const std::string& name, py::handle in, py::handle 
                             kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true,
                             std::nullopt, process_set);
   std::string error;
-  if (!WaitFor(h, /*release=*/true, &error)) RaiseHvdliteError(error);
+  bool ok;
+  try {
+    ok = WaitFor(h, /*release=*/true, &error);
+  } catch (py::error_already_set&) {  // a signal handler raised; the request goes on
+    g_interrupted_runs.push_back(InterruptedRun{h, std::move(a), std::move(b)});
+    throw;
+  }
+  if (!ok) RaiseHvdliteError(error);
   return true;
 }
 

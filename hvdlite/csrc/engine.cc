@@ -908,8 +908,9 @@ void Engine::Loop() {
 // sleeping until `h` is done. With more ranks than cores it yields at every poll and
 // gives up after a cycle time without progress (a slow peer), leaving the wait to the
 // background thread, which sleeps between polls. Shutdown and failures are left to the
-// background thread, which is woken whenever the caller leaves work behind.
-void Engine::Drive(int64_t h) {
+// background thread, which is woken whenever the caller leaves work behind. With a
+// deadline (>= 0) it returns by then, done or not.
+void Engine::Drive(int64_t h, int64_t deadline_us) {
   if (!drive_) return;
   // Only an idle engine is taken over. While the background thread is busy (async
   // requests in flight) it notices results the moment they are in, and taking the
@@ -927,9 +928,12 @@ void Engine::Drive(int64_t h) {
     while (running_ && !shutting_down_ && !fatal_ && !handles_->Poll(h)) {
       if (Step()) {
         last_progress = NowMicros();
+        if (deadline_us >= 0 && last_progress >= deadline_us) break;
         continue;
       }
-      const int64_t idle = NowMicros() - last_progress;
+      const int64_t now = NowMicros();
+      if (deadline_us >= 0 && now >= deadline_us) break;
+      const int64_t idle = now - last_progress;
       if (give_up_us >= 0 && idle >= give_up_us) {
         ++waits_handed_back_;
         break;
@@ -947,9 +951,10 @@ void Engine::Drive(int64_t h) {
   if (ending || stop_requested_ || queue_.HasOutstanding() || in_flight_count_ > 0) queue_.Wake();
 }
 
-bool Engine::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready) {
-  if (running_ && !handles_->Poll(h)) Drive(h);
-  return handles_->Wait(h, error, release, ready);
+bool Engine::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready,
+                  int64_t deadline_us, bool* pending) {
+  if (running_ && !handles_->Poll(h)) Drive(h, deadline_us);
+  return handles_->Wait(h, error, release, ready, deadline_us, pending);
 }
 
 // What response `r` says of every rank's part of its `i`-th tensor, where a request

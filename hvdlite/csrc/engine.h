@@ -86,8 +86,10 @@ class Engine {
   // running the engine, the calling thread runs it itself until `h` is done, instead
   // of waking the background thread and being woken again (two thread hand-offs per
   // blocking call, ~50 us each on a small VM). `ready` receives the handle's device
-  // event, if its work was queued on a GPU.
-  bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr);
+  // event, if its work was queued on a GPU. `deadline_us` and `pending`: as in
+  // HandleTable::Wait (a caller that must stay interruptible waits in slices).
+  bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr,
+            int64_t deadline_us = -1, bool* pending = nullptr);
   void Stop();
   // Stops the engine as if a peer had failed: its communicators are revoked, so every
   // other rank's engine stops too (elastic training's reset of a running world).
@@ -137,7 +139,7 @@ class Engine {
   bool Step();
   void PinThread() const;
   bool Finished() const;
-  void Drive(int64_t h);
+  void Drive(int64_t h, int64_t deadline_us);
   bool CoordinatorStep();
   bool WorkerStep();
   // A new request of this rank: into the next cycle if its signature is cached, else

@@ -1,5 +1,8 @@
 #include "handle_table.h"
 
+#include <algorithm>
+#include <chrono>
+
 namespace hvdlite {
 
 int64_t HandleTable::Create(int32_t owner) {
@@ -72,7 +75,8 @@ bool HandleTable::Poll(int64_t h) {
   return it == states_.end() || it->second.done;
 }
 
-bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready) {
+bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready,
+                       int64_t deadline_us, bool* pending) {
   std::unique_lock<std::mutex> lk(mu_);
   auto it = states_.find(h);
   if (it == states_.end()) {
@@ -86,8 +90,18 @@ bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_
     waiting_.fetch_add(1, std::memory_order_relaxed);
     auto hook = waiter_hooks_.find(st.owner);
     if (hook != waiter_hooks_.end()) hook->second();
-    cv_.wait(lk, [&] { return st.done; });
+    if (deadline_us < 0) {
+      cv_.wait(lk, [&] { return st.done; });
+    } else {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(
+                                                                std::max<int64_t>(0, deadline_us - NowMicros()));
+      cv_.wait_until(lk, until, [&] { return st.done; });
+    }
     waiting_.fetch_sub(1, std::memory_order_relaxed);
+    if (!st.done) {
+      *pending = true;
+      return false;
+    }
   }
   const bool ok = st.ok;
   *error = release ? std::move(st.error) : st.error;

@@ -216,6 +216,16 @@ def test_timeline_records_every_process_set(tmp_path: Path) -> None:
     assert "ALLREDUCE" in " ".join(phases[names["after.removal"]])
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_blocked_collective_can_be_interrupted(n: int) -> None:
+    """A signal handler's exception (here SIGALRM's; Ctrl-C's KeyboardInterrupt alike)
+    ends a wait for a collective that another rank has not submitted yet, within the
+    engine's 100 ms slices; the request stays in flight and completes later, and the
+    library goes on."""
+    proc = run_ranks(n, "interrupt_job.py", timeout=120)
+    assert_all_ranks_passed(proc, n)
+
+
 def test_thread_affinity_pins_each_background_thread() -> None:
     proc = run_ranks(2, "affinity_job.py", env={"HOROVOD_THREAD_AFFINITY": "1,0"})
     assert_all_ranks_passed(proc, 2)

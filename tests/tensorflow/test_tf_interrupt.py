@@ -6,11 +6,9 @@ run by pytest on each rank):
   timer thread dumps the stacks (the wait is in hvdlite's ``Request.wait``, in
   ``core.wait``) and exits.
 * pytest-timeout's ``signal`` method (and a SIGINT, SIGALRM or any other signal with a
-  Python handler) cannot: the waiting thread stays inside hvdlite's C++ engine (the
-  calling thread drives the negotiation itself, then waits on a condition variable),
-  never returns to the interpreter, and so never runs the handler. That needs the
-  engine's wait to return periodically to check for signals; until it does, the test
-  below is an expected failure that a watchdog ends after ``WATCHDOG_S`` seconds.
+  Python handler) ends it too: a blocked caller waits in slices of 100 ms and runs
+  Python's signal handlers between them, so the handler's exception comes out of the
+  wait. A watchdog ends the job after ``WATCHDOG_S`` seconds if neither works.
 """
 from __future__ import annotations
 
@@ -44,9 +42,6 @@ def test_thread_timeout_ends_a_stuck_collective() -> None:
     assert f"Exit code:    {WATCHDOG_EXIT}" not in out, f"the watchdog ended it:\n{out[-4000:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="hvdlite's engine waits in C++ without returning to the "
-                   "interpreter, so Python signal handlers (pytest-timeout's signal method, "
-                   "KeyboardInterrupt) do not run while a collective waits")
 @pytest.mark.timeout(WATCHDOG_S + 180)
 def test_signal_timeout_ends_a_stuck_collective() -> None:
     out = run_stuck("signal")
