@@ -31,6 +31,7 @@
 #include "gpu/cuda_runtime.h"
 #include "gpu/library_loader.h"
 #include "handle_table.h"
+#include "logging.h"
 #include "membership.h"
 #include "parameters.h"
 
@@ -307,6 +308,10 @@ void Init(uintptr_t comm_handle, const std::vector<int>& ranks) {
     }
     engine = std::make_shared<Engine>(g_base, params, &g_handles);
   }
+  // The same on every rank, so said once for the job, by its rank 0 (under hvdlite-run
+  // the launcher has said them already and the ranks see none).
+  if (engine->rank() == 0)
+    for (const std::string& problem : params.problems) HVD_WARN(problem);
   Install(std::move(engine));
 }
 

@@ -379,7 +379,10 @@ void Engine::OnPeerFailure(const std::string& what) {
                                " died or lost contact): " + what;
   stopped_by_failure_ = true;
   peer_failed_ = true;
-  HVD_ERROR(shutdown_reason_);
+  // In an elastic job the survivors go on: the front end says so in one warning, with
+  // what it recovers to; here it is a detail.
+  if (params_.elastic) HVD_INFO(shutdown_reason_);
+  else HVD_ERROR(shutdown_reason_);
   registry_->AbortAll(shutdown_reason_);
 }
 

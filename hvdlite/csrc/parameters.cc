@@ -3,7 +3,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
-#include <iostream>
 #include <cstring>
 #include <strings.h>
 #include <string>
@@ -23,12 +22,17 @@ bool Truthy(const char* v) {
   return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0);
 }
 
+// Where FromEnvironment collects what it could not use (set while it runs, under the
+// GIL like every caller of it).
+std::vector<std::string>* g_problems = nullptr;
+
 // A value that does not parse is reported and ignored (the default stays), rather
 // than read as far as it goes: atoll("64MB") would silently mean 64 bytes.
 void Ignored(const char* suffix, const char* v, const char* expected) {
   const char* name = std::getenv((std::string("HVDLITE_") + suffix).c_str()) ? "HVDLITE_" : "HOROVOD_";
-  std::cerr << "hvdlite: ignoring " << name << suffix << "='" << v << "': expected " << expected
-            << "; using the default\n";
+  if (g_problems)
+    g_problems->push_back(std::string("ignoring ") + name + suffix + "='" + v + "': expected " + expected +
+                          "; using the default");
 }
 
 // The whole of `v` as an integer (trailing spaces allowed), or false.
@@ -102,6 +106,8 @@ void ReadCross(int32_t* out) {
 
 Parameters Parameters::FromEnvironment() {
   Parameters p;
+  g_problems = &p.problems;
+  p.elastic = Truthy(GetEnv("ELASTIC"));
   ReadInt("FUSION_THRESHOLD", &p.fusion_threshold_bytes);
   ReadReal("CYCLE_TIME", &p.cycle_time_ms);
   ReadInt("CACHE_CAPACITY", &p.cache_capacity);
@@ -163,13 +169,15 @@ Parameters Parameters::FromEnvironment() {
   if (p.cycle_time_ms <= 0) p.cycle_time_ms = 1.0;
   if (p.cache_capacity < 0) p.cache_capacity = 0;
   if (p.cache_capacity > kMaxCacheCapacity) {
-    std::cerr << "hvdlite: HOROVOD_CACHE_CAPACITY=" << p.cache_capacity << " is above hvdlite's limit; using "
-              << kMaxCacheCapacity << " (every cycle carries two bits per entry)\n";
+    p.problems.push_back("HOROVOD_CACHE_CAPACITY=" + std::to_string(p.cache_capacity) +
+                         " is above hvdlite's limit; using " + std::to_string(kMaxCacheCapacity) +
+                         " (every cycle carries two bits per entry)");
     p.cache_capacity = kMaxCacheCapacity;
   }
   if (p.spin_us < 0) p.spin_us = 0;
   if (p.host_chunk_bytes < 4096) p.host_chunk_bytes = 4096;
   if (p.hierarchical_chunk_bytes < 4096) p.hierarchical_chunk_bytes = 4096;
+  g_problems = nullptr;
   return p;
 }
 

@@ -87,6 +87,13 @@ struct Parameters {
   // response cache on/off and the two-level allreduce while training runs (autotune.h).
   bool autotune = false;
   AutotuneOptions autotune_options;
+  // An elastic worker (hvdlite-run --min-np ... sets HVDLITE_ELASTIC=1): a peer's
+  // failure is something the job recovers from, not an error.
+  bool elastic = false;
+
+  // Values that could not be used, each with what applies instead. hvd.init() says
+  // them on the world's rank 0 only, once (they are the same on every rank).
+  std::vector<std::string> problems;
 
   static Parameters FromEnvironment();
 };

@@ -70,7 +70,6 @@ __all__ = [
     "parse_args",
     "parse_hosts",
     "parse_hostfile",
-    "run",
     "main",
     "wait_for_slots",
 ]

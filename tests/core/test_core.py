@@ -66,6 +66,21 @@ def test_plain_mpirun_works() -> None:
     assert_all_ranks_passed(proc, 2)
 
 
+def test_bad_environment_values_under_plain_mpirun_are_said_once() -> None:
+    """Without hvdlite-run the engine reads the values itself: rank 0 alone says what it
+    ignores, once."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    mpirun_cmd = str(mpirun) if mpirun.exists() else shutil.which("mpirun")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **BAD_VALUES)
+    proc = subprocess.run([mpirun_cmd, "--oversubscribe", "-np", "3", sys.executable,
+                           str(HERE / "core_checks.py"), "check_fusion"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert_all_ranks_passed(proc, 3)
+    for message in BAD_VALUE_MESSAGES:
+        assert proc.stderr.count(message) == 1, (message, proc.stderr[-3000:])
+        assert f"[hvdlite WARNING rank 0] {message}" in proc.stderr
+
+
 def test_init_on_communicator_and_rank_list() -> None:
     proc = run_ranks(3, "init_job.py")
     assert_all_ranks_passed(proc, 3)
@@ -130,22 +145,25 @@ def test_reused_allreduce_buffers_move_to_huge_pages() -> None:
             assert row["after_kib"] == 0, off
 
 
+BAD_VALUES = {"HVDLITE_FUSION_THRESHOLD": "64MB", "HOROVOD_CYCLE_TIME": "fast",
+              "HVDLITE_HIERARCHICAL_ALGORITHM": "ring", "HVDLITE_HIERARCHICAL_CROSS": "ib"}
+BAD_VALUE_MESSAGES = ("ignoring HVDLITE_FUSION_THRESHOLD='64MB': expected an integer",
+                      "ignoring HOROVOD_CYCLE_TIME='fast': expected a number",
+                      "ignoring HVDLITE_HIERARCHICAL_ALGORITHM='ring': expected torus or leader",
+                      "ignoring HVDLITE_HIERARCHICAL_CROSS='ib': expected mpi or nccl")
+
+
 def test_bad_environment_values_are_reported_and_log_level_applies() -> None:
     """A value that does not parse is named and ignored (the default applies: 64MB
-    is not read as 64 bytes); HVDLITE_LOG_LEVEL=debug shows the engine's decisions."""
-    proc = run_ranks(2, "core_checks.py", "check_fusion",
-                     env={"HVDLITE_FUSION_THRESHOLD": "64MB", "HOROVOD_CYCLE_TIME": "fast",
-                          "HVDLITE_HIERARCHICAL_ALGORITHM": "ring", "HVDLITE_HIERARCHICAL_CROSS": "ib",
-                          "HVDLITE_LOG_LEVEL": "debug"})
-    assert_all_ranks_passed(proc, 2)
+    is not read as 64 bytes), once for the job (hvdlite-run says it; the ranks get the
+    defaults); HVDLITE_LOG_LEVEL=debug shows the engine's decisions."""
+    proc = run_ranks(3, "core_checks.py", "check_fusion", env={**BAD_VALUES, "HVDLITE_LOG_LEVEL": "debug"})
+    assert_all_ranks_passed(proc, 3)
     err = proc.stderr
-    assert err.count("ignoring HVDLITE_FUSION_THRESHOLD='64MB': expected an integer") == 2, err[-3000:]
-    assert err.count("ignoring HOROVOD_CYCLE_TIME='fast': expected a number") == 2, err[-3000:]
-    assert err.count("ignoring HVDLITE_HIERARCHICAL_ALGORITHM='ring': expected torus or leader") == 2, \
-        err[-3000:]
-    assert err.count("ignoring HVDLITE_HIERARCHICAL_CROSS='ib': expected mpi or nccl") == 2, err[-3000:]
-    for r in range(2):
-        assert f"[hvdlite INFO rank {r}] engine started: rank {r} of 2" in err, err[-3000:]
+    for message in BAD_VALUE_MESSAGES:
+        assert err.count(message) == 1, (message, err[-3000:])
+    for r in range(3):
+        assert f"[hvdlite INFO rank {r}] engine started: rank {r} of 3" in err, err[-3000:]
         assert "fusion threshold 134217728 B" in err
         assert f"[hvdlite DEBUG rank {r}] executing" in err, err[-3000:]
     quiet = run_ranks(2, "core_checks.py", "check_fusion", env={"HVDLITE_LOG_LEVEL": "warning"})
