@@ -418,7 +418,7 @@ def worker(args: argparse.Namespace) -> None:
     timer = Timer(comm, MPI)
     parts = set(args.parts.split(","))
     result: dict[str, Any] = {"library": args.worker, "version": version, "torch": torch.__version__,
-                              "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                              "mpi": MPI.Get_library_version().splitlines()[0].strip(" \x00"),
                               "ranks": comm.size, "rows": {}, "training": {}}
     t0 = time.perf_counter()
     if "allreduce" in parts:
@@ -565,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = ["hvdlite"] + peers
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     state = git_state()  # what hvdlite's jobs will run
+    load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
     jobs = []
     for rnd in range(args.rounds):
@@ -584,13 +585,16 @@ def main(argv: list[str] | None = None) -> int:
           f"mpi4py = the floor, measured in hvdlite's job")
     print_table(rows, peers)
     seconds = time.perf_counter() - t0
-    print(f"\n# total time {seconds:.0f} s")
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    print(f"\n# total time {seconds:.0f} s; load average (1, 5, 15 min) before {load_before}, "
+          f"after {load_after} on {os.cpu_count()} cores")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
     if args.results:
         doc = {"benchmark": "benchmarks/bench_horovod.py", **state,
                "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
                "machine": machine(), "date": started, "seconds": round(seconds),
+               "load_before": load_before, "load_after": load_after,
                "ranks": args.ranks, "rounds": args.rounds, "versions": versions,
                "horovod_build": [ln.strip() for ln in check.splitlines() if "[X]" in ln],
                "peer_env": {p: PEER_ENV[p] for p in peers}, "horovod_env": args.horovod_env,
