@@ -308,6 +308,8 @@ def main() -> None:
     from mpi4py import MPI
     n = MPI.COMM_WORLD.Get_size()
     members = [q for q in range(n) if q != 1] if n > 2 else [0]
+    if n == 1 and "set" in paths:
+        paths.remove("set")  # one rank has no set apart from the global one
     if args.device != "cpu":
         import torch
         torch.cuda.set_device(int(__import__("os").environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))

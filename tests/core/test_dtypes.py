@@ -16,6 +16,8 @@ PATHS = ("negotiated", "carried", "fused", "set", "adasum")
 def assert_paths_passed(proc, n: int, paths=PATHS) -> None:
     assert_all_ranks_passed(proc, n)
     for path in paths:
+        if path == "set" and n == 1:
+            continue  # one rank has no process set apart from the global one
         for r in range(n):
             assert f"PASS {path} rank {r}" in proc.stdout, (path, r, proc.stdout[-3000:])
 

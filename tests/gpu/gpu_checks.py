@@ -100,6 +100,32 @@ def check_scaled_allreduce(r: int, n: int) -> None:
                 np.testing.assert_array_equal(host(got), want.astype(dt))
 
 
+def nccl_allreduce_ops(count: int) -> list[int]:
+    """The `op` of each ncclAllReduce of `count` elements this process made so far."""
+    path = os.environ.get("HVDLITE_FAKE_NCCL_LOG")
+    pid = f"pid={os.getpid()}"
+    ops = []
+    for line in open(path) if path and os.path.exists(path) else []:
+        if line.startswith("ncclAllReduce ") and pid in line and f"count={count} " in line:
+            ops.append(int(line.split(" op=", 1)[1].split()[0]))
+    return ops
+
+
+def check_one_rank_average_and_scaling(r: int, n: int) -> None:
+    """On one rank, NCCL's kernel for ncclAvg and PreMulSum (before 2.29.7; the fake says
+    2.23.3) leaves the last elements of some counts unwritten (NVIDIA/nccl#1950): an
+    Average is ncclSum there (a copy), and a scale factor goes through host memory."""
+    if n != 1:
+        return
+    x = (np.arange(4097) % 97 - 48).astype(np.float32)
+    got = hvd.allreduce(dev(x), op=hvd.Average, name="one.avg")
+    np.testing.assert_array_equal(host(got), x)
+    assert nccl_allreduce_ops(4097) == [0], nccl_allreduce_ops(4097)  # ncclSum, not ncclAvg (4)
+    got = hvd.allreduce(dev(x), op=hvd.Sum, prescale_factor=0.5, postscale_factor=0.5, name="one.scaled")
+    np.testing.assert_array_equal(host(got), x * np.float32(0.25))
+    assert nccl_allreduce_ops(4097) == [0], "a scaled one-rank allreduce reached NCCL"
+
+
 def check_fusion(r: int, n: int) -> None:
     """Tensors in flight together are fused: fewer NCCL allreduces than tensors, and the
     fake's delay shows any copy into or out of the fusion buffer that was not ordered."""
@@ -274,7 +300,7 @@ def check_restart(r: int, n: int) -> None:
 
 CHECKS = [check_allreduce, check_scaled_allreduce, check_fusion, check_gather_bcast_alltoall_reducescatter,
           check_mixed_cycle, check_ordering_under_delay, check_dlpack_and_bfloat16, check_errors, check_timeline,
-          check_restart]
+          check_restart, check_one_rank_average_and_scaling]
 
 
 def main() -> None:

@@ -72,6 +72,13 @@ def test_gpu_collectives_on_fake_nccl(fake_cuda: Path, tmp_path: Path, n: int) -
     assert "FUSION rank 0" in proc.stdout
 
 
+def test_one_rank_average_and_scaling_avoid_nccls_one_rank_kernel(fake_cuda: Path, tmp_path: Path) -> None:
+    proc = run_job(1, HERE / "gpu_checks.py", "check_allreduce", "check_scaled_allreduce",
+                   "check_one_rank_average_and_scaling", env=gpu_env(fake_cuda, tmp_path), timeout=300)
+    assert_passed(proc, 1)
+    assert "PASS check_one_rank_average_and_scaling rank 0" in proc.stdout
+
+
 def test_gpu_operations_through_host_mpi(fake_cuda: Path, tmp_path: Path) -> None:
     """HOROVOD_GPU_OPERATIONS=MPI: the same checks with GPU tensors staged through host
     memory and MPI, and no NCCL collective at all."""

@@ -15,6 +15,9 @@
 namespace hvdlite {
 namespace {
 
+// The first NCCL whose one-rank reductions scale every element (NVIDIA/nccl#1950).
+constexpr int kOneRankScalingFixed = 22907;
+
 nccl::DataType NcclType(DataType dt) {
   switch (dt) {
     case DataType::kUInt8: return nccl::kUint8;
@@ -193,6 +196,17 @@ bool NcclBackend::Supports(const Response& r, std::string* why_not) const {
   }
   const bool scaled = r.prescale != 1.0 || r.postscale != 1.0;
   if (!scaled) return true;
+  if (size_ == 1) {
+    // NCCL before 2.29.7 leaves the last elements of a one-rank reduction that scales
+    // (ncclAvg, a PreMulSum) unwritten when their count is not a multiple of its block
+    // count (NVIDIA/nccl#1950). One rank has nothing to exchange: host memory does it.
+    std::string load_error;
+    nccl::Library* lib = nccl::Library::TryGet(&load_error);
+    if (!lib || lib->version() < kOneRankScalingFixed) {
+      *why_not = "a scale factor on one rank (NCCL before 2.29.7 scales one rank's data incompletely)";
+      return false;
+    }
+  }
   if (r.reduce_op != ReduceOp::kSum && r.reduce_op != ReduceOp::kAverage) {
     *why_not = std::string("a scale factor with ") + ReduceOpName(r.reduce_op) +
                " (NCCL can only scale a sum, and hvdlite has no GPU kernels of its own)";
@@ -395,7 +409,9 @@ nccl::RedOp NcclBackend::ReductionFor(const Response& r, nccl::Comm comm, bool* 
   }
   const bool average = r.reduce_op == ReduceOp::kAverage;
   double factor = r.prescale * r.postscale;
-  if (factor == 1.0) return average ? nccl::kAvg : nccl::kSum;
+  // The average of one rank is its data: ncclSum is a plain copy there, where ncclAvg
+  // runs NCCL's one-rank scaling kernel (see Supports on its flaw before 2.29.7).
+  if (factor == 1.0) return average && size_ > 1 ? nccl::kAvg : nccl::kSum;
   if (average) factor /= size_;
   // Scaling each rank's input before the sum: the result is the scaled sum (with one
   // rounding per input instead of one at the end).
