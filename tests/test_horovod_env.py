@@ -145,7 +145,7 @@ def test_each_warning_once_per_job(tmp_path: Path) -> None:
                  "ignoring HVDLITE_HIERARCHICAL_ALGORITHM='ring': expected torus or leader",
                  "HOROVOD_CACHE_CAPACITY=100000 is above hvdlite's limit"):
         assert proc.stderr.count(text) == 1, (text, proc.stderr)
-    assert "hvdlite: ignoring" not in proc.stderr, proc.stderr  # no rank said it again
+    assert "] ignoring" not in proc.stderr, proc.stderr  # no rank said it again
     assert not (tmp_path / "DYNAMIC").exists()  # not taken for a timeline file name
 
 
@@ -186,13 +186,13 @@ def test_value_rules_are_the_engines() -> None:
     starting the engine on those values (and on valid ones it reports nothing about)."""
     bad = horovod_env.bad_engine_values(BAD_VALUES)
     assert sorted(b.name for b in bad) == sorted(BAD_VALUES)
-    reported = re.findall(r"hvdlite: ignoring ([A-Z_]+)=", _engine_reports(BAD_VALUES))
+    reported = re.findall(r"\[hvdlite WARNING rank 0\] ignoring ([A-Z_]+)=", _engine_reports(BAD_VALUES))
     assert sorted(reported) == sorted(BAD_VALUES)
     assert all(b.replace == {b.name: None} for b in bad)
     assert horovod_env.bad_engine_values(GOOD_VALUES) == []
     over = {**GOOD_VALUES, "HVDLITE_CACHE_CAPACITY": "100000"}
     report = _engine_reports(over)
-    assert "hvdlite: ignoring" not in report, report
+    assert "] ignoring" not in report, report
     assert "HOROVOD_CACHE_CAPACITY=100000 is above hvdlite's limit; using 65536" in report
     (capacity,) = horovod_env.bad_engine_values(over)
     assert capacity.replace == {"HVDLITE_CACHE_CAPACITY": "65536"}

@@ -243,11 +243,11 @@ def warn_unhonoured(rank: int, environ: Mapping[str, str] | None = None) -> list
 # ---------------------------------------------------------------- values the engine reads
 #
 # The engine reads each of these as HVDLITE_<SUFFIX>, else HOROVOD_<SUFFIX>
-# (hvdlite/csrc/parameters.cc), and reports a value it cannot use ("hvdlite: ignoring
-# ...; using the default") on every rank that reads it. hvdlite-run checks them here
+# (hvdlite/csrc/parameters.cc), and reports a value it cannot use ("ignoring ...; using
+# the default", said by the world's rank 0 at hvd.init()). hvdlite-run checks them here
 # first, by the same rules, says so once for the whole job and hands the ranks the
-# value the engine would use (the default: the variable dropped), so that no rank
-# repeats it. tests/test_horovod_env.py checks these rules against the engine's.
+# value the engine would use (the default: the variable dropped), so that the engine
+# has nothing to say. tests/test_horovod_env.py checks these rules against the engine's.
 
 _C_SPACE = " \t\n\v\f\r"
 
