@@ -99,7 +99,7 @@ bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_
     }
     waiting_.fetch_sub(1, std::memory_order_relaxed);
     if (!st.done) {
-      *pending = true;
+      if (pending) *pending = true;
       return false;
     }
   }
