@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 from typing import Any, Callable
 
@@ -197,13 +198,25 @@ def _end_job_on_uncaught_exceptions() -> None:
         c = _core_module
         if c is None or not c.has_world() or c.forked_reason() or c.size() < 2:
             return
-        sys.stderr.write(f"hvdlite: rank {c.rank()} exits on the uncaught {exc_type.__name__} above "
-                         "without waiting for the other ranks; the launcher ends the job\n")
+        from hvdlite.common import membership
+        elastic = membership.settings() is not None
+        if elastic:
+            # Open MPI's fault tolerance reports a process that died, not one that
+            # exited with an error status: the survivors would wait for this rank for
+            # ever. Leaving as a lost worker does lets them go on without it, as
+            # Horovod's elastic driver does with a worker that failed.
+            sys.stderr.write(f"hvdlite: rank {c.rank()} leaves the elastic job on the uncaught "
+                             f"{exc_type.__name__} above; the other workers go on without it\n")
+        else:
+            sys.stderr.write(f"hvdlite: rank {c.rank()} exits on the uncaught {exc_type.__name__} "
+                             "above without waiting for the other ranks; the launcher ends the job\n")
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001 - nothing more to do on the way out
                 pass
+        if elastic:
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(1)
 
     sys.excepthook = hook

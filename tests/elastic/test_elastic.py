@@ -27,10 +27,10 @@ def _results(out: Path) -> list[dict]:
 
 
 def _run(tmp_path: Path, n: int, kill: str, *args: str, launcher: list[str] = ELASTIC,
-         timeout: float = 240) -> tuple[object, list[dict]]:
+         timeout: float = 240, env: dict[str, str] | None = None) -> tuple[object, list[dict]]:
     out = tmp_path / "out"
     out.mkdir()
-    proc = run_job(n, TRAIN, "--out", str(out), *args, env={"HVDLITE_TEST_KILL": kill},
+    proc = run_job(n, TRAIN, "--out", str(out), *args, env={"HVDLITE_TEST_KILL": kill, **(env or {})},
                    launcher_args=launcher, timeout=timeout)
     return proc, _results(out)
 
@@ -86,6 +86,19 @@ def test_survivors_finish_when_a_rank_dies(tmp_path: Path, victim: int) -> None:
     assert said == [(str(victim), "20")], proc.stderr[-4000:]
     # The survivors leave without waiting in MPI_Finalize for the dead process.
     assert "MPI_Finalize did not finish" not in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_raises_leaves_and_the_others_go_on(tmp_path: Path) -> None:
+    """A training script that fails with an exception on one rank: as with Horovod's
+    elastic driver, that worker is lost and the others go on from the last commit
+    (Open MPI's fault tolerance only reports processes that died, not ones that exited
+    with an error status, so the survivors must not be left waiting for it)."""
+    proc, results = _run(tmp_path, 4, "1:20", env={"HVDLITE_TEST_KILL_BY": "raise"})
+    _check_survivors(proc, results, 4, {1})
+    assert "RuntimeError: the test's failure at step 20" in proc.stderr
+    assert "rank 1 leaves the elastic job on the uncaught RuntimeError above" in proc.stderr
+    assert "rank 1 of 4 failed; continuing with 3 workers" in proc.stderr, proc.stderr[-4000:]
 
 
 @pytest.mark.timeout(300)

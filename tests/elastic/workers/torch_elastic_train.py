@@ -6,7 +6,8 @@ writes it. What it adds for the tests:
 
 * ``HVDLITE_TEST_KILL="R:S[,R:S...]"``: the process that started as rank R kills itself
   (SIGKILL, no clean-up) just before its step S (counted over the whole run); workers
-  that joined later never do;
+  that joined later never do; with ``HVDLITE_TEST_KILL_BY=raise`` it raises an
+  exception that nothing catches instead, as a failing training script does;
 * ``HVDLITE_TEST_CHAIN="K:E"``: K kills in a row, the k-th at step k*E, by the process
   that is then rank k % size (joined workers too); each kill leaves a file
   ``OUT/kill-k`` first, so that a step redone after the rollback kills no one again;
@@ -117,6 +118,8 @@ def main() -> None:
             # After a reset the sampler holds only the epoch's samples not yet committed.
             for idx, (xb, yb) in enumerate(loader):
                 if my_kill is not None and state.steps == my_kill:
+                    if os.environ.get("HVDLITE_TEST_KILL_BY") == "raise":
+                        raise RuntimeError(f"the test's failure at step {state.steps}")
                     os.kill(os.getpid(), signal.SIGKILL)
                 chain_kill(state.steps)
                 if len(offer) == 3 and hvd.rank() == 0 and state.steps == int(offer[0]):
