@@ -110,6 +110,10 @@ def test_unhonoured_names_each_variable_and_spares_honoured_ones() -> None:
     assert unhonoured({"HOROVOD_AUTOTUNE": "0", "HOROVOD_TIMELINE": "/tmp/t.json",
                        "HOROVOD_CPU_OPERATIONS": "mpi"}) == []
     assert [n for n, _ in unhonoured({"HOROVOD_CPU_OPERATIONS": "CCL"})] == ["HOROVOD_CPU_OPERATIONS"]
+    # What Horovod's Gloo launcher sets for each worker is known, and says where the
+    # ranks come from instead of calling the name a typo.
+    rank_message = dict(unhonoured({"HOROVOD_RANK": "1"}))["HOROVOD_RANK"]
+    assert "Gloo launcher" in rank_message and "hvd.rank()" in rank_message, rank_message
 
 
 SCRIPT = """

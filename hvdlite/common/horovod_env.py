@@ -182,6 +182,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HOROVOD_ELASTIC_START_TIMEOUT", HONOURED,
              "the elastic documentation's name of HOROVOD_ELASTIC_TIMEOUT, which wins when "
              "both are set", where="launcher"),
+    # Set for each worker by Horovod's Gloo launcher (its elastic mode always).
+    *(Variable(name, IGNORED,
+               "Horovod's Gloo launcher sets it for each worker; hvdlite's ranks come from "
+               "MPI, so setting it changes nothing: use hvd.rank(), hvd.size(), "
+               "hvd.local_rank() and their siblings (get_env_rank_and_size() does read "
+               "HOROVOD_RANK and HOROVOD_SIZE, as Horovod's does)")
+      for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                   "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")),
     Variable("HOROVOD_START_TIMEOUT", IGNORED,
              "hvdlite-run runs no start-up checks (ssh probes, interface discovery) that could "
              "time out; mpirun reports an unreachable host itself"),
