@@ -1,7 +1,10 @@
 """How hvdlite's modules import each other, and what importing them loads.
 
 The modules of the package form a DAG: no two import each other, neither at the top
-nor through an import moved into a function to dodge the circle. Importing ``hvdlite``
+nor through an import moved into a function to dodge the circle. The layers import only
+downwards: the framework-neutral core (``hvdlite.common``) imports neither an adapter nor
+the launcher, the adapters import neither each other nor the launcher, and the launcher
+imports no adapter. Importing ``hvdlite``
 (and so the launcher) loads no compiled code; the front ends take the engine's codes
 from the compiled core.
 """
@@ -97,6 +100,54 @@ def test_modules_import_each_other_without_circles() -> None:
     assert "hvdlite.common.ops" in graph and "hvdlite.runner.launch" in graph
     cycle = _cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+# The layers of the package, and the ones each may never import (docs/architecture.md):
+# the framework-neutral core knows no framework and no launcher, the adapters know
+# neither each other nor the launcher, and the launcher loads no framework.
+LAYERS = {
+    "common": ("hvdlite.common", "hvdlite.mpi_ops"),
+    "torch": ("hvdlite.torch",),
+    "tensorflow": ("hvdlite.tensorflow",),
+    "runner": ("hvdlite.runner",),
+}
+NEVER = {
+    "common": {"torch", "tensorflow", "runner"},
+    "torch": {"tensorflow", "runner"},
+    "tensorflow": {"torch", "runner"},
+    "runner": {"torch", "tensorflow"},
+}
+
+
+def _layer(module: str) -> str | None:
+    for layer, prefixes in LAYERS.items():
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return layer
+    return None
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, deps in sorted(graph.items()):
+        here = _layer(module)
+        for dep in sorted(deps):
+            there = _layer(dep)
+            if here is not None and there in NEVER[here]:
+                found.append(f"{module} ({here}) imports {dep} ({there})")
+    return found
+
+
+def test_layers_import_only_downwards() -> None:
+    assert _layer_violations(_import_graph()) == []
+
+
+def test_the_layer_check_finds_a_violation() -> None:
+    graph = {"hvdlite.common.x": {"hvdlite.runner.y"}, "hvdlite.torch.a": {"hvdlite.common.x"},
+             "hvdlite.tensorflow.b": {"hvdlite.torch.a"}, "hvdlite.runner.y": {"hvdlite.common.x"}}
+    assert _layer_violations(graph) == [
+        "hvdlite.common.x (common) imports hvdlite.runner.y (runner)",
+        "hvdlite.tensorflow.b (tensorflow) imports hvdlite.torch.a (torch)",
+    ]
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

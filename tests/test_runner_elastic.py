@@ -1,7 +1,7 @@
 """Tests for ``hvdlite-run``'s elastic options (the launcher side).
 
 Unit tests, without MPI processes: the discovery-script format and running real
-scripts (:mod:`hvdlite.runner.discovery`), the elastic settings' round trip through
+scripts (:mod:`hvdlite.common.discovery`), the elastic settings' round trip through
 the environment, the mpirun command built in elastic mode, the usage errors, and
 the wait for enough slots.  One integration test starts a real 3-rank job without
 elastic options and checks that a rank killed by SIGKILL ends the whole job.
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.runner import discovery, launch
-from hvdlite.runner.discovery import (
+from hvdlite.common import discovery
+from hvdlite.runner import launch
+from hvdlite.common.discovery import (
     DiscoveryError,
     ElasticSettings,
     parse_discovery_output,

@@ -59,7 +59,7 @@ class ElasticJobError(HvdliteError):
 def settings() -> Any:
     """The launcher's elastic settings, or None when the job was not started elastic
     (read once: the environment a process was started with does not change)."""
-    from hvdlite.runner.discovery import ElasticSettings
+    from hvdlite.common.discovery import ElasticSettings
     return ElasticSettings.from_environ(os.environ)
 
 
@@ -140,7 +140,7 @@ class _Discovery:
         self._thread.start()
 
     def _run(self) -> None:
-        from hvdlite.runner.discovery import DiscoveryError, run_discovery_script
+        from hvdlite.common.discovery import DiscoveryError, run_discovery_script
         while True:
             try:
                 hosts = run_discovery_script(self.script, self.default_slots)
@@ -171,7 +171,7 @@ def _discovered(s: Any) -> list[tuple[str, int]] | None:
 
 
 def _allocation() -> dict[str, int]:
-    from hvdlite.runner.discovery import ENV_ALLOCATION, parse_host_slots
+    from hvdlite.common.discovery import ENV_ALLOCATION, parse_host_slots
     text = os.environ.get(ENV_ALLOCATION, "")
     return dict(parse_host_slots(text)) if text else {}
 
@@ -195,7 +195,7 @@ def plan_new_workers(s: Any, size: int) -> list[str]:
     if not offered or _world.hosts is None or size >= s.max_np:
         return []
     allocation = _allocation()
-    from hvdlite.runner.discovery import ENV_OVERSUBSCRIBED
+    from hvdlite.common.discovery import ENV_OVERSUBSCRIBED
     oversubscribed = os.environ.get(ENV_OVERSUBSCRIBED) == "1"
     now = time.monotonic()
     plan: list[str] = []
@@ -329,7 +329,7 @@ def _shared_plan(s: Any) -> list[str]:
 
 
 def _grow(hosts: list[str]) -> None:
-    from hvdlite.runner.discovery import ENV_OVERSUBSCRIBED
+    from hvdlite.common.discovery import ENV_OVERSUBSCRIBED
     argv = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
     _core().grow(sys.executable, argv[1:], hosts, os.getcwd(),
                  os.environ.get(ENV_OVERSUBSCRIBED) == "1")
@@ -376,7 +376,7 @@ def leave_without_finalize() -> None:
 def note_finished() -> None:
     """At a normal exit: the rank 0 of a working world tells the launcher that the
     elastic job finished (its exit status then is 0, whatever workers were lost)."""
-    from hvdlite.runner.discovery import ENV_STATUS_FILE
+    from hvdlite.common.discovery import ENV_STATUS_FILE
     path = os.environ.get(ENV_STATUS_FILE)
     if not path:
         return

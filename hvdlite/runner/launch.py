@@ -19,7 +19,7 @@ Elastic mode (horovodrun's ``--min-np``, ``--max-np`` or
 tolerance (``--with-ft ulfm``, shared memory and TCP, both of which report a dead
 peer within milliseconds), gives mpirun every discovered host with its slots so that later
 workers have somewhere to start, and hands the elastic settings to every worker
-as ``HVDLITE_ELASTIC_*`` variables (:mod:`hvdlite.runner.discovery`).  With a
+as ``HVDLITE_ELASTIC_*`` variables (:mod:`hvdlite.common.discovery`).  With a
 discovery script, the launcher first waits up to ``--elastic-timeout`` seconds
 for ``-np`` slots to appear.  Rebuilding the job when workers fail or join is
 the workers' business, not the launcher's.
@@ -54,8 +54,8 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from hvdlite.common import horovod_env
-from hvdlite.runner import discovery, output, slurm
+from hvdlite.common import discovery, horovod_env
+from hvdlite.runner import output, slurm
 from hvdlite.runner.check_build import check_build_report, hvdlite_version
 from hvdlite.runner.mpirun import LaunchError, find_mpirun, mpirun_version
 

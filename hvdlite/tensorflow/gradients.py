@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from hvdlite.common import ops as _ops
-from hvdlite.runner.discovery import in_elastic_job
+from hvdlite.common.discovery import in_elastic_job
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow import overlap as _overlap
 from hvdlite.tensorflow.compression import Compression, Compressor

@@ -17,7 +17,7 @@ import torch
 
 from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import resolve as _process_set_id
-from hvdlite.runner.discovery import in_elastic_job
+from hvdlite.common.discovery import in_elastic_job
 from hvdlite.torch import uneven
 from hvdlite.torch.compression import Compression, Compressor, TopKCompressor
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
