@@ -205,7 +205,8 @@ def test_value_rules_are_the_engines() -> None:
 def test_launcher_passes_on_what_the_engine_would_use() -> None:
     """A bad value is said once by hvdlite-run and not given to the ranks, under either
     name: the engine ignores HOROVOD_X too when HVDLITE_X is bad."""
-    from hvdlite.runner.launch import LaunchConfig, build_mpirun_command
+    from hvdlite.runner.command import build_mpirun_command
+    from hvdlite.runner.config import LaunchConfig
     environ = {"PATH": "/bin", "HVDLITE_CYCLE_TIME": "fast", "HOROVOD_CYCLE_TIME": "3",
                "HOROVOD_CACHE_CAPACITY": "70000", "HOROVOD_FUSION_THRESHOLD": "1024"}
     notes: list[str] = []

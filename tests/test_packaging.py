@@ -56,7 +56,7 @@ def test_horovodrun_is_the_launcher_under_horovods_name() -> None:
     """``horovodrun`` is declared as the same entry point as ``hvdlite-run``; loaded the
     way the console script loads it, it runs a job and names itself in its usage."""
     scripts = PYPROJECT["project"]["scripts"]
-    assert scripts["horovodrun"] == scripts["hvdlite-run"] == "hvdlite.runner.launch:main"
+    assert scripts["horovodrun"] == scripts["hvdlite-run"] == "hvdlite.runner.cli:main"
     entry = ("import sys; from importlib.metadata import EntryPoint; sys.argv[0] = 'horovodrun'; "
              f"sys.exit(EntryPoint('horovodrun', {scripts['horovodrun']!r}, 'console_scripts').load()())")
     rank = "import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], flush=True)"

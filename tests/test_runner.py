@@ -17,16 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.runner import launch, slurm
-from hvdlite.runner.launch import (
-    LaunchConfig,
-    LaunchError,
-    build_mpirun_command,
-    find_mpirun,
-    parse_args,
-    parse_hostfile,
-    parse_hosts,
-)
+from hvdlite.runner import cli, command, slurm
+from hvdlite.runner.cli import parse_args
+from hvdlite.runner.command import build_mpirun_command
+from hvdlite.runner.config import LaunchConfig
+from hvdlite.runner.hosts import parse_hostfile, parse_hosts
+from hvdlite.runner.mpirun import LaunchError, find_mpirun
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120
@@ -60,7 +56,7 @@ def test_basic_local_command() -> None:
     assert "--host" not in argv and "--hostfile" not in argv
     assert argv[-4:] == ["python", "train.py", "--lr", "1"]
     # Each rank starts through the shell that sizes its thread pools on its host.
-    assert argv[-8:-4] == launch.rank_threads_command()
+    assert argv[-8:-4] == command.rank_threads_command()
     assert "OMP_NUM_THREADS" not in env
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
@@ -247,7 +243,7 @@ def test_open_mpi_4_and_user_mpi_args() -> None:
     assert "--oversubscribe" in argv
     # Ranks bound to cores of their own get one thread per core they are bound to.
     assert argv[-9:] == ["--map-by", "slot", "--bind-to", "core",
-                         *launch.rank_threads_command(divide=False), "true"]
+                         *command.rank_threads_command(divide=False), "true"]
 
 
 def _notes(config: LaunchConfig, environ: dict[str, str] | None = None, **kw) -> tuple[list[str], list[str]]:
@@ -260,7 +256,7 @@ def test_threads_per_rank_unless_the_user_sets_them() -> None:
     """Without OMP_NUM_THREADS each rank's thread pools are sized on its host (cores /
     ranks there), with one line for the whole job; a value of the user's, in the
     environment or given to mpirun with -x, is left alone and reaches every host."""
-    wrapper = launch.rank_threads_command()
+    wrapper = command.rank_threads_command()
     cores = len(os.sched_getaffinity(0))
     argv, notes = _notes(LaunchConfig(num_proc=2, command=["python", "t.py"]))
     assert argv[-6:] == [*wrapper, "python", "t.py"]
@@ -286,13 +282,13 @@ def test_threads_per_rank_unless_the_user_sets_them() -> None:
     # A binding of the user's: the cores each rank is bound to, not divided again;
     # --bind-to none divides.
     argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], binding_args=["--bind-to", "core"]))
-    assert argv[-5:-1] == launch.rank_threads_command(divide=False)
+    assert argv[-5:-1] == command.rank_threads_command(divide=False)
     assert "one thread per core it is bound to" in notes[0]
     argv, _ = _notes(LaunchConfig(num_proc=2, command=["t"], binding_args=["--bind-to", "none"]))
     assert argv[-5:-1] == wrapper
     # Elastic: the most workers a host may hold (its slots) share its cores.
     argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], min_np=2, max_np=4))
-    assert argv[-5:-1] == launch.rank_threads_command(at_least=4)
+    assert argv[-5:-1] == command.rank_threads_command(at_least=4)
     assert f"({cores} cores / 4 ranks;" in notes[0]
 
 
@@ -313,7 +309,7 @@ def test_rank_threads_command_sizes_the_pools(tmp_path: Path, env: dict[str, str
     show = "echo ${OMP_NUM_THREADS-unset} ${MKL_NUM_THREADS-unset} ${TF_NUM_INTRAOP_THREADS-unset} " \
            "${TF_NUM_INTEROP_THREADS-unset}"
     base = {"PATH": f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin"}
-    cmd = [*launch.rank_threads_command(divide=divide, at_least=at_least), "/bin/sh", "-c", show]
+    cmd = [*command.rank_threads_command(divide=divide, at_least=at_least), "/bin/sh", "-c", show]
     out = subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True, check=True).stdout
     value = "unset" if expected is None else str(expected)
     assert out.split() == [value] * 4
@@ -325,7 +321,7 @@ def test_rank_threads_command_sizes_the_pools(tmp_path: Path, env: dict[str, str
                          text=True, check=True).stdout
     assert out.split() == [value, "5", value, value]
     # The command's exit status is the rank's (exec, not a child).
-    rc = subprocess.run([*launch.rank_threads_command(), "/bin/sh", "-c", "exit 7"], env=base).returncode
+    rc = subprocess.run([*command.rank_threads_command(), "/bin/sh", "-c", "exit 7"], env=base).returncode
     assert rc == 7
 
 
@@ -818,11 +814,11 @@ for r in ranks:
 
 def test_module_import_is_light() -> None:
     """Importing the launcher loads neither a framework nor the compiled core."""
-    code = ("import sys, hvdlite.runner, hvdlite.runner.launch\n"
+    code = ("import sys, hvdlite.runner, hvdlite.runner.cli\n"
             "print(sorted(m for m in ('torch', 'tensorflow', 'hvdlite._core')"
             " if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=TIMEOUT, env=_env(), cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
-    assert launch.main is not None
+    assert cli.main is not None

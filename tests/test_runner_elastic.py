@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from hvdlite.common import discovery
-from hvdlite.runner import launch
 from hvdlite.common.discovery import (
     DiscoveryError,
     ElasticSettings,
@@ -26,13 +25,11 @@ from hvdlite.common.discovery import (
     parse_host_slots,
     run_discovery_script,
 )
-from hvdlite.runner.launch import (
-    LaunchConfig,
-    LaunchError,
-    elastic_settings,
-    parse_args,
-    wait_for_slots,
-)
+from hvdlite.runner import cli
+from hvdlite.runner.cli import parse_args
+from hvdlite.runner.config import LaunchConfig
+from hvdlite.runner.hosts import elastic_settings, wait_for_slots
+from hvdlite.runner.mpirun import LaunchError
 from tests.launch import run_job
 from tests.test_runner import _build, _forwarded, _pairs
 
@@ -385,7 +382,7 @@ def test_elastic_usage_errors_exit_2(args: list[str], message: str, tmp_path: Pa
     script = _script(tmp_path / "hosts.sh", "echo localhost:4\n")
     args = [str(script) if a == "DISCOVER" else a for a in args]
     with pytest.raises(SystemExit) as info:
-        launch.main(args)
+        cli.main(args)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "usage:" in err and message in err, err
@@ -476,7 +473,7 @@ def test_launch_waits_for_slots_then_starts(tmp_path: Path, monkeypatch: pytest.
     fake, record = _fake_mpirun(tmp_path)
     script = _growing_script(tmp_path, "node1:1\\n", "node1:1\\nnode2:1\\n")
     monkeypatch.setenv("HVDLITE_MPIRUN", str(fake))
-    rc = launch.main(["-np", "2", "--min-np", "1", "--max-np", "4",
+    rc = cli.main(["-np", "2", "--min-np", "1", "--max-np", "4",
                       "--host-discovery-script", str(script), "--elastic-timeout", "20",
                       "python", "t.py"])
     assert rc == 0, capsys.readouterr().err
@@ -495,7 +492,7 @@ def test_launch_gives_up_after_elastic_timeout(tmp_path: Path, monkeypatch: pyte
     script = _script(tmp_path / "hosts.sh", "echo node1:1\n")
     monkeypatch.setenv("HVDLITE_MPIRUN", str(fake))
     start = time.monotonic()
-    rc = launch.main(["-np", "2", "--min-np", "1", "--host-discovery-script", str(script),
+    rc = cli.main(["-np", "2", "--min-np", "1", "--host-discovery-script", str(script),
                       "--elastic-timeout", "1", "python", "t.py"])
     assert rc == 2
     assert time.monotonic() - start < 15
@@ -504,7 +501,7 @@ def test_launch_gives_up_after_elastic_timeout(tmp_path: Path, monkeypatch: pyte
     assert not record.exists()  # mpirun never ran
     # A script failing on its first run stops the launch at once.
     broken = _script(tmp_path / "broken.sh", "exit 5\n")
-    rc = launch.main(["-np", "1", "--min-np", "1", "--host-discovery-script", str(broken),
+    rc = cli.main(["-np", "1", "--min-np", "1", "--host-discovery-script", str(broken),
                       "python", "t.py"])
     assert rc == 2 and "exited with status 5" in capsys.readouterr().err
     assert not record.exists()

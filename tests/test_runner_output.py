@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.runner.launch import LaunchConfig, build_mpirun_command, live_output
+from hvdlite.runner.command import build_mpirun_command, live_output
+from hvdlite.runner.config import LaunchConfig
 from hvdlite.runner.output import LineMux, TagParser
 
 from tests.launch import REPO, job_env, kill_tree

@@ -7,7 +7,7 @@ import signal
 import sys
 from typing import Any, Callable
 
-from hvdlite.common import gpu_libraries, horovod_env, mpi_lib, naming
+from hvdlite.common import discovery, gpu_libraries, horovod_env, mpi_lib, naming
 from hvdlite.common.exceptions import HvdliteError, NotInitializedError
 
 _core_module: Any = None
@@ -198,8 +198,7 @@ def _end_job_on_uncaught_exceptions() -> None:
         c = _core_module
         if c is None or not c.has_world() or c.forked_reason() or c.size() < 2:
             return
-        from hvdlite.common import membership
-        elastic = membership.settings() is not None
+        elastic = discovery.in_elastic_job()
         if elastic:
             # Open MPI's fault tolerance reports a process that died, not one that
             # exited with an error status: the survivors would wait for this rank for

@@ -2,7 +2,7 @@
 
 import sys
 
-from hvdlite.runner.launch import main
+from hvdlite.runner.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -33,7 +33,9 @@ from typing import Any, Callable, Sequence
 import cloudpickle
 
 from hvdlite.runner import slurm
-from hvdlite.runner.launch import LaunchConfig, _is_local_host, launch, parse_hostfile, parse_hosts
+from hvdlite.runner.config import LaunchConfig
+from hvdlite.runner.hosts import is_local_host, parse_hostfile, parse_hosts
+from hvdlite.runner.launch import launch
 
 DRIVER_ENV = "HVDLITE_RUN_DRIVER"
 KEY_ENV = "HVDLITE_RUN_KEY"
@@ -134,7 +136,7 @@ def _driver_address(hosts: list[tuple[str, int | None]]) -> tuple[str, str]:
     named = os.environ.get(ADDRESS_ENV)
     if named:
         return "", named
-    if all(_is_local_host(h) for h, _ in hosts):
+    if all(is_local_host(h) for h, _ in hosts):
         return "127.0.0.1", "127.0.0.1"
     return "", socket.getfqdn()
 

@@ -1,6 +1,6 @@
 """Finding the ``mpirun`` to launch with, and asking it its version.
 
-Shared by the launcher (:mod:`hvdlite.runner.launch`) and the build report
+Shared by the launcher (:mod:`hvdlite.runner.command`) and the build report
 (:mod:`hvdlite.runner.check_build`), which both build on this module; it imports
 nothing else of hvdlite.
 """
