@@ -8,6 +8,7 @@ import tensorflow as tf
 from hvdlite.common import objects as _objects
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.tensorflow import mpi_ops as _mpi
+from hvdlite.tensorflow.errors import _as_tf_error
 from hvdlite.common import ops as _ops
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
@@ -66,7 +67,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
             return _objects.broadcast_object(obj, root_rank, name)
     except HvdliteError as exc:
         error = exc
-    raise _mpi._as_tf_error(error)  # TensorFlow's error code, as the other collectives
+    raise _as_tf_error(error)  # TensorFlow's error code, as the other collectives
 
 
 @_no_autograph
@@ -88,4 +89,4 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
             return _objects.allgather_object(obj, name)
     except HvdliteError as exc:
         error = exc
-    raise _mpi._as_tf_error(error)
+    raise _as_tf_error(error)

@@ -13,6 +13,8 @@ from hvdlite.common.discovery import in_elastic_job
 from hvdlite.tensorflow import mpi_ops as _mpi
 from hvdlite.tensorflow import overlap as _overlap
 from hvdlite.tensorflow.compression import Compression, Compressor
+from hvdlite.tensorflow.eager import _Spec, _op_name, _tensor_of
+from hvdlite.tensorflow.graph import _run, _run_buckets
 from hvdlite.tensorflow.mpi_ops import Average, Sum
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # our ops are not user code
@@ -146,7 +148,7 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
     postscale = gradient_predivide_factor
     eager = tf.executing_eagerly()
 
-    specs: list[_mpi._Spec] = []
+    specs: list[_Spec] = []
     inputs: list[tf.Tensor] = []
     plan: list[tuple[str, int, Any]] = []  # ("none"|"dense"|"sparse", first spec index, ctx)
     dense_positions = []
@@ -164,7 +166,7 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
 
     def engine_name(label: str) -> str:
         # Stable names: the same for every step, so the engine's response cache hits.
-        return label if eager else _mpi._op_name(label.split(".")[0], label)
+        return label if eager else _op_name(label.split(".")[0], label)
 
     owner: list[int] = []  # the gradient each request belongs to
     for i, g in enumerate(prepared):
@@ -172,15 +174,15 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
             plan.append(("none", -1, None))
         elif isinstance(g, tf.IndexedSlices):
             plan.append(("sparse", len(specs), g))
-            specs.append(_mpi._Spec(_ops.ALLGATHER, engine_name(f"allgather.{name}.{i}.values")))
+            specs.append(_Spec(_ops.ALLGATHER, engine_name(f"allgather.{name}.{i}.values")))
             inputs.append(g.values)
-            specs.append(_mpi._Spec(_ops.ALLGATHER, engine_name(f"allgather.{name}.{i}.indices")))
+            specs.append(_Spec(_ops.ALLGATHER, engine_name(f"allgather.{name}.{i}.indices")))
             inputs.append(g.indices)
             owner += [i, i]
         else:
-            c, ctx = compression.compress(_mpi._tensor_of(g))
+            c, ctx = compression.compress(_tensor_of(g))
             plan.append(("dense", len(specs), ctx))
-            specs.append(_mpi._Spec(_ops.ALLREDUCE, engine_name(f"allreduce.{name}.{i}"), op,
+            specs.append(_Spec(_ops.ALLREDUCE, engine_name(f"allreduce.{name}.{i}"), op,
                                     prescale, postscale, group=group_of[i]))
             inputs.append(c)
             owner.append(i)
@@ -188,14 +190,14 @@ def allreduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None = 
         return prepared
     limit = bucket_bytes()
     if eager or limit <= 0:
-        outs = _mpi._run(specs, inputs)
+        outs = _run(specs, inputs)
     else:
         buckets = _buckets(specs, inputs, owner, limit)
         order = None
         if _overlap.enabled():
             gate = tf.config.threading.get_inter_op_parallelism_threads() == 1
             order = functools.partial(_overlap.submit_during_backward, gate=gate)
-        parts = _mpi._run_buckets([([specs[j] for j in b], [inputs[j] for j in b]) for b in buckets],
+        parts = _run_buckets([([specs[j] for j in b], [inputs[j] for j in b]) for b in buckets],
                                   order=order)
         outs = [None] * len(specs)
         for b, part in zip(buckets, parts):

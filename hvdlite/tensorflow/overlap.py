@@ -1,7 +1,7 @@
 """Make TensorFlow submit gradient buckets while the backward pass is still running.
 
 Inside a ``tf.function`` the gradients are submitted by one small op per bucket (see
-``mpi_ops._run_buckets``), and one op at the end waits for all of them. Nothing needs a
+``graph._run_buckets``), and one op at the end waits for all of them. Nothing needs a
 submit op before that wait, so TensorFlow's executor may run it late, and with one
 inter-op thread it does: the thread follows the chain of the backward pass and leaves
 the ops that are off that chain (a layer's ``BiasAddGrad``, hence the submit that needs

@@ -2,6 +2,6 @@
 (``from horovod.tensorflow.util import _executing_eagerly``, ``hvd.util._executing_eagerly()``)."""
 from __future__ import annotations
 
-from hvdlite.tensorflow.mpi_ops import _executing_eagerly
+from hvdlite.tensorflow.eager import _executing_eagerly
 
 __all__ = ["_executing_eagerly"]

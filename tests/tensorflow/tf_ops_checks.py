@@ -474,7 +474,7 @@ def unforeseen_staging_failure_fails_on_every_rank():
     than raised on that rank alone while the others wait."""
     if N == 1:
         return
-    from hvdlite.tensorflow import mpi_ops as _tf_ops
+    from hvdlite.tensorflow import eager as _tf_ops
     real = _tf_ops._rows_as_bytes
 
     def planted(arr):
@@ -671,7 +671,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
     import keras
 
     import hvdlite.tensorflow.keras as hvdk
-    from hvdlite.tensorflow import _kernels, mpi_ops
+    from hvdlite.tensorflow import _kernels, graph
 
     L, D, B_ = 4, 6, 5
     rng = np.random.default_rng(77)
@@ -694,7 +694,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
         return mark
 
     marks = [marker(i) for i in range(L)]
-    real_submit = mpi_ops._submit
+    real_submit = graph._submit
 
     def recording_submit(specs, *args, **kwargs):  # the py_function fallback's submits
         events.append((time.monotonic_ns(), "submit " + ",".join(sp.name.rsplit(".", 1)[-1] for sp in specs)))
@@ -788,7 +788,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
             model.fit(x, np.zeros((B_, D), np.float32), batch_size=B_, shuffle=False, verbose=0)
         return model.get_weights()
 
-    mpi_ops._submit = recording_submit
+    graph._submit = recording_submit
     _kernels.trace_submits(True)
     try:
         for overlap in ("1", "0", "more threads"):
@@ -806,7 +806,7 @@ def gradient_buckets_are_submitted_during_the_backward_pass():
                 if overlap == "1" and N > 1:
                     check_order(label)
     finally:
-        mpi_ops._submit = real_submit
+        graph._submit = real_submit
         _kernels.trace_submits(False)
 
 

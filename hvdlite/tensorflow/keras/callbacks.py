@@ -9,7 +9,7 @@ import numpy as np
 
 from hvdlite.common import basics as _basics
 from hvdlite.common import ops as _ops
-from hvdlite.tensorflow import mpi_ops as _mpi
+from hvdlite.tensorflow.eager import _Spec, _execute
 from hvdlite.tensorflow.functions import broadcast_variables
 from hvdlite.tensorflow.gradients import LocalVariables, is_variable
 
@@ -92,8 +92,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
         arrays = [np.array([float(logs[k])], np.float64) for k in keys]
-        specs = [_mpi._Spec(_ops.ALLREDUCE, f"MetricAverageCallback.{k}", _ops.Average) for k in keys]
-        for k, r in zip(keys, _mpi._execute(specs, arrays)):
+        specs = [_Spec(_ops.ALLREDUCE, f"MetricAverageCallback.{k}", _ops.Average) for k in keys]
+        for k, r in zip(keys, _execute(specs, arrays)):
             logs[k] = float(r[0])
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -255,7 +255,7 @@ def _keep_auto_xla_off() -> None:
     Horovod-style ``model.fit`` script would fail at its first step on a GPU machine.
     This treats hvdlite's optimizer as Keras treats its own strategies. An explicit
     ``jit_compile=True`` is left alone and gets the clear error of
-    :func:`hvdlite.tensorflow.mpi_ops._check_not_xla`. If Keras's private method is
+    :func:`hvdlite.tensorflow.eager._check_not_xla`. If Keras's private method is
     missing (another Keras version), nothing is patched and that error is what users see.
     """
     try:
