@@ -160,7 +160,8 @@ def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: 
     The engine's ``direct_run`` does all of it in C, and once the engine is loaded this
     module's ``_direct_run`` *is* that function: right after a large collective has
     flushed the CPU caches, every Python-level call and lookup between the user's call
-    and the engine costs microseconds (docs/performance.md, session 11). This stand-in
+    and the engine costs about a microsecond (docs/architecture.md, "One call for a
+    blocking NumPy collective"). This stand-in
     binds the engine's function at the first call (the engine's module is loaded with
     this one, for its codes; a stand-in that finds it not loaded declines)."""
     global _direct_run
