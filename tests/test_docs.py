@@ -6,6 +6,7 @@
   somewhere; the engine's defaults in it are the ones its C++ sources set.
 * Every public name of the modules the API reference renders has a docstring, as the
   reference reads them (statically, with Griffe), and each such module has a page.
+* The README's command that builds the site is one that CI runs.
 """
 from __future__ import annotations
 
@@ -180,3 +181,11 @@ def test_the_docstring_check_finds_a_missing_one(tmp_path: Path) -> None:
         'def told():\n    """Has one."""\n')
     assert api.undocumented(tmp_path, ("hvdlite",)) == ["hvdlite.bare (defined as hvdlite.impl.bare)"]
 
+
+def test_readme_builds_the_site_as_ci_does() -> None:
+    readme = (REPO / "README.md").read_text()
+    commands = [c for c in re.findall(r"^python3 -m venv \.venv && .*$", readme, flags=re.M)
+                if "mkdocs build --strict" in c]
+    assert len(commands) == 1, commands
+    assert "'.[docs]'" in commands[0]
+    assert commands[0] in (REPO / ".ci" / "run").read_text().splitlines()
