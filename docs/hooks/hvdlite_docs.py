@@ -55,7 +55,7 @@ def on_pre_build(config: Any, **kwargs: Any) -> None:
 
 
 def _cli_help(repo: Path) -> str:
-    env = dict(os.environ, COLUMNS="100", PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, COLUMNS="80", PYTHONPATH=os.pathsep.join(
         [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.run([sys.executable, "-m", "hvdlite.runner", "--help"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=120)
