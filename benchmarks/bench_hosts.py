@@ -24,10 +24,9 @@ runs ``--rounds`` rounds, and every round runs every algorithm (``init()``, ever
 each repetition times hvdlite and mpi4py's ``MPI_Allreduce`` / ``MPI_Allgather`` on the
 same data (the MPI column pools these from every turn), each going first by turns: where
 the emulated links' token buckets run dry during a size, the first op of a repetition
-finds tokens the second does not (until session 32 hvdlite always went first). Each op
-starts after a barrier and is timed by rank 0. A figure is the median over rounds of
-each round's median; ``spread`` in the JSON is the largest round median over the
-smallest.
+finds tokens the second does not. Each op starts after a barrier and is timed by rank
+0. A figure is the median over rounds of each round's median; ``spread`` in the JSON is
+the largest round median over the smallest.
 
 The link floor is what each host must move over its link, at the link's rate: for an
 allreduce of S bytes over H hosts 2(H-1)/H * S sent, for an allgather of S bytes in all

@@ -9,7 +9,8 @@ For each size, three variants of one in-place float32 ``Allreduce`` are interlea
 
 - ``alone``: the allreduce by itself;
 - ``via_rank0``: rank 1 sends a small message to rank 0, which answers; then the
-  allreduce. This is the shape of hvdlite's steady-state negotiation (rank-0 coordination);
+  allreduce. This is the shape of hvdlite's negotiation through rank 0 (a tensor not
+  in the response cache);
 - ``symmetric``: every rank sends a small message to every other at once and receives
   theirs; then the allreduce. This is what agreeing without rank 0 would cost.
 

@@ -1,5 +1,5 @@
 """Collectives inside TensorFlow graphs: hvdlite's asynchronous graph ops against the
-blocking ``py_function`` ops they replaced, eager hvdlite, and raw MPI.
+blocking ``py_function`` ops hvdlite falls back to, eager hvdlite, and raw MPI.
 
     python benchmarks/bench_tf_graph_ops.py [--quick] [--ranks 2] [--json-out F.json]
 
@@ -10,7 +10,7 @@ process and interleaved window by window:
 * ``graph_ops``: a ``tf.function`` whose collective is hvdlite's ``HvdliteCollectives`` op
   (``hvdlite/tensorflow/_kernels.py``);
 * ``py_function``: the same function traced with ``HVDLITE_TF_KERNEL=0``, the collective a
-  blocking ``tf.py_function`` (hvdlite's design before the graph ops);
+  blocking ``tf.py_function`` (hvdlite's fallback where the graph ops cannot be built);
 * ``eager``: the same hvdlite call outside any graph;
 * ``mpi4py``: ``MPI.COMM_WORLD.Allreduce`` / ``Allgatherv`` on NumPy arrays of the same
   bytes (the floor for the MPI path).
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(r['eager_ms'], '9.3f')} {fmt(r['mpi4py_ms'], '10.3f')} "
               f"{fmt(r['graph_ops_over_py_function'], '16.3f')} {fmt(r['graph_ops_over_mpi4py'], '11.3f')}")
     print(f"\n({args.ranks} ranks, median of {args.windows} windows, the slowest rank's time per call; "
-          f"'ops/py_function' < 1: the graph ops are faster than the py_function ops they replaced)")
+          f"'ops/py_function' < 1: the graph ops are faster than the py_function fallback)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))
     return 0

@@ -36,9 +36,9 @@ each in fresh processes with one TensorFlow intra-op and one inter-op thread:
   buckets while the backward pass runs (``hvdlite/tensorflow/overlap.py``), which the
   default leaves off with a single inter-op thread;
 * ``hvdlite_pyfunc`` (not in the default list): ``hvdlite`` with ``HVDLITE_TF_KERNEL=0``,
-  collectives inside graphs as blocking ``tf.py_function`` ops, the design before
-  hvdlite's asynchronous graph ops (``hvdlite/tensorflow/_kernels.py``), for comparing
-  the two side by side (``hvdlite/pyfunc`` in the table);
+  collectives inside graphs as blocking ``tf.py_function`` ops, hvdlite's fallback where
+  its asynchronous graph ops (``hvdlite/tensorflow/_kernels.py``) cannot be built, for
+  comparing the two side by side (``hvdlite/pyfunc`` in the table);
 * ``mwms``: TensorFlow's own ``tf.distribute.MultiWorkerMirroredStrategy`` on 2 worker
   processes joined over loopback (``TF_CONFIG`` with localhost ports), ring collectives.
 

@@ -1,4 +1,4 @@
-"""Cost model of allreduce across hosts (issue 27): validated on emulated hosts here,
+"""Cost model of allreduce across hosts: validated on emulated hosts here,
 extrapolated to thousands of ranks, control plane included.
 
     python benchmarks/cost_model.py                 # tables and JSON lines, from the stored files
@@ -565,8 +565,8 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
       starts with the ranks in step; each later one takes em.lone_pair times what the
       rate allows (measured: docs/scale.md, "One connection, both ways").
     - `op_index`: which op of each repetition is timed: 0 for hvdlite's, 1 for MPI's,
-      where hvdlite's goes first in every repetition (bench_hosts.py until session 32);
-      with `alternating` (since), the two go first by turns, starting with hvdlite's."""
+      where hvdlite's goes first in every repetition (stored rows without an `order`);
+      with `alternating`, the two go first by turns, starting with hvdlite's."""
     t = (path + overhead) * max(1.0, P / em.cores)
     if link_bytes <= 0:
         return t, "one host"
@@ -993,7 +993,7 @@ def _git_commit() -> str:
 
 
 def _core_stamp() -> str:
-    """When the hvdlite extension in the repository was built (other sessions rebuild it)."""
+    """When the hvdlite extension in the repository was built (it may be rebuilt between runs)."""
     found = sorted((REPO / "hvdlite").glob("_core*.so"))
     if not found:
         return "no _core built"
@@ -1313,10 +1313,10 @@ def group_validation(val: dict) -> tuple[dict, dict]:
         for row in run["rows"]:
             g = grouped.setdefault((row["config"], row["bytes"]),
                                    {m: [] for m in ("flat", "two_level", "default", "mpi", "alternating")})
-            # bench_hosts.py ran hvdlite's op first in every repetition until session 32
+            # a stored row without "order" ran hvdlite's op first in every repetition
             g["alternating"].append(row.get("order") == "alternating")
             g["flat"].append(row["flat_s"])
-            # bench_hosts.py named the column "hierarchical" until session 26, "two-level" since
+            # stored rows name this column "hierarchical_s" or "two-level_s"
             g["two_level"].append(row["hierarchical_s"] if "hierarchical_s" in row else row["two-level_s"])
             g["default"].append(row["default_s"])
             g["mpi"].append(row["mpi_s"])
@@ -1437,7 +1437,7 @@ def efficiency(t_compute: float, t_comm: float, t_control: float, overlap: float
 
 
 def efficiency_rows(clusters: list[Cluster], params: dict, G: int = 8) -> list[dict]:
-    """The issue's claim: a 2D-ring (two-level) allreduce keeps scaling efficiency above
+    """The claim checked: a 2D-ring (two-level) allreduce keeps scaling efficiency above
     0.90 at a thousand cards. ResNet-50 (fp32 gradients), batch 256 per GPU."""
     per_msg = params["control"]["rank0_per_message_shm"] if params else 2e-6
     rows = []

@@ -20,6 +20,7 @@ from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotIni
 from hvdlite.runner.function import run
 
 __version__ = "0.1.0"
+"""hvdlite's own version, not a Horovod one (hvdlite follows Horovod 0.28.1's API)."""
 
 # hvdlite.mpi_ops.__all__ (tests/test_imports.py checks that the two agree).
 _NUMPY_OPS = (

@@ -160,7 +160,8 @@ def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: 
     The engine's ``direct_run`` does all of it in C, and once the engine is loaded this
     module's ``_direct_run`` *is* that function: right after a large collective has
     flushed the CPU caches, every Python-level call and lookup between the user's call
-    and the engine costs microseconds (docs/performance.md, session 11). This stand-in
+    and the engine costs about a microsecond (docs/architecture.md, "One call for a
+    blocking NumPy collective"). This stand-in
     binds the engine's function at the first call (the engine's module is loaded with
     this one, for its codes; a stand-in that finds it not loaded declines)."""
     global _direct_run
@@ -335,6 +336,8 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: int | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: Any = None) -> list[np.ndarray]:
+    """Reduce a list of tensors as one unit (negotiated together and fused) and return
+    the results as new arrays, in the order given (default op: Average)."""
     with _ops.process_set_scope(process_set):
         return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
 
@@ -343,6 +346,8 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None
                              name: str | None = None, op: int | None = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = None) -> Handle:
+    """Start reducing a list of arrays as one unit, each in place; ``synchronize(handle)``
+    returns them."""
     with _ops.process_set_scope(process_set):
         return _grouped(tensors, True, average, name, op, prescale_factor, postscale_factor)
 
@@ -351,6 +356,7 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None
 def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0, process_set: Any = None) -> list[np.ndarray]:
+    """Reduce a list of arrays as one unit, each in place, and return them."""
     with _ops.process_set_scope(process_set):
         return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))
 
@@ -368,6 +374,8 @@ def allgather_async(tensor: Any, name: str | None = None, process_set: Any = Non
 
 @_ops.blocking
 def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> np.ndarray:
+    """Concatenate every rank's `tensor` along the first dimension (whose size may differ
+    between ranks), in rank order, and return the result on every rank."""
     with _ops.process_set_scope(process_set):
         return synchronize(allgather_async(tensor, name))
 
@@ -382,6 +390,7 @@ def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None, proce
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
+    """Overwrite `tensor` with root_rank's value, in place, and return it."""
     if process_set is None and _SCOPE.process_set is None and _direct_run(
             _BROADCAST, tensor, tensor, name, None, Sum, 1.0, 1.0, root_rank):
         return tensor
@@ -412,6 +421,7 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None, proces
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
+    """Return root_rank's value of `tensor` as a new array; `tensor` is not modified."""
     with _ops.process_set_scope(process_set):
         if _device.is_device_array(tensor):
             return _blocking_wait(broadcast_async(tensor, root_rank, name))
@@ -461,6 +471,8 @@ def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None,
 @_ops.blocking
 def reducescatter(tensor: Any, op: int = Average, name: str | None = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: Any = None) -> np.ndarray:
+    """Reduce `tensor` across ranks and return this rank's slice of the first dimension:
+    rank r gets dim0 // size rows, plus one if r < dim0 % size (default op: Average)."""
     with _ops.process_set_scope(process_set):
         return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
 

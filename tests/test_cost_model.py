@@ -350,8 +350,8 @@ def test_two_level_with_hvdlites_rules():
 
 
 def test_validation_predicts_each_run_under_its_own_order(monkeypatch):
-    """A cell measured by runs with hvdlite's op always first (no "order": before
-    session 32) and by runs that alternate gets, per run, the prediction for its
+    """A cell measured by runs with hvdlite's op always first (rows without "order")
+    and by runs that alternate gets, per run, the prediction for its
     order, and then the median over runs, as the measured figure is taken."""
     import json
     params = json.loads((_PATH.parent / "cost_model_params.json").read_text())

@@ -240,6 +240,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """True between ``hvd.init()`` and ``hvd.shutdown()`` in this process."""
     c = _core_module
     return bool(c is not None and c.is_initialized())
 
@@ -285,6 +286,7 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_enabled() -> bool:
+    """Always True: hvdlite's collectives and control plane run on MPI."""
     return True
 
 
@@ -294,10 +296,12 @@ def mpi_built() -> bool:
 
 
 def gloo_enabled() -> bool:
+    """Always False: hvdlite has no Gloo controller (Horovod's other launcher)."""
     return False
 
 
 def gloo_built() -> bool:
+    """Always False: hvdlite carries no Gloo backend."""
     return False
 
 
@@ -311,10 +315,12 @@ def nccl_built() -> int:
 
 
 def ddl_built() -> bool:
+    """Always False: hvdlite has no IBM DDL backend."""
     return False
 
 
 def ccl_built() -> bool:
+    """Always False: hvdlite has no oneCCL backend (host memory goes through MPI)."""
     return False
 
 
@@ -329,6 +335,7 @@ def _gpu_info() -> dict[str, Any]:
 
 
 def rocm_built() -> bool:
+    """Always False: hvdlite has no ROCm backend (its GPU path is CUDA and NCCL)."""
     return False
 
 

@@ -21,11 +21,18 @@ _core = _load_core()
 
 REDUCE_OPS: dict[str, int] = dict(_core.REDUCE_OPS)
 Average = REDUCE_OPS["Average"]
+"""Reduce op: the sum divided by the number of ranks (the default of ``allreduce``)."""
 Sum = REDUCE_OPS["Sum"]
+"""Reduce op: the element-wise sum (integers wrap around, as in NumPy)."""
 Adasum = REDUCE_OPS["Adasum"]
+"""Reduce op: Adasum, which combines gradients by their angle (float tensors, a power-of-2
+number of ranks; see docs/adasum.md)."""
 Min = REDUCE_OPS["Min"]
+"""Reduce op: the element-wise minimum."""
 Max = REDUCE_OPS["Max"]
+"""Reduce op: the element-wise maximum."""
 Product = REDUCE_OPS["Product"]
+"""Reduce op: the element-wise product (integers wrap around, as in NumPy)."""
 OP_NAMES: dict[int, str] = {code: name for name, code in REDUCE_OPS.items()}
 SUPPORTED_OPS = frozenset(REDUCE_OPS.values())
 

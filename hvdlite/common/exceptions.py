@@ -17,6 +17,8 @@ class HvdliteError(RuntimeError):
 
 # Horovod's name for the same thing, so ``except hvd.HorovodInternalError`` keeps working.
 HorovodInternalError = HvdliteError
+"""Horovod's name of :class:`HvdliteError`: the same class, so that
+``except hvd.HorovodInternalError`` catches hvdlite's failed collectives."""
 
 
 # Input that one rank could not use is refused on every rank (see

@@ -19,9 +19,8 @@ Statuses:
 * ``HONOURED``: hvdlite reads it with Horovod's meaning (``where`` says which part).
 * ``IGNORED``: it has no effect in hvdlite, by design; the note says why and what to
   use instead.
-* ``NOT_YET``: it belongs to a feature hvdlite does not have *yet* (autotuning).
-  Whoever lands the
-  feature flips the entry to ``HONOURED`` (and the tests that name it).
+* ``NOT_YET``: it belongs to a feature hvdlite does not have (no entry has this status:
+  every documented feature is in).
 * ``BUILD``: read by Horovod's installer only. Horovod itself ignores them at run time,
   and so does hvdlite (its build needs MPI alone); no warning at ``hvd.init()``.
 

@@ -71,6 +71,8 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet([])
+"""The process set of every rank (id 0), the default ``process_set`` of every
+collective; after ``hvd.init(comm=...)`` its ``mpi_comm`` is that communicator."""
 global_process_set.process_set_id = 0
 
 _lock = threading.Lock()

@@ -83,9 +83,10 @@ def enabled() -> bool:
     it off: the control edges that make that thread submit early were measured to gain
     at most 1.5 % even with the CPU idle for a third of the backward pass, and with one
     core per rank (two ranks on a 2-core machine) the allreduce's copies and sums run on
-    the core the backward pass uses and slow the step down (``docs/performance.md``,
-    issue 26). There the gradients go out in one batch after the backward pass; ``1``
-    turns the edges on. hvdlite addition."""
+    the core the backward pass uses and slow the step down (``docs/architecture.md``,
+    "TensorFlow: when the gradients are submitted"; ``benchmarks/bench_tf_training.py``
+    with ``--modes hvdlite,hvdlite_overlap`` measures both). There the gradients go out
+    in one batch after the backward pass; ``1`` turns the edges on. hvdlite addition."""
     value = os.environ.get("HVDLITE_TF_OVERLAP", "auto").strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True

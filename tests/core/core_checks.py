@@ -650,8 +650,8 @@ def check_shutdown_finishes_what_every_rank_submitted(r: int, n: int) -> None:
     """Every rank runs the same small allreduces and shuts down the moment its own are
     done, with no barrier first. The rank that finishes first must not fail a slower
     rank's last allreduce: every rank submitted it, and the cycle agreeing on it is
-    under way everywhere (before session 33 it failed with "rank k shut down" in about
-    1 round of 10 at 4 ranks, 6 of 10 at 8)."""
+    under way everywhere. A shutdown that overtook that cycle would fail it with "rank k
+    shut down"; 30 rounds with no barrier before each shutdown give the race its chance."""
     x = np.ones(16, np.float32)
     for k in range(30):
         for _ in range(100):

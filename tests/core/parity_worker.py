@@ -1,4 +1,4 @@
-"""Issue 29's combined check, on 4 ranks through hvdlite-run (tests/core/test_parity.py):
+"""Several features at once, on 4 ranks through hvdlite-run (tests/core/test_parity.py):
 static process sets and a dynamic one beside global collectives, Adasum against its
 pairwise formula, a timeline started and stopped while the job runs, all while the
 autotuner searches (its log is read by the test). Each rank prints

@@ -104,9 +104,9 @@ def _faults_per_round(proc: subprocess.CompletedProcess, n: int) -> list[list[in
 
 def test_memory_freed_between_steps_is_not_faulted_back_in() -> None:
     """A thread that allocates and frees 81 MB per step keeps its memory after init().
-    The control run sets the malloc thresholds hvdlite used to set (its own tuning is
-    then off): glibc unmaps one heap per step there, and every later step faults 18 MB
-    back in. That shows the check can fail."""
+    The control run sets hvdlite's mmap and trim thresholds but not its top pad (its own
+    tuning is then off): glibc unmaps one heap per step there, and every later step
+    faults 18 MB back in. That shows the check can fail."""
     for per_rank in _faults_per_round(run_ranks(2, "malloc_job.py"), 2):
         assert max(per_rank[1:]) < 256, per_rank  # first round: ~20,700 faults
     control = run_ranks(1, "malloc_job.py", env={"MALLOC_MMAP_THRESHOLD_": str(32 << 20),

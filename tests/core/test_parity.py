@@ -1,4 +1,4 @@
-"""Issue 29's combined check on 4 ranks: process sets (static and dynamic) beside global
+"""Several features at once on 4 ranks: process sets (static and dynamic) beside global
 collectives, Adasum against its formula, a timeline started and stopped at run time,
 while ``--autotune`` searches and writes its log (parity_worker.py)."""
 from __future__ import annotations

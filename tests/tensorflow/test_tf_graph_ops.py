@@ -2,9 +2,10 @@
 
 * TF1 graphs run by tf.compat.v1.Session, several collectives in one graph, and typed
   errors inside graphs, on 2 and 3 ranks through the real launcher (tf_graph_checks.py,
-  one launch per rank count, every check reported as its own test). Before these ops,
-  a Session graph of 20 independent allreduces deadlocked at once on 2 ranks: each
-  rank's one inter-op thread blocked in a different py_function collective.
+  one launch per rank count, every check reported as its own test). With blocking
+  py_function collectives instead (HVDLITE_TF_KERNEL=0), a Session graph of 20
+  independent allreduces deadlocks at once on 2 ranks: each rank's one inter-op thread
+  blocks in a different collective.
 * The library is compiled once and cached: concurrent first uses build it once, a later
   process loads it without compiling.
 * Where it cannot be built (no compiler), collectives in graphs fall back to

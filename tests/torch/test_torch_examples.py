@@ -56,7 +56,7 @@ def test_digits_cnn_matches_single_process(tmp_path: Path, n: int, batch: int) -
 def test_digits_cnn_with_one_bit_adam_ends_within_a_point_of_adam() -> None:
     """``--optimizer onebit-adam`` (hvd.OneBitAdam, 20 % warm-up, then 1-bit momentum)
     against ``--optimizer adam`` (Adam in DistributedOptimizer) on the same batches: the
-    final test accuracy is within 1 point (issue 30's goal)."""
+    final test accuracy is within 1 point."""
     accs = {}
     for opt in ("adam", "onebit-adam"):
         out = run_ranks(2, DIGITS, "--optimizer", opt, "--no-progress", "--checkpoint", "", timeout=250)
