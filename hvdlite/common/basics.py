@@ -76,16 +76,24 @@ def core_or_none() -> Any:
 # sets' registry (hvdlite.common.process_sets) registers itself here.
 _lifecycle_hooks: list[tuple[Callable[[Any, Any], None], Callable[[], None]]] = []
 _init_again_hooks: list[Callable[[Any], None]] = []
+# What the running world's init() was given, for hooks registered after it.
+_init_arguments: tuple[Any, Any] | None = None
 
 
 def add_lifecycle_hooks(after_init: Callable[[Any, Any], None], after_change: Callable[[], None],
                         init_again: Callable[[Any], None] | None = None) -> None:
     """Run `after_init(process_sets, comm)` after each successful ``init``,
     `after_change()` after a shutdown or a change of the world (:func:`world_changed`),
-    and `init_again(process_sets)` when ``init`` is called while hvdlite runs."""
+    and `init_again(process_sets)` when ``init`` is called while hvdlite runs.
+
+    A module registering after ``init`` (one a front end imports on first use) gets
+    `after_init` at once, with what ``init`` was given: ``hvd.init(process_sets="dynamic")``
+    holds however late the process-set module is loaded."""
     _lifecycle_hooks.append((after_init, after_change))
     if init_again is not None:
         _init_again_hooks.append(init_again)
+    if _init_arguments is not None and is_initialized():
+        after_init(*_init_arguments)
 
 
 def world_changed() -> None:
@@ -142,6 +150,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         _end_job_on_uncaught_exceptions()
         # No HOROVOD_* variable goes silently unheeded (rank 0 says so, once).
         horovod_env.warn_unhonoured(c.rank())
+        global _init_arguments
+        _init_arguments = (process_sets, comm)
         for after_init, _ in _lifecycle_hooks:
             after_init(process_sets, comm)
 

@@ -86,6 +86,11 @@ def test_init_on_communicator_and_rank_list() -> None:
     assert_all_ranks_passed(proc, 3)
 
 
+def test_dynamic_process_sets_asked_at_init_hold_when_loaded_later() -> None:
+    proc = run_ranks(3, "dynamic_sets_job.py")
+    assert_all_ranks_passed(proc, 3)
+
+
 def test_children_of_a_rank_get_a_clear_error() -> None:
     """A forked child cannot run collectives, and a spawned child that re-runs the
     script's top level cannot init; both say why, and the ranks carry on."""
