@@ -148,8 +148,17 @@ def test_local_host_list_keeps_to_its_slots() -> None:
 
 def test_hostfile(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("# cluster\nnode1 slots=4\n\nnode2 slots=2  # small one\nnode3:1\n")
+    hostfile.write_text("# cluster\nnode1 slots=4\n\nnode2 slots=2  # small one\nnode3 slots=1\n")
     assert parse_hostfile(str(hostfile)) == [("node1", 4), ("node2", 2), ("node3", 1)]
+    # mpirun reads the file itself, and would take "node3:1" for a host of that name.
+    colon = tmp_path / "colon"
+    colon.write_text("node1 slots=4\nnode3:1\n")
+    with pytest.raises(ValueError, match=r"colon:2: 'node3:1': a hostfile gives a host's slots "
+                                         r"as 'node3 slots=1'"):
+        parse_hostfile(str(colon))
+    proc = subprocess.run([sys.executable, "-m", "hvdlite.runner", "-np", "1", "--hostfile", str(colon),
+                           "true"], capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=REPO_ROOT)
+    assert proc.returncode == 2 and "'node3 slots=1'" in proc.stderr, proc.stderr
     argv, _ = _build(LaunchConfig(num_proc=7, command=["true"], hostfile=str(hostfile)))
     assert ("--hostfile", str(hostfile)) in _pairs(argv)
     with pytest.raises(LaunchError):

@@ -66,7 +66,9 @@ def parse_hosts(spec: str) -> list[tuple[str, int | None]]:
 def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
     """Read a hostfile (Horovod/Open MPI style: one ``host slots=N`` per line).
 
-    ``#`` starts a comment; ``host:N`` lines are accepted too.  Returns
+    ``#`` starts a comment. The file goes to ``mpirun --hostfile`` as it is, so it is
+    held to Open MPI's syntax: a ``host:N`` line, which Open MPI would read as a host
+    named ``host:N``, is refused with the line to write instead. Returns
     ``[(host, slots or None), ...]``; raises ``ValueError`` on a malformed line
     and ``OSError`` if the file cannot be read.
     """
@@ -79,11 +81,11 @@ def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
             fields = line.split()
             host = fields[0]
             slots: int | None = None
-            if ":" in host and not host.startswith("["):
-                try:
-                    (host, slots), = parse_hosts(host)
-                except ValueError as exc:
-                    raise ValueError(f"{path}:{lineno}: {exc}") from None
+            name, colon, count = host.rpartition(":")
+            if colon and name and ":" not in name and "[" not in name:
+                hint = f"{name} slots={count}" if count.isdigit() else f"{name} slots=N"
+                raise ValueError(f"{path}:{lineno}: {host!r}: a hostfile gives a host's slots as "
+                                 f"'{hint}' (host:N is the form of -H)")
             for field in fields[1:]:
                 key, _, value = field.partition("=")
                 if key == "slots":
