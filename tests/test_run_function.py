@@ -48,6 +48,16 @@ def test_closures_travel_by_value_and_np_is_deprecated() -> None:
     assert got == ["r0:3", "r1:3"]
 
 
+def read_note() -> str:
+    import os
+    return os.environ["RUN_NOTE"]
+
+
+def test_mpi_args_are_split_as_a_shell_would() -> None:
+    """A quoted value with a space stays one argument of mpirun."""
+    assert hvdlite.run(read_note, num_proc=1, mpi_args="-x 'RUN_NOTE=two words'") == ["two words"]
+
+
 def fail_on_rank_one() -> int:
     import hvdlite as hvd
     hvd.init()
@@ -70,7 +80,7 @@ def test_an_exception_on_one_rank_is_raised_with_its_traceback() -> None:
 
 
 @pytest.mark.parametrize("kwargs, what", [
-    ({"min_num_proc": 1}, "elastic"), ({"max_np": 4}, "elastic"),
+    ({"min_num_proc": 1}, "hvdlite-run --min-np"), ({"max_np": 4}, "elastic"),
     ({"host_discovery_script": "discover.sh"}, "elastic"),
     ({"use_gloo": True}, "MPI only")])
 def test_what_hvdlite_lacks_is_refused_before_launching(kwargs: dict, what: str) -> None:

@@ -57,8 +57,10 @@ def refusal_error_for(exc: BaseException) -> type[HvdliteError]:
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's signal, in elastic training, that hosts were added or removed. hvdlite's
-    world is fixed, so hvdlite never raises it; the name exists for scripts that catch it."""
+    """Horovod's signal, in elastic training, that workers are to be added: raised on
+    every rank by a state's ``commit()`` (or ``check_host_updates()``) when the host
+    discovery script offers new slots, and caught by ``hvd.elastic.run``, which then
+    brings the new workers in."""
 
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__("the hosts of the job changed")

@@ -140,8 +140,9 @@ VARIABLES: tuple[Variable, ...] = (
              "hvdlite emits no NVTX ranges (hvdlite-run --timeline-filename records its "
              "activity instead)", honoured_if=_truthy),
     Variable("HOROVOD_ENABLE_XLA_OPS", IGNORED,
-             "hvdlite's TensorFlow collectives are tf.py_function ops, which XLA cannot "
-             "compile: keep hvdlite calls out of jit_compile=True functions",
+             "XLA cannot compile hvdlite's TensorFlow collectives (its own graph ops, or "
+             "tf.py_function where those cannot be built): keep hvdlite calls out of "
+             "jit_compile=True functions",
              honoured_if=_falsy),
     Variable("HOROVOD_ENABLE_ASYNC_COMPLETION", IGNORED,
              "hvdlite's TensorFlow ops have no XLA form, which this switch is for",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import shlex
 import socket
 import struct
 import sys
@@ -145,8 +146,9 @@ def _refuse(**given: Any) -> None:
     for name, value in given.items():
         if value is not None:
             raise NotImplementedError(
-                f"hvdlite.run({name}=...): hvdlite has no elastic launcher; the job runs on a "
-                f"fixed number of processes (num_proc)")
+                f"hvdlite.run({name}=...): hvdlite.run starts a fixed number of processes "
+                f"(num_proc); for elastic training put the function in a script and launch it "
+                f"with hvdlite-run --min-np/--max-np")
 
 
 def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
@@ -207,7 +209,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
             num_proc=num_proc,
             command=[executable or sys.executable, "-m", "hvdlite.runner.task"],
             hosts=hosts, hostfile=hostfile if not hosts else None,
-            mpi_args=mpi_args.split() if mpi_args else [], verbose=bool(verbose),
+            mpi_args=shlex.split(mpi_args) if mpi_args else [], verbose=bool(verbose),
             ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
             network_interfaces=interfaces, output_filename=output_filename)
         environ = dict(os.environ)
