@@ -7,9 +7,10 @@ PyTorch and TensorFlow. MPI starts at ``hvd.init()``, not at import.
 ``import hvdlite`` itself loads no compiled code, so that the launcher
 (``hvdlite-run``, ``--check-build``) works even where the engine is not built. The
 NumPy collectives (:mod:`hvdlite.mpi_ops`) take their codes from the engine, so they
-are imported when one of their names is first used here.
+are imported when one of their names is first used here; so is :func:`run`, the
+launcher's function API, so that the framework-neutral API loads no launcher code.
 """
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hvdlite.common.basics import (
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank, cross_size,
@@ -17,7 +18,9 @@ from hvdlite.common.basics import (
     nccl_built, ddl_built, ccl_built, cuda_built, rocm_built, start_timeline, stop_timeline,
 )
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
-from hvdlite.runner.function import run
+
+if TYPE_CHECKING:  # imported on first use, by __getattr__
+    from hvdlite.runner.function import run
 
 __version__ = "0.1.0"
 """hvdlite's own version, not a Horovod one (hvdlite follows Horovod 0.28.1's API)."""
@@ -35,7 +38,12 @@ _NUMPY_OPS = (
 
 
 def __getattr__(name: str) -> Any:
-    """The NumPy collectives, imported on first use (see the module's docstring)."""
+    """The NumPy collectives and :func:`run`, imported on first use (see the module's
+    docstring)."""
+    if name == "run":
+        from hvdlite.runner.function import run
+        globals()["run"] = run
+        return run
     if name in _NUMPY_OPS:
         import hvdlite.mpi_ops as numpy_ops  # loads the engine's extension for its codes
         # Bound here once, so that later lookups no longer come to this function.
@@ -45,7 +53,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NUMPY_OPS))
+    return sorted(set(globals()) | set(_NUMPY_OPS) | {"run"})
 
 
 __all__ = [

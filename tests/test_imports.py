@@ -174,6 +174,17 @@ def test_importing_hvdlite_loads_no_compiled_code() -> None:
     assert out.splitlines() == ["[]", "ok"]
 
 
+def test_the_neutral_api_loads_no_launcher_code() -> None:
+    """``hvdlite.run`` is the launcher's; importing hvdlite (or its neutral core, which
+    Python reaches through the package) loads it only when it is used."""
+    out = _run("import sys, hvdlite, hvdlite.common.basics\n"
+               "print(sorted(m for m in sys.modules if m.startswith('hvdlite.runner')))\n"
+               "from hvdlite.runner.function import run\n"
+               "assert hvdlite.run is run and 'run' in dir(hvdlite)\n"
+               "print('ok')\n")
+    assert out.splitlines() == ["[]", "ok"]
+
+
 @pytest.mark.parametrize("front_end", ["hvdlite", "hvdlite.torch", "hvdlite.tensorflow"])
 def test_reduce_ops_come_from_the_core(front_end: str) -> None:
     framework = front_end.split(".")[-1]
