@@ -27,8 +27,9 @@ Statuses:
 An entry may be honoured for some values only (``honoured_if``): ``HOROVOD_CPU_OPERATIONS=MPI``
 is what hvdlite does, ``=CCL`` is not.
 
-This module imports nothing else of hvdlite or of any framework, so that ``setup.py``
-and the launcher may load it on their own.
+At import this module loads nothing else of hvdlite or of any framework, so that
+``setup.py`` may load it on its own (it reads only the table); :func:`unhonoured` also
+reads :mod:`hvdlite.common.variables`, hvdlite's own table, which imports nothing.
 """
 from __future__ import annotations
 
@@ -217,6 +218,8 @@ def unhonoured(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]
     for name in sorted(k for k in env if k.startswith("HOROVOD_")):
         value = env[name]
         entry = _BY_NAME.get(name)
+        if entry is None and name in _engine_horovod_names():
+            continue  # an hvdlite engine setting, read under Horovod's prefix too
         if entry is None:
             found.append((name, f"{name} is not a variable hvdlite knows (nor one Horovod "
                                 "documents): it has no effect; check its spelling"))
@@ -228,6 +231,13 @@ def unhonoured(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]
         else:
             found.append((name, f"{name}={value!s} is not honoured: {entry.note}"))
     return found
+
+
+def _engine_horovod_names() -> frozenset[str]:
+    """The ``HOROVOD_*`` spellings of hvdlite's own engine settings (the engine reads
+    ``HVDLITE_<NAME>``, else ``HOROVOD_<NAME>``): set by hand, they take effect."""
+    from hvdlite.common.variables import VARIABLES as HVDLITE_VARIABLES
+    return frozenset(v.horovod_name for v in HVDLITE_VARIABLES if v.horovod_name)
 
 
 _warned: set[str] = set()
