@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable
 
 from hvdlite.common import discovery, gpu_libraries, horovod_env, mpi_lib, naming
-from hvdlite.common.exceptions import HvdliteError, NotInitializedError
+from hvdlite.common.exceptions import ElasticJobError, HvdliteError, NotInitializedError
 
 _core_module: Any = None
 
@@ -208,7 +208,8 @@ def _end_job_on_uncaught_exceptions() -> None:
         c = _core_module
         if c is None or not c.has_world() or c.forked_reason() or c.size() < 2:
             return
-        elastic = discovery.in_elastic_job()
+        # ElasticJobError is raised on every rank to end the job: nobody is to go on.
+        elastic = discovery.in_elastic_job() and not issubclass(exc_type, ElasticJobError)
         if elastic:
             # Open MPI's fault tolerance reports a process that died, not one that
             # exited with an error status: the survivors would wait for this rank for
@@ -239,11 +240,22 @@ def _tune_mpi_environment() -> None:
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 
+# This process's rank when it last called shutdown() on a working world (None if it
+# did not): an elastic job's rank 0 may shut down before it exits.
+_rank_when_shut_down: int | None = None
+
+
+def rank_when_shut_down() -> int | None:
+    """This process's rank in the world it last shut down itself, if it was working."""
+    return _rank_when_shut_down
+
+
 def shutdown() -> None:
     """Stop the background thread; outstanding operations fail with an error."""
-    global _shut_down_here
+    global _shut_down_here, _rank_when_shut_down
     c = _core_module
     if c is not None and c.has_world():  # also after another rank stopped the job
+        _rank_when_shut_down = c.rank() if c.is_initialized() else None
         c.shutdown()
         _shut_down_here = True
         world_changed()

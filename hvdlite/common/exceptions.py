@@ -67,5 +67,10 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+class ElasticJobError(HvdliteError):
+    """Elastic training cannot go on: fewer workers than ``--min-np`` for longer than
+    ``--elastic-timeout``, or ``--reset-limit`` resets reached. Raised on every rank."""
+
+
 class NotInitializedError(ValueError):
     """Raised when an hvdlite call needs ``hvd.init()`` first (or ran after ``shutdown()``)."""

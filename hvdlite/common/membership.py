@@ -42,17 +42,12 @@ from typing import Any
 # basics first: its exit handler (MPI_Finalize) is then registered before this
 # module's, and so runs after it (atexit runs handlers last-in, first-out).
 from hvdlite.common import basics, naming
-from hvdlite.common.exceptions import HvdliteError
+from hvdlite.common.exceptions import ElasticJobError, HvdliteError  # noqa: F401 - raised here, and named as membership.ElasticJobError
 
 # A value no rank 0 sends (a count of new workers is far smaller): the agreement's AND
 # with it leaves rank 0's value.
 _ALL_ONES = 0x7FFFFFFF
 _DISCOVERY_PERIOD_S = 1.0  # as Horovod's driver
-
-
-class ElasticJobError(HvdliteError):
-    """Elastic training cannot go on: fewer workers than ``--min-np`` for longer than
-    ``--elastic-timeout``, or ``--reset-limit`` resets reached. Raised on every rank."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -374,14 +369,18 @@ def leave_without_finalize() -> None:
 
 @atexit.register
 def note_finished() -> None:
-    """At a normal exit: the rank 0 of a working world tells the launcher that the
-    elastic job finished (its exit status then is 0, whatever workers were lost)."""
+    """At a normal exit: the rank 0 of a working world (or of the world it shut down
+    itself) tells the launcher that the elastic job finished (its exit status then is
+    0, whatever workers were lost)."""
     from hvdlite.common.discovery import ENV_STATUS_FILE
     path = os.environ.get(ENV_STATUS_FILE)
     if not path:
         return
     c = basics._core_module
-    if c is None or not c.is_initialized() or c.rank() != 0:
+    if c is None:
+        return
+    rank = c.rank() if c.is_initialized() else basics.rank_when_shut_down()
+    if rank != 0:
         return
     try:
         with open(path, "w") as f:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from hvdlite.runner import output
 from hvdlite.runner.command import build_mpirun_command, live_output
 from hvdlite.runner.config import LaunchConfig, program_name
-from hvdlite.runner.hosts import elastic_settings, wait_for_slots
+from hvdlite.runner.hosts import elastic_settings, given_hosts, is_local_host, wait_for_slots
 from hvdlite.runner.mpirun import find_mpirun, mpirun_version
 
 __all__ = [
@@ -51,9 +51,9 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         host_list = list(wait_for_slots(
             settings, config.num_proc,
             log=lambda line: print(f"{program_name()}: {line}", file=sys.stderr, flush=True)))
-    # The last world's rank 0 of an elastic job writes here when training ended well:
-    # mpirun's own status counts workers lost along the way (137 for a killed one that
-    # joined).
+    # The last world's rank 0 of an elastic job writes here when training ended well.
+    # mpirun's own status cannot tell: it counts workers lost along the way (137 for a
+    # killed one that joined), and under fault tolerance it is 0 when every worker died.
     status_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-") if config.elastic else None
     notes: list[str] = []
     try:
@@ -79,7 +79,23 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"{program_name()}: the elastic job finished its training (mpirun reported status "
               f"{returncode} for workers lost on the way)", file=sys.stderr, flush=True)
         return 0
+    if returncode == 0 and config.elastic and not finished and _status_visible(config, env_in, host_list):
+        # Under fault tolerance mpirun reports 0 for workers that died: with every
+        # worker lost, nobody finished the training.
+        print(f"{program_name()}: the elastic job ended without finishing its training: no "
+              "worker reached the end (each one was lost; see the output above)",
+              file=sys.stderr, flush=True)
+        return 1
     return returncode
+
+
+def _status_visible(config: LaunchConfig, env: Mapping[str, str],
+                    host_list: list[tuple[str, int | None]] | None) -> bool:
+    """Whether the last rank 0's note that training finished reaches this machine's
+    status folder: when every worker runs here (a remote rank 0 writes to its own
+    host's folder, where the launcher cannot look)."""
+    hosts = host_list if host_list is not None else given_hosts(config, env)[0]
+    return all(is_local_host(h) for h, _ in hosts)
 
 
 def _read_status(status_dir: str | None) -> bool:

@@ -102,6 +102,17 @@ def test_a_rank_that_raises_leaves_and_the_others_go_on(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_a_job_whose_every_worker_fails_ends_with_an_error(tmp_path: Path) -> None:
+    """Every worker raises at the same step: none is left to finish, so the job fails
+    (mpirun alone would report 0: under fault tolerance a lost worker is no error)."""
+    proc, results = _run(tmp_path, 2, "0:6,1:6", env={"HVDLITE_TEST_KILL_BY": "raise"},
+                         launcher=["--min-np", "1", "--max-np", "2"])
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert not results
+    assert "the elastic job ended without finishing its training" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
 def test_zero_optimizer_reshards_when_a_rank_dies(tmp_path: Path) -> None:
     """ZeroRedundancyOptimizer(Adam) in a TorchState: rank 1 dies with its share of the
     optimizer state; the survivors shard again over 3 ranks and load the whole committed
