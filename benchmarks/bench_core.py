@@ -4,6 +4,7 @@ Run with two (or more) ranks::
 
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \\
         python benchmarks/bench_core.py [--quick] [--json-out F.json] [--plot F.png]
+                                        [--results PATH]
 
 Every measurement times hvdlite and its mpi4py peer(s) in interleaved repetitions
 (A B A B ...), so that whatever else the machine is doing hits both; each side's
@@ -15,6 +16,10 @@ lower is better, at or below ``target`` is the goal), then a table. See
 
 Before timing, every operation is run once on known data and its result compared
 with the expected sum, so the benchmark never times a wrong answer.
+
+Rank 0 also writes the results file (``benchmarks/_common.py``: command, machine, date,
+commit, every row), by default ``benchmarks/results/bench_core.json``; ``--quick`` writes
+none unless ``--results PATH`` is given.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ResultsRun, add_results_options, command_line, results_path  # noqa: E402
 from resnet50_shapes import RESNET50_SHAPES  # noqa: E402  (sibling module)
 
 KiB = 1024
@@ -55,6 +61,9 @@ class Row:
     iters: int = 0
     reps: int = 0
     note: str = ""
+    # the fastest repetition of each side (µs), where the row keeps every repetition
+    hvdlite_min_us: float | None = None
+    peer_min_us: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -77,6 +86,9 @@ class Row:
             d["peer_GBps"] = round(self.nbytes / self.peer_us / 1e3, 3)
         d["iters"] = self.iters
         d["reps"] = self.reps
+        if self.hvdlite_min_us is not None and self.peer_min_us is not None:
+            d["hvdlite_min_us"] = round(self.hvdlite_min_us, 3)
+            d["peer_min_us"] = round(self.peer_min_us, 3)
         if self.note:
             d["note"] = self.note
         return d
@@ -132,7 +144,7 @@ class Harness:
         peer_meds = {k: med[k] for k in peers}
         best = min(peer_meds, key=peer_meds.__getitem__)
         row = Row(name, med["hvdlite"], best, peer_meds[best], target, peer_meds,
-                  nbytes, iters, reps, note)
+                  nbytes, iters, reps, note, min(samples["hvdlite"]) * 1e6, min(samples[best]) * 1e6)
         self.emit(row)
         return row
 
@@ -582,6 +594,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip the steady-state (response cache on/off) measurement")
     p.add_argument("--only", metavar="PARTS",
                    help="comma-separated subset of: latency, large, resnet, sweep, steady, ring, gather")
+    add_results_options(p, "bench_core")
     args = p.parse_args(argv)
     parts = {"latency", "large", "resnet", "sweep", "steady", "ring", "gather"}
     args.parts = parts if not args.only else set(args.only.split(","))
@@ -594,8 +607,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def summary_rows(rows: list[Row]) -> list[dict[str, Any]]:
+    """The ratios the performance page shows: every row but the sweep's (which it plots)."""
+    return [{"name": r.name, "ratio": round(r.ratio, 4), "peer": r.peer, "target": r.target}
+            for r in rows if not r.name.startswith("sweep_")]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    run = ResultsRun("bench_core")
     import hvdlite as hvd
     hvd.init()
     from mpi4py import MPI  # after hvd.init(), as in a user's script; MPI is up already
@@ -634,6 +654,13 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.json_out).write_text(json.dumps([r.as_dict() for r in h.rows], indent=1) + "\n")
         if args.plot:
             write_plot(h.rows, args.plot, title)
+        settings = {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()}
+        run.write(results_path(args, "bench_core", args.quick), [r.as_dict() for r in h.rows],
+                  summary_rows(h.rows), dict(settings, ranks=comm.size), args.notes,
+                  command=command_line(None if argv is None else [sys.argv[0], *argv],
+                                       launcher=f"hvdlite-run -np {comm.size} python"),
+                  extra={"mpi_thread_level": levels.get(MPI.Query_thread(), "?"),
+                         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(" \x00")})
     comm.Barrier()
     hvd.shutdown()
 

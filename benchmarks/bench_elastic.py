@@ -16,7 +16,11 @@ survivor), the longest gap between two completed steps (the goal: at most 5 s), 
 that gap less a median step: the time lost to the change. One JSON line per
 scenario, then a table.
 
-    python benchmarks/bench_elastic.py [--rounds 1] [--chain 5] [--json-out F]
+    python benchmarks/bench_elastic.py [--rounds 1] [--chain 5] [--json-out F] [--results PATH]
+
+The results file (``benchmarks/_common.py``: command, machine, date, commit, every
+scenario of every round, and per scenario the median over rounds) goes to
+``benchmarks/results/bench_elastic.json`` by default.
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
+
 SCRIPT = REPO / "tests" / "elastic" / "workers" / "torch_elastic_train.py"
 
 
@@ -65,7 +72,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--chain", type=int, default=5, help="kills in the 'replace' scenario")
     ap.add_argument("--json-out")
+    add_results_options(ap, "bench_elastic")
     a = ap.parse_args()
+    run_file = ResultsRun("bench_elastic")
     elastic = ["--min-np", "2", "--max-np", "4"]
     rows = []
     for _ in range(a.rounds):
@@ -97,6 +106,15 @@ def main() -> None:
                 rows.append(row)
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(rows, indent=1))
+    summary = []
+    for name in dict.fromkeys(r["scenario"] for r in rows):
+        rs = [r for r in rows if r["scenario"] == name]
+        summary.append({"scenario": name, "rounds": len(rs), "workers_end": rs[0]["workers_end"],
+                        "resets": statistics.median(r["resets"] for r in rs),
+                        "same_params": all(r["same_params"] for r in rs),
+                        **{k: statistics.median(r[k] for r in rs) for k in ("median_step_s", "longest_gap_s", "lost_s")},
+                        "longest_gap_s_range": [min(r["longest_gap_s"] for r in rs), max(r["longest_gap_s"] for r in rs)]})
+    run_file.write(results_path(a, "bench_elastic"), rows, summary, vars(a), a.notes)
     print(f"\n{'scenario':<14} {'workers':>7} {'resets':>6} {'same':>5} {'step ms':>8} "
           f"{'longest gap s':>14} {'lost s':>7}")
     for r in rows:

@@ -3,7 +3,7 @@
 Needs PyTorch with CUDA and NCCL (the machine the ``device`` tool lends; not this
 project's CPU machines). Run on one rank per GPU -- NCCL refuses two ranks on one GPU::
 
-    hvdlite-run -np 1 python benchmarks/bench_gpu.py [--json-out F.json]
+    hvdlite-run -np 1 python benchmarks/bench_gpu.py [--json-out F.json] [--results PATH]
 
 Two measurements, each timed in interleaved repetitions (A B A B ...), median per side:
 
@@ -20,7 +20,9 @@ Two measurements, each timed in interleaved repetitions (A B A B ...), median pe
   and the same at 4 KiB, where each layer's fixed cost per call shows.
 
 Rank 0 prints one JSON line per measurement (name, hvdlite_ms, peer, peer_ms, ratio,
-target, device) and a table.
+target, device) and a table, and writes the results file (``benchmarks/_common.py``:
+command, machine and GPU, date, commit, the rows), by default
+``benchmarks/results/bench_gpu.json``.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed
@@ -39,6 +42,9 @@ import torch.nn.functional as F
 
 import hvdlite.torch as hvd
 from hvdlite.common import basics, gpu_libraries
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ResultsRun, add_results_options, command_line, results_path  # noqa: E402  (sibling module)
 
 
 class SmallCNN(nn.Module):
@@ -212,7 +218,9 @@ def main() -> int:
     p.add_argument("--ar-iters", type=int, default=10)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--json-out")
+    add_results_options(p, "bench_gpu")
     args = p.parse_args()
+    run = ResultsRun("bench_gpu")
     if not torch.cuda.is_available():
         print("bench_gpu.py needs PyTorch with CUDA and a GPU", file=sys.stderr)
         return 2
@@ -239,6 +247,10 @@ def main() -> int:
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(rows, f, indent=1)
+        summary = [{k: r[k] for k in ("name", "peer", "ratio", "target")} for r in rows]
+        run.write(results_path(args, "bench_gpu"), rows, summary, vars(args), args.notes,
+                  command=command_line(launcher=f"hvdlite-run -np {hvd.size()} python"),
+                  extra={"device": name, "cuda": torch.version.cuda})
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     hvd.shutdown()

@@ -64,8 +64,9 @@ Output: progress on stderr; one JSON line per measurement on stdout (``name``, `
 the medians over rounds of ``hvdlite`` and of each peer, ``hvdlite_over_<peer>`` = the
 median of the per-round ratios with its ``_range``, the per-round values, and mpi4py's
 time in each configuration's job); then a table. Unless ``--quick``, the results also go
-to ``benchmarks/results/bench_horovod.json`` (commit, command, machine, date, the rows);
-``--results FILE`` writes elsewhere, ``--results ''`` nowhere. ``--quick`` runs one round
+to ``benchmarks/results/bench_horovod.json`` (``benchmarks/_common.py``: command, machine,
+date, commit, each job's figures as ``rows`` and the table's as ``summary``); ``--results
+FILE`` writes elsewhere, ``--results ''`` nowhere. ``--quick`` runs one round
 of short loops: it checks that everything runs, the numbers are only indicative.
 """
 from __future__ import annotations
@@ -73,7 +74,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -491,29 +491,6 @@ def check_horovod_venv(venv: str) -> str:
     return proc.stdout
 
 
-def git_state() -> dict[str, Any]:
-    """The commit measured, and the files of the library that differ from it."""
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "hvdlite"],
-                                 capture_output=True, text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": "unknown"}
-    return {"commit": head, "uncommitted_library_files": [ln[3:] for ln in changed]}
-
-
-def machine() -> dict[str, Any]:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
-            "python": platform.python_version()}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--horovod-venv", default=os.environ.get("HOROVOD_VENV", ""),
@@ -534,6 +511,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results", default=None,
                    help=f"results file (default {DEFAULT_RESULTS.relative_to(REPO)} unless --quick; "
                         "'' for none)")
+    p.add_argument("--notes", default="", help="a remark stored in the results file")
     p.add_argument("--worker", choices=LIBRARIES, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = set(args.parts.split(",")) - set(PARTS)
@@ -560,12 +538,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
+    from _common import ResultsRun  # sibling module
     check = check_horovod_venv(args.horovod_venv)
     peers = args.peers
     configs = ["hvdlite"] + peers
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    state = git_state()  # what hvdlite's jobs will run
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    run = ResultsRun("bench_horovod")  # the commit hvdlite's jobs will run, the load before
+    load_before = run.load_before
     t0 = time.perf_counter()
     jobs = []
     for rnd in range(args.rounds):
@@ -590,19 +568,11 @@ def main(argv: list[str] | None = None) -> int:
           f"after {load_after} on {os.cpu_count()} cores")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
-    if args.results:
-        doc = {"benchmark": "benchmarks/bench_horovod.py", **state,
-               "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
-               "machine": machine(), "date": started, "seconds": round(seconds),
-               "load_before": load_before, "load_after": load_after,
-               "ranks": args.ranks, "rounds": args.rounds, "versions": versions,
-               "horovod_build": [ln.strip() for ln in check.splitlines() if "[X]" in ln],
-               "peer_env": {p: PEER_ENV[p] for p in peers}, "horovod_env": args.horovod_env,
-               "rows": rows}
-        out = Path(args.results)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"# results written to {out}")
+    settings = {k: v for k, v in vars(args).items() if k not in ("worker", "results", "notes")}
+    run.write(args.results, jobs, rows, settings, args.notes, extra={
+        "ranks": args.ranks, "rounds": args.rounds, "versions": versions,
+        "horovod_build": [ln.strip() for ln in check.splitlines() if "[X]" in ln],
+        "peer_env": {p: PEER_ENV[p] for p in peers}, "horovod_env": args.horovod_env})
     return 0
 
 

@@ -1,6 +1,6 @@
 """How much of this machine two processes get at once: memory bandwidth and arithmetic.
 
-    python benchmarks/bench_host_memory.py [--rounds R] [--mib M]
+    python benchmarks/bench_host_memory.py [--rounds R] [--mib M] [--results PATH]
 
 A training step mixes arithmetic (matrix products, which mostly run from cache) with
 passes over memory (the optimizer update, the gradient allreduce). A machine scales
@@ -17,6 +17,9 @@ and then in two processes started together:
 1.0 means the second process costs the first nothing; 0.5 means the two share one
 process's worth. The TensorFlow and PyTorch benchmarks' ``independent`` ceiling is
 this, measured on whole training steps.
+
+The results file (``benchmarks/_common.py``: command, machine, date, commit, every
+measurement) goes to ``benchmarks/results/bench_host_memory.json`` by default.
 """
 from __future__ import annotations
 
@@ -25,7 +28,12 @@ import json
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
 
 
 UNITS = {"stream": "GB/s", "matmul": "GFLOP/s"}
@@ -72,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--mib", type=int, default=40, help="size of each stream array")
     p.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
+    add_results_options(p, "bench_host_memory")
     args = p.parse_args(argv)
+    run = ResultsRun("bench_host_memory")
+    rows = []
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned processes
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     print(f"{'kernel':7} {'unit':8} {'alone':>8} {'pair, each':>11} {'pair / alone':>13}")
@@ -84,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         a, b = statistics.median(alone), statistics.median(pair)
         unit = UNITS[kind]
         print(f"{kind:7} {unit:8} {a:8.1f} {b:11.1f} {b / a:13.2f}")
-        print(json.dumps({"kernel": kind, "unit": unit, "alone": alone, "pair_each": pair,
-                          "pair_over_alone": b / a}), flush=True)
+        row = {"kernel": kind, "unit": unit, "alone": alone, "pair_each": pair, "pair_over_alone": b / a}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    summary = [{"kernel": r["kernel"], "unit": r["unit"], "alone": statistics.median(r["alone"]),
+                "pair_each": statistics.median(r["pair_each"]), "pair_over_alone": r["pair_over_alone"]}
+               for r in rows]
+    run.write(results_path(args, "bench_host_memory"), rows, summary, vars(args), args.notes)
     return 0
 
 

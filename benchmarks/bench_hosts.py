@@ -5,6 +5,7 @@ processes.
     python benchmarks/bench_hosts.py [--op allreduce|allgather]
                                      [--configs 2x2@1gbit,4x1@10gbit,...]
                                      [--sizes 4K,1M,64M] [--rounds 5] [--json-out F.json]
+                                     [--results PATH]
 
 Needs root: each configuration ``HxG@RATE`` builds H emulated hosts (network
 namespaces joined by a bridge, every host's link limited to RATE in each direction by
@@ -31,6 +32,10 @@ the largest round median over the smallest.
 The link floor is what each host must move over its link, at the link's rate: for an
 allreduce of S bytes over H hosts 2(H-1)/H * S sent, for an allgather of S bytes in all
 (S/n from each rank) (H-1)/H * S received.
+
+The results file (``benchmarks/_common.py``: command, machine, date, commit, every row)
+goes to ``benchmarks/results/bench_hosts.json`` by default
+(``bench_hosts_allgather.json`` for ``--op allgather``).
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
 # Per operation: algorithm -> the variables it sets (None: unset).
 ALGORITHMS: dict[str, dict[str, dict[str, str | None]]] = {
     "allreduce": {
@@ -253,11 +260,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds idle before each size, so that it starts with the token buckets full")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--json-out", default="")
+    add_results_options(p, "bench_hosts")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
+    run = ResultsRun("bench_hosts")
     sys.path.insert(0, str(REPO))
     from tests.hosts.emulated import unavailable
     reason = unavailable()
@@ -273,6 +282,14 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=1))
+    name = "bench_hosts" if args.op == "allreduce" else f"bench_hosts_{args.op}"
+    rows = [row for result in results for row in result["rows"]]
+    ratios = ("default_over_mpi", "default_over_best", "two_level_over_flat", "two_level_over_floor",
+              "leader_over_two_level")
+    summary = [{"op": r["op"], "config": r["config"], "bytes": r["bytes"],
+                **{k: r[k] for k in ratios if k in r}} for r in rows]
+    run.write(results_path(args, name), rows, summary,
+              {k: v for k, v in vars(args).items() if k != "worker"}, args.notes)
     return 0
 
 

@@ -3,7 +3,7 @@ slow link, side by side in one job.
 
     python benchmarks/bench_onebit.py [--hosts 2] [--rate 100mbit] [--steps 50]
                                       [--warmup-fraction 0.2] [--rounds 1] [--quick]
-                                      [--json-out F]
+                                      [--json-out F] [--results PATH]
 
 Needs root for ``--hosts`` (network namespaces, ``tests/hosts/emulated.py``); with
 ``--hosts 0`` both run on this host. One rank per host, launched with
@@ -22,6 +22,10 @@ Reported: steps per second over the whole run (warm-up included), their ratio, e
 run's final loss (mean of the last 10 % of steps) and its ratio, and the bytes each rank
 sent per step (OneBitAdam counts its own; the allreduce sends 2(N-1)/N of the
 gradients).
+
+The results file (``benchmarks/_common.py``: command, machine, date, commit, every run)
+goes to ``benchmarks/results/bench_onebit.json`` by default; ``--quick`` writes none
+unless ``--results PATH`` is given.
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, launcher, run_job_for_result, start_hosts  # noqa: E402  (sibling module)
+from _common import (REPO, ResultsRun, add_results_options, launcher, results_path,  # noqa: E402
+                     run_job_for_result, start_hosts)
 
 BATCH = 64
 
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run Adam in DistributedOptimizer with Compression.topk(ratio); 0: not")
     p.add_argument("--quick", action="store_true", help="10 steps, no hosts: checks that it runs")
     p.add_argument("--json-out", default="")
+    add_results_options(p, "bench_onebit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -159,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "--warmup-fraction", str(args.warmup_fraction), "--lr", str(args.lr), "--rounds", str(args.rounds),
             "--topk-ratio", str(args.topk_ratio)]
     env = {"PYTHONPATH": str(REPO)}
+    run = ResultsRun("bench_onebit")
     if args.hosts:
         with start_hosts(args.hosts, args.rate) as hosts:
             cmd = launcher(args.hosts) + ["-H", hosts.host_spec(1)] + tail
@@ -170,6 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     out = report(res, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=1))
+    rows = [{"optimizer": kind, "round": i, **r} for kind, runs in res.items() for i, r in enumerate(runs)]
+    summary = []
+    for kind, runs in res.items():
+        entry = {"optimizer": kind,
+                 "steps_per_s": statistics.median(r["steps_per_s"] for r in runs),
+                 "steps_per_s_range": [min(r["steps_per_s"] for r in runs), max(r["steps_per_s"] for r in runs)],
+                 "final_loss": statistics.median(r["final_loss"] for r in runs),
+                 "first_loss": runs[0]["first_loss"],
+                 "bytes_per_step": statistics.median(r["bytes_per_step"] for r in runs),
+                 "parameters": runs[0]["parameters"], "rounds": len(runs)}
+        if kind != "adam":
+            speed = [o["steps_per_s"] / a["steps_per_s"] for a, o in zip(res["adam"], runs)]
+            loss = [o["final_loss"] / a["final_loss"] for a, o in zip(res["adam"], runs)]
+            entry.update({"speed_over_adam": statistics.median(speed), "speed_over_adam_range": [min(speed), max(speed)],
+                          "loss_over_adam": statistics.median(loss)})
+        summary.append(entry)
+    run.write(results_path(args, "bench_onebit", args.quick), rows, summary,
+              {k: v for k, v in vars(args).items() if k != "worker"}, args.notes)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Collectives inside TensorFlow graphs: hvdlite's asynchronous graph ops against the
 blocking ``py_function`` ops hvdlite falls back to, eager hvdlite, and raw MPI.
 
-    python benchmarks/bench_tf_graph_ops.py [--quick] [--ranks 2] [--json-out F.json]
+    python benchmarks/bench_tf_graph_ops.py [--quick] [--ranks 2] [--json-out F.json] [--results PATH]
 
 Run it with plain ``python``: it starts its ranks itself through ``hvdlite-run`` (one
 TensorFlow intra-op and one inter-op thread per rank). Every rank times, in the same
@@ -24,7 +24,10 @@ thread, which only the graph ops can run (the ``py_function`` version deadlocks,
 not timed). Results are checked against NumPy before timing.
 
 Output: one JSON line per row (ms per call for each configuration, and the ratios
-``graph_ops / py_function`` and ``graph_ops / mpi4py``), then a table.
+``graph_ops / py_function`` and ``graph_ops / mpi4py``), then a table, and the results
+file (``benchmarks/_common.py``: command, machine, date, commit, the rows), by default
+``benchmarks/results/bench_tf_graph_ops.json``; ``--quick`` writes none unless
+``--results PATH`` is given.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, launcher  # noqa: E402
+from _common import REPO, ResultsRun, add_results_options, launcher, results_path  # noqa: E402
 
 MLP_SHAPES = [(1024, 700)] + [(700,)] + [(700, 700), (700,)] * 18 + [(700, 10), (10,)]
 
@@ -175,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=None, help="timed windows per configuration")
     p.add_argument("--json-out", default="")
     p.add_argument("--timeout", type=float, default=1800.0)
+    add_results_options(p, "bench_tf_graph_ops")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.windows = args.windows or (3 if args.quick else 9)
     if args.worker:
         worker(args)
         return 0
+    run = ResultsRun("bench_tf_graph_ops")
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -208,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
           f"'ops/py_function' < 1: the graph ops are faster than the py_function fallback)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))
+    summary = [{k: r[k] for k in ("row", "graph_ops_over_py_function", "graph_ops_over_mpi4py")} for r in rows]
+    run.write(results_path(args, "bench_tf_graph_ops", args.quick), rows, summary,
+              {k: v for k, v in vars(args).items() if k != "worker"}, args.notes)
     return 0
 
 

@@ -3,7 +3,7 @@
     python benchmarks/bench_tf_training.py [--quick] [--models mlp,resnet] [--apis loop,fit]
                                            [--modes M,...] [--rounds R] [--json-out F.json]
                                            [--backward-idle-ms X] [--ranks R]
-                                           [--hosts N [--rate 1gbit]]
+                                           [--hosts N [--rate 1gbit]] [--results PATH]
 
 Run it with plain ``python`` (not under mpirun): it starts every configuration itself,
 each in fresh processes with one TensorFlow intra-op and one inter-op thread:
@@ -74,8 +74,11 @@ window in samples/s over all ranks. Scaling efficiency = 2-rank samples/s /
 (2 x single-process samples/s); targets: >= 0.75 on the MLP, >= 0.95 on the CNN.
 Each round runs every configuration of one model back to back, then the next model.
 Output: one JSON line per measurement (with rank 0's minor page faults per timed step:
-memory that went back to the kernel and was touched again), then a table. ``--quick``
-makes everything short: it checks that all of it runs, the numbers are only indicative.
+memory that went back to the kernel and was touched again), then a table, and the results
+file (``benchmarks/_common.py``: command, machine, date, commit, every measurement and
+the table), by default ``benchmarks/results/bench_tf_training.json``. ``--quick`` makes
+everything short: it checks that all of it runs, the numbers are only indicative, and it
+writes no results file unless ``--results PATH`` is given.
 """
 from __future__ import annotations
 
@@ -94,8 +97,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (add_hosts_options, emulated_hosts_for, host_address, host_of_rank,  # sibling module
-                     launcher, on_host)
+from _common import (ResultsRun, add_hosts_options, add_results_options, emulated_hosts_for,  # sibling module
+                     host_address, host_of_rank, launcher, on_host, results_path)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tensorflow2" / "tensorflow2_synthetic_benchmark.py"
@@ -567,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                         "as while an accelerator computes (where overlapping communication pays)")
     p.add_argument("--json-out", default="")
     add_hosts_options(p)
+    add_results_options(p, "bench_tf_training")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--verify", default="", help=argparse.SUPPRESS)
     p.add_argument("--start-dir", default="", help=argparse.SUPPRESS)
@@ -597,10 +601,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
+    run = ResultsRun("bench_tf_training")
     modes = [m for m in args.modes.split(",") if m]
     verify_dir = tempfile.mkdtemp(prefix="hvdlite_bench_tf_")
     collected: dict[tuple[str, str, str], list[float]] = {}
     allreduce_ms: dict[tuple[str, str], list[float]] = {}
+    records: list[dict] = []
+    verification: dict[str, float] = {}
 
     def record(res: list[dict], mode: str, rnd: int) -> None:
         for r in res:
@@ -622,6 +629,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
                 collected.setdefault((r["model"], r["api"], "lockstep_plus_allreduce"), []).append(ceiling)
                 allreduce_ms.setdefault((r["model"], r["api"]), []).append(r["allreduce_ms"])
             print(json.dumps(rec), flush=True)
+            records.append(rec)
             collected.setdefault((r["model"], r["api"], mode), []).append(rate)
 
     # Each model's configurations run back to back, so that the host's drift over the
@@ -635,6 +643,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
                 record(res, mode, rnd)
             if verify and "single" in modes:
                 errors = check_verification(verify_dir, args.apis)
+                verification.update(errors)
                 print(json.dumps({"verification_max_rel_error": errors}), flush=True)
                 bad = {key: v for key, v in errors.items() if not v < 1e-4}
                 if bad:
@@ -676,7 +685,19 @@ def run_benchmark(args: argparse.Namespace) -> int:
                    "efficiency_mwms": w / (args.ranks * s) if w and s else None,
                    "target": TARGET[model],
                    "hvdlite_pyfunc": pyf,
-                   "hvdlite_over_pyfunc": h / pyf if h and pyf else None}
+                   "hvdlite_over_pyfunc": h / pyf if h and pyf else None,
+                   "rounds": args.rounds}
+            # Per round, the ratios of runs made minutes apart (min and max over rounds).
+            for name, (a, b) in (("hvdlite_over_mwms", ("hvdlite", "mwms")),
+                                 ("efficiency_hvdlite", ("hvdlite", "single"))):
+                pairs = list(zip(collected.get((model, api, a), []), collected.get((model, api, b), [])))
+                if pairs:
+                    scale = args.ranks if name.startswith("efficiency") else 1
+                    per_round = [x / (scale * y) for x, y in pairs]
+                    row[f"{name}_range"] = [min(per_round), max(per_round)]
+            for m in modes:
+                if (model, api, m) in collected:
+                    row[f"{m}_spread"] = [min(collected[(model, api, m)]), max(collected[(model, api, m)])]
             table.append(row)
 
             def fmt(v, spec):
@@ -707,6 +728,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
               f"{HOSTS.host_spec(LAYOUT)}, links {args.rate}; every host shares this machine's cores)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"summary": table}, indent=1))
+    run.write(results_path(args, "bench_tf_training", args.quick), records, table,
+              {k: v for k, v in vars(args).items() if k not in ("worker", "verify", "start_dir")}, args.notes,
+              extra={"verification_max_rel_error": verification})
     return 0
 
 

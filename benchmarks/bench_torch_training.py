@@ -2,6 +2,7 @@
 
     python benchmarks/bench_torch_training.py [--quick] [--models mlp,resnet] [--rounds R]
                                               [--ranks R] [--hosts N [--rate 1gbit]]
+                                              [--results PATH]
 
 Run it with plain ``python`` (not under mpirun): it starts its peers itself, one after
 the other, each with ``torch.set_num_threads(1)`` in every process:
@@ -41,8 +42,11 @@ inside its host's namespace (gloo over the hosts' links, rendezvous at h1's addr
 "host" still shares this machine's cores.
 
 Output: one JSON line per measurement, then a table with hvdlite/DDP and the
-efficiencies. ``--quick`` makes every window short: it checks that everything runs,
-the numbers are only indicative.
+efficiencies, and the results file (``benchmarks/_common.py``: command, machine, date,
+commit, every run and the table), by default
+``benchmarks/results/bench_torch_training.json``. ``--quick`` makes every window short:
+it checks that everything runs, the numbers are only indicative, and it writes no results
+file unless ``--results PATH`` is given.
 """
 from __future__ import annotations
 
@@ -57,8 +61,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import (add_hosts_options, emulated_hosts_for, host_address, host_of_rank,  # sibling module
-                     launcher, load_synthetic_models, on_host)
+from _common import (ResultsRun, add_hosts_options, add_results_options, emulated_hosts_for,  # sibling module
+                     host_address, host_of_rank, launcher, load_synthetic_models, on_host, results_path)
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = {"mlp": 64, "resnet": 32}
@@ -341,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json-out", default="", help="also write all results to this JSON file")
     add_hosts_options(p)
+    add_results_options(p, "bench_torch_training")
     p.add_argument("--worker-model", default="", help=argparse.SUPPRESS)
     p.add_argument("--ddp-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--ddp-master", default="", help=argparse.SUPPRESS)
@@ -369,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
+    run = ResultsRun("bench_torch_training")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     runners = {"single": run_single, "independent": run_independent, "ddp": run_ddp,
                "hvdlite": run_hvdlite}
@@ -400,8 +406,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
         # Paired: the ratios within each round (run back to back), then their median;
         # steadier than the ratio of medians when the machine's speed drifts.
         per_round = list(zip(*(collected[(model, m)] for m in ("single", "ddp", "hvdlite"))))
-        row["paired_hvdlite_over_ddp"] = statistics.median(
-            hv["samples_per_s"] / dd["samples_per_s"] for _, dd, hv in per_round)
+        paired = [hv["samples_per_s"] / dd["samples_per_s"] for _, dd, hv in per_round]
+        row["paired_hvdlite_over_ddp"] = statistics.median(paired)
+        row["paired_hvdlite_over_ddp_range"] = [min(paired), max(paired)]
+        row["rounds"] = len(per_round)
+        for m in ("single", "ddp", "hvdlite", "independent"):
+            row[f"{m}_spread"] = summary[(model, m)]["spread"]
         row["paired_efficiency_hvdlite"] = statistics.median(
             hv["samples_per_s"] / (args.ranks * si["samples_per_s"]) for si, _, hv in per_round)
         # The ceiling: independent processes with no communication, as an efficiency.
@@ -424,9 +434,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
     if HOSTS is not None:
         print(f"(ddp and hvdlite on {args.hosts} emulated hosts, {HOSTS.host_spec(LAYOUT)}, links "
               f"{args.rate}; every host shares this machine's cores)")
+    runs = [r for v in collected.values() for r in v]
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"runs": [r for v in collected.values() for r in v],
-                                                   "summary": table}, indent=1))
+        Path(args.json_out).write_text(json.dumps({"runs": runs, "summary": table}, indent=1))
+    run.write(results_path(args, "bench_torch_training", args.quick), runs, table,
+              {k: v for k, v in vars(args).items() if not k.startswith(("worker", "ddp_"))}, args.notes)
     return 0
 
 

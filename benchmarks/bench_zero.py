@@ -3,6 +3,7 @@ PyTorch's own on gloo and against hvdlite's DistributedOptimizer, side by side.
 
     python benchmarks/bench_zero.py [--ranks 2] [--model mlp] [--rounds 3] [--steps 10]
                                     [--windows 5] [--warmup 5] [--quick] [--json-out F]
+                                    [--results PATH]
 
 Run it with plain ``python``: it launches itself with ``hvdlite-run -np RANKS``. Every
 rank also joins a ``torch.distributed`` gloo group (rendezvous on this host), so all
@@ -29,6 +30,11 @@ difference between its parameters and ``hvd_dist``'s after the same steps on the
 data, and the bytes each rank sends per step: hvdlite ZeRO from its buckets
 (``bytes_per_step``), the others by their algorithms' counts (a ring allreduce sends
 2(N-1)/N of the gradients; PyTorch's ZeRO adds each owner's parameters to N-1 ranks).
+
+The results file (``benchmarks/_common.py``: command, machine, date, commit, every
+round's steps per second and the figures above) goes to
+``benchmarks/results/bench_zero.json`` by default; ``--quick`` writes none unless
+``--results PATH`` is given.
 """
 from __future__ import annotations
 
@@ -43,7 +49,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, load_synthetic_models, run_job_for_result  # noqa: E402  (sibling module)
+from _common import (REPO, ResultsRun, add_results_options, load_synthetic_models,  # noqa: E402
+                     results_path, run_job_for_result)
 
 BATCH = 64
 CONFIGS = ["hvd_zero", "hvd_dist", "torch_zero", "ddp_adam"]
@@ -175,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check-steps", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="1 round of 2 short windows: checks that it runs")
     p.add_argument("--json-out", default="")
+    add_results_options(p, "bench_zero")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -187,12 +195,21 @@ def main(argv: list[str] | None = None) -> int:
            str(Path(__file__).resolve()), "--worker", "--port", str(free_port()), "--model", args.model,
            "--rounds", str(args.rounds), "--steps", str(args.steps), "--windows", str(args.windows),
            "--warmup", str(args.warmup), "--check-steps", str(args.check_steps)]
+    run = ResultsRun("bench_zero")
     res = run_job_for_result(cmd, {**os.environ, "PYTHONPATH": str(REPO)}, "ZERO_RESULT")
     if res is None:
         return 1
     out = report(res, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=1))
+    rows = [{"config": c, "round": i, "steps_per_s": v} for c in CONFIGS for i, v in enumerate(res["steps_per_s"][c])]
+    summary = [{"config": c, "steps_per_s": out["median_steps_per_s"][c],
+                "steps_per_s_range": [min(res["steps_per_s"][c]), max(res["steps_per_s"][c])],
+                "hvd_zero_over_it": out["paired_ratio"][c],
+                "bytes_per_step": res["figures"]["bytes_per_step"][c]} for c in CONFIGS]
+    run.write(results_path(args, "bench_zero", args.quick), rows, summary,
+              {k: v for k, v in vars(args).items() if k not in ("worker", "port")}, args.notes,
+              extra={"figures": res["figures"]})
     return 0
 
 

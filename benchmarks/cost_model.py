@@ -1243,7 +1243,7 @@ def run_validation(configs: str, sizes: str, rounds: int, out: Path, max_reps: i
             t0 = time.time()
             tmp = out.with_suffix(".tmp.json")
             cmd = [sys.executable, str(HERE / "bench_hosts.py"), "--configs", config, "--sizes", sizes,
-                   "--max-reps", str(max_reps), "--json-out", str(tmp)]
+                   "--max-reps", str(max_reps), "--json-out", str(tmp), "--results", ""]
             with _OwnCpu(str(HERE / "bench_hosts.py")) as own:
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO))
             wall = time.time() - t0
