@@ -1604,7 +1604,13 @@ def print_control(rows: list[dict]) -> None:
 
 
 def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: list[dict], crows: list[dict]) -> str:
-    """The tables of docs/scale.md ("Cost model"), as printed by --markdown."""
+    """The tables of docs/scale_model.md, as printed by --markdown."""
+    return "\n".join([md_params(params), "", md_validation(vrows), "", *validation_summary(vrows), "",
+                      md_extrapolation(erows), md_efficiency(frows), "", md_control(crows)])
+
+
+def md_params(params: dict) -> str:
+    """The measured parameters as a Markdown table."""
     out = []
     shm, c = params["shm"], params["control"]
     out.append("| parameter | value |\n| --- | --- |")
@@ -1645,8 +1651,12 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
                    f"(share over 1.5 ×), send posted first (hvdlite) / as `MPI_Sendrecv` | "
                    f"{pair['factor']:.2f} ({pair['slow_fraction']:.0%}) / "
                    f"{pair.get('sendrecv_factor', float('nan')):.2f} ({pair.get('sendrecv_slow_fraction', 0):.0%}) |")
-    out.append("")
-    # validation
+    return "\n".join(out)
+
+
+def md_validation(vrows: list[dict]) -> str:
+    """Measured against modelled on the emulated hosts, as a Markdown table."""
+    out = []
     out.append("| config | size | flat: measured | model | error | two-level: measured | model | error | "
                "MPI_Allreduce: measured | model | error | link |")
     out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -1657,12 +1667,18 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
             meas = fmt_t(r.get(f"{m}_measured_s")) + (" ±" if spread > 0.3 else "")
             cells += [meas, fmt_t(r.get(f"{m}_model_s")), fmt_e(r.get(f"{m}_error"))]
         out.append(f"| {r['config']} | {fmt_b(r['bytes'])} | " + " | ".join(cells) + f" | {r.get('two_level_regime', '')} |")
-    out.append("")
-    out += validation_summary(vrows)
-    out.append("")
-    # extrapolation
-    short = {"flat_ring": "flat ring", "two_level": "2D torus", "two_level_hvdlite": "hvdlite 2-level",
-             "leader": "leader", "tree": "tree", "recursive_doubling": "rec. doubling", "rabenseifner": "Rabenseifner"}
+    return "\n".join(out)
+
+
+SHORT = {"flat_ring": "flat ring", "two_level": "2D torus", "two_level_hvdlite": "hvdlite 2-level",
+         "leader": "leader", "tree": "tree", "recursive_doubling": "rec. doubling", "rabenseifner": "Rabenseifner"}
+
+
+def md_extrapolation(erows: list[dict]) -> str:
+    """The modelled time per allreduce on each public network, one Markdown table each
+    (bold: the fastest)."""
+    out = []
+    short = SHORT
     for cl in dict.fromkeys(r["cluster"] for r in erows):
         out.append(f"{cl}:\n")
         out.append("| ranks | size | " + " | ".join(short.values()) + " |")
@@ -1672,7 +1688,15 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
                 cells = [("**" + fmt_t(r[f"{a}_s"]) + "**") if a == r["winner"] else fmt_t(r[f"{a}_s"]) for a in short]
                 out.append(f"| {r['ranks']} | {fmt_b(r['bytes'])} | " + " | ".join(cells) + " |")
         out.append("")
-    # efficiency: no overlap / overlapped, bit-vector control plane; last column: rank 0's
+    return "\n".join(out)
+
+
+def md_efficiency(frows: list[dict]) -> str:
+    """Scaling efficiency of the ResNet-50 step as a Markdown table: no overlap /
+    overlapped with the bit-vector control plane; last column, the control plane through
+    rank 0."""
+    short = SHORT
+    out = []
     algs = ("two_level", "two_level_hvdlite", "flat_ring", "tree")
     out.append("| network | GPUs | compute per step | " + " | ".join(short[a] for a in algs)
                + " | 2D torus overlapped, control via rank 0 |")
@@ -1683,7 +1707,12 @@ def markdown_tables(params: dict, vrows: list[dict], erows: list[dict], frows: l
         cells = [f"{by[a]['eff_no_overlap_bitvector']:.3f} / {by[a]['eff_overlap_bitvector']:.3f}" for a in algs]
         out.append(f"| {cl} | {H * 8} | {fmt_t(by['two_level']['compute_s'])} | " + " | ".join(cells)
                    + f" | {by['two_level']['eff_overlap_rank0']:.3f} |")
-    out.append("")
+    return "\n".join(out)
+
+
+def md_control(crows: list[dict]) -> str:
+    """One negotiation cycle's cost as a Markdown table."""
+    out = []
     out.append("| network | ranks | via rank 0 | bit vector, recursive doubling | bit vector, ring |")
     out.append("| --- | --- | --- | --- | --- |")
     for r in crows:
