@@ -133,11 +133,13 @@ def _iso(t: float) -> str:
 
 def _repo_relative(word: str) -> str:
     """A path inside the repository as the repository root sees it; anything else unchanged."""
+    if not word or word.startswith("-"):
+        return word
     try:
         path = Path(word).resolve()
     except (OSError, RuntimeError):
         return word
-    if path.is_relative_to(REPO) and path.exists():
+    if path.is_relative_to(REPO) and path != REPO:
         return str(path.relative_to(REPO))
     return word
 
@@ -145,8 +147,8 @@ def _repo_relative(word: str) -> str:
 def command_line(argv: list[str] | None = None, launcher: str = "") -> str:
     """The command that reproduces this run from the repository root: ``python`` (or the
     launcher given, e.g. ``hvdlite-run -np 2 python``), the script and its options, with
-    paths in the repository made relative to it. ``--results`` and ``--notes`` are left
-    out: they change where the figures go, not the figures."""
+    paths in the repository made relative to it. ``--notes`` is left out: it describes the
+    run, it does not make it."""
     argv = list(sys.argv if argv is None else argv)
     words: list[str] = []
     skip = False
@@ -154,12 +156,12 @@ def command_line(argv: list[str] | None = None, launcher: str = "") -> str:
         if skip:
             skip = False
             continue
-        if i > 0 and w in ("--results", "--notes"):
+        if i > 0 and w == "--notes":
             skip = True
             continue
-        if i > 0 and (w.startswith("--results=") or w.startswith("--notes=")):
+        if i > 0 and w.startswith("--notes="):
             continue
-        words.append(_repo_relative(w) if i == 0 or not w.startswith("-") else w)
+        words.append(_repo_relative(w))
     return " ".join([launcher or "python"] + [shlex.quote(w) for w in words])
 
 

@@ -139,10 +139,11 @@ def test_the_benchmarks_writer_records_what_the_page_needs(tmp_path: Path) -> No
     run = common.ResultsRun("bench_x")
     out = run.write(str(tmp_path / "bench_x.json"), [{"a": 1}], [{"b": 2}], {"rounds": 1, "results": "x"},
                     notes="busy", command=common.command_line(
-                        [str(BENCH / "bench_core.py"), "--quick", "--results", "/tmp/r.json", "--notes", "busy"],
-                        launcher="hvdlite-run -np 2 python"))
+                        [str(BENCH / "bench_core.py"), "--quick", "--results", str(BENCH / "results" / "x.json"),
+                         "--notes", "busy"], launcher="hvdlite-run -np 2 python"))
     doc = json.loads(out.read_text())
-    assert doc["command"] == "hvdlite-run -np 2 python benchmarks/bench_core.py --quick"
+    # Paths in the repository relative to it; --notes describes the run and is left out.
+    assert doc["command"] == "hvdlite-run -np 2 python benchmarks/bench_core.py --quick --results benchmarks/results/x.json"
     assert doc["format"] == page.FORMAT and doc["notes"] == "busy" and "results" not in doc["settings"]
     assert re.fullmatch(r"[0-9a-f]{40}", doc["commit"]) and isinstance(doc["dirty"], bool)
     for key in ("cpu", "cores", "memory_gib", "os", "python", "packages"):
