@@ -85,8 +85,10 @@ def fmt_us(us: float | None) -> str:
         return "–"
     if us < 1e3:
         return f"{us:.1f} µs"
-    if us < 1e6:
+    if us < 1e4:
         return f"{us / 1e3:.2f} ms"
+    if us < 1e6:
+        return f"{us / 1e3:.1f} ms"
     return f"{us / 1e6:.2f} s"
 
 
@@ -279,9 +281,10 @@ def summary_section(ctx: Context) -> list[str]:
     rows = []
     for it in items:
         doc = it["doc"]
+        note = " (see its note under [Runs](#runs))" if doc.get("notes") else ""
         rows.append([it["against"], it["what"], fmt_ratio(it["speed"], it["range"], bold=True),
                      speed_phrase(it["speed"]), f"`{display_command(doc)}`",
-                     f"{ctx.machine_name(doc)}, {date_of(doc)}, {commit_of(doc)}"])
+                     f"{ctx.machine_name(doc)}, {date_of(doc)}, {commit_of(doc)}{note}"])
     out += table(["against", "measurement", "hvdlite's speed ÷ theirs", "hvdlite is", "command",
                   "machine, date, commit"], rows)
     out.append("")
@@ -808,20 +811,23 @@ def draw_plots(docs: list[dict[str, Any]], outdir: Path) -> list[Path]:
 
     items = summary_items(docs)
     if items:
-        fig, ax = plt.subplots(figsize=(9, 0.42 * len(items) + 1.4))
+        fig, ax = plt.subplots(figsize=(11, 0.42 * len(items) + 1.6))
         ys = list(range(len(items)))[::-1]
         speeds = [it["speed"] for it in items]
         lo = [it["speed"] - (it["range"] or [it["speed"]] * 2)[0] for it in items]
         hi = [(it["range"] or [it["speed"]] * 2)[1] - it["speed"] for it in items]
         colors = ["tab:green" if s >= 1 else "tab:red" for s in speeds]
-        ax.barh(ys, speeds, color=colors, xerr=[lo, hi], capsize=3)
+        # Bars grow from 1 (as fast as the peer), to the right where hvdlite is faster.
+        ax.barh(ys, [s - 1 for s in speeds], left=1, color=colors)
+        ax.errorbar(speeds, ys, xerr=[lo, hi], fmt="none", ecolor="black", capsize=3)
         ax.set_yticks(ys)
         ax.set_yticklabels([f"{it['what'].replace('`', '')} — vs {it['against'].split(' with ')[0].replace('`', '')}"
                             + (" + yield" if "yield" in it["against"] else "") for it in items], fontsize=8)
         ax.axvline(1.0, color="black", lw=1)
         ax.set_xscale("log")
-        ax.set_xlabel("hvdlite's speed ÷ the peer's (log scale; right of 1: hvdlite faster)")
-        ax.set_title("What hvdlite costs: median over rounds, range as error bars", fontsize=10)
+        ax.set_xlabel("hvdlite's speed ÷ the peer's (log scale; right of 1: hvdlite is faster)")
+        ax.set_title("What hvdlite costs (median; error bars: range over rounds)", fontsize=10)
+        ax.grid(True, axis="x", which="both", alpha=0.3)
         fig.tight_layout()
         save(fig, "perf_summary.png")
     for doc in by_benchmark(docs, "bench_core")[:1]:

@@ -90,7 +90,8 @@ def test_generator_writes_the_rows_of_its_input(synthetic: Path) -> None:
     assert any(r.startswith("| raw MPI (mpi4py) | 64 MiB allreduce, time per call | **4.000** | 4× as fast |")
                for r in rows)
     assert (f"| PyTorch DDP (gloo) | PyTorch MLP training, samples/s | **1.500** (1.400–1.600) | 1.5× as fast | "
-            f"`python benchmarks/bench_torch_training.py --rounds 3` | {stamp} |") in rows
+            f"`python benchmarks/bench_torch_training.py --rounds 3` | {stamp} (see its note under [Runs](#runs)) |"
+            ) in rows
     assert any(r.startswith("| Horovod 0.28.1 | PyTorch MLP training, step time | **2.000** (1.250–2.500) | 2× as fast | "
                             "`python benchmarks/bench_horovod.py --horovod-venv HOROVOD_VENV --rounds 3` |")
                for r in rows)
