@@ -173,7 +173,7 @@ def render(cm: Any, data: dict[str, Any], images: set[str]) -> str:
              f"{starts[-1][:16].replace('T', ' ')} UTC, commit{'s' if len(commits) > 1 else ''} "
              f"{', '.join(f'`{c}`' for c in commits)}. The driver records how much of the CPU other processes "
              f"took while each round ran; rounds over {cm.FOREIGN_MAX * 100:.0f} % are left out ({len(runs) - len(kept)} "
-             f"of {len(runs)} here). Rounds of earlier code kept in the file as `earlier_runs` are not used.", ""])
+             f"of {len(runs)} here). The rounds under `earlier_runs` in the file measured other code and are not used.", ""])
     add(["Measured: the median of the rounds' medians (\"±\": the rounds spread by more than 30 %). The model "
          "predicts what `bench_hosts.py` reports: hvdlite's call as above (local cost, the cycle, and above "
          f"{cm.HVD_CARRY_MAX // KiB} KiB the flat or two-level allreduce with their real pieces and thresholds: "

@@ -221,7 +221,7 @@ def run_config(config: str, args: argparse.Namespace) -> dict:
 
 
 def print_table(result: dict) -> None:
-    """A Markdown table, as docs/scale.md quotes them."""
+    """The results of one configuration as a Markdown table."""
     rows = result["rows"]
     algos = [a for a in ("flat", "two-level", "leader", "default", "mpi") if f"{a}_s" in rows[0]]
     mpi_name = "MPI_Allreduce" if result["op"] == "allreduce" else "MPI_Allgather"

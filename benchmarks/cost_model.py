@@ -32,8 +32,8 @@ ranks. The control plane (one negotiation cycle at P ranks: through rank 0, or o
 bit-vector allreduce) is modelled from rank 0's measured cost per message.
 
 Files beside this script: cost_model_params.json (measured parameters, how and when),
-cost_model_validation.json (bench_hosts.py rows the validation uses). docs/scale.md
-("Cost model") explains the formulas, sources and conclusions.
+cost_model_validation.json (bench_hosts.py rows the validation uses). docs/scale_model.md,
+written from both by make_performance_page.py, explains the formulas, sources and conclusions.
 """
 from __future__ import annotations
 
@@ -408,7 +408,7 @@ class Emulation:
     cores: int = 2
     # Two ranks alone on two hosts exchange both ways at once over their one TCP
     # connection; measured (--measure-pair-exchange), such exchanges take this many
-    # times what the rate allows (docs/scale.md, "One connection, both ways").
+    # times what the rate allows (docs/scale_model.md, "One connection, both ways").
     lone_pair: float = 1.0
 
 
@@ -563,7 +563,7 @@ def emulated_time(cl: Cluster, em: Emulation, P: int, path: float, link_bytes: f
     - `pair_pieces`: the link carries one pair of ranks exchanging both ways over one
       TCP connection (2 hosts x 1 rank), in this many pieces back to back. The first
       starts with the ranks in step; each later one takes em.lone_pair times what the
-      rate allows (measured: docs/scale.md, "One connection, both ways").
+      rate allows (measured: docs/scale_model.md, "One connection, both ways").
     - `op_index`: which op of each repetition is timed: 0 for hvdlite's, 1 for MPI's,
       where hvdlite's goes first in every repetition (stored rows without an `order`);
       with `alternating`, the two go first by turns, starting with hvdlite's."""
@@ -1526,7 +1526,7 @@ def print_params(params: dict) -> None:
 
 
 def validation_summary(rows: list[dict]) -> list[str]:
-    """The counts docs/scale.md gives under the validation table."""
+    """The counts docs/scale_model.md gives under the validation table."""
     lines = []
     for label, modes in (("hvdlite flat and two-level", ("flat", "two_level")), ("MPI_Allreduce (2 hosts)", ("mpi",))):
         big = [abs(r[f"{m}_error"]) for r in rows for m in modes if f"{m}_error" in r and r["bytes"] >= MiB]
@@ -1896,7 +1896,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", action="store_true", help="write docs/scale_*.png")
     p.add_argument("--plot-dir", default=str(DOCS))
     p.add_argument("--no-json", action="store_true", help="tables only")
-    p.add_argument("--markdown", action="store_true", help="print docs/scale.md's tables in Markdown instead")
+    p.add_argument("--markdown", action="store_true", help="print docs/scale_model.md's tables in Markdown instead")
     p.add_argument("--measure-worker", choices=["intra", "inter", "mpibytes", "pairx", "small"], help=argparse.SUPPRESS)
     p.add_argument("--rate", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -1,5 +1,5 @@
-"""docs/performance.md is what benchmarks/make_performance_page.py makes of the committed
-results files, and the generator writes the rows its input says.
+"""docs/performance.md and docs/scale_model.md are what benchmarks/make_performance_page.py
+makes of the committed results files, and the generator writes the rows its input says.
 
 The synthetic results below are written through the benchmarks' own writer
 (``benchmarks/_common.py``), so the layout the benchmarks write is the one the generator
@@ -153,16 +153,21 @@ def test_the_benchmarks_writer_records_what_the_page_needs(tmp_path: Path) -> No
     assert page.load_results(tmp_path)[0]["rows"] == [{"a": 1}]
 
 
-def test_committed_page_is_what_the_committed_results_give() -> None:
+def test_committed_pages_are_what_the_committed_results_give() -> None:
     docs = page.load_results(page.RESULTS_DIR)
     assert docs, "no results files in benchmarks/results"
     images = {n for n in page.plot_names(docs) if (page.IMAGES / n).exists()}
     assert page.PAGE.read_text() == page.render_page(docs, images), (
         "docs/performance.md is out of date: run python benchmarks/make_performance_page.py")
+    data = page.model_data(BENCH / "cost_model_params.json", BENCH / "cost_model_validation.json")
+    model_images = {n for n in page.MODEL_IMAGES if (page.DOCS / n).exists()}
+    assert page.MODEL_PAGE.read_text() == page.render_model_page(data, model_images), (
+        "docs/scale_model.md is out of date: run python benchmarks/make_performance_page.py")
 
 
-def test_page_shows_the_product_not_its_history() -> None:
-    text = page.PAGE.read_text()
+@pytest.mark.parametrize("name", ["performance.md", "scale_model.md", "scale.md"])
+def test_pages_show_the_product_not_its_history(name: str) -> None:
+    text = (page.DOCS / name).read_text()
     assert not re.search(r"\b(session|issue)s? \d", text, re.IGNORECASE)
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
-        assert (page.DOCS / image).exists(), f"performance.md shows {image}, which is not there"
+        assert (page.DOCS / image).exists(), f"{name} shows {image}, which is not there"
