@@ -113,11 +113,13 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}" if abs(v) >= 1 else f"{v:.{digits}f}"
 
 
-def fmt_r(v: float) -> str:
-    """A ratio: three decimals, or three significant digits above 10."""
-    if abs(v) >= 100:
+def fmt_r(v: float, scale: float | None = None) -> str:
+    """A ratio: three decimals, or three significant digits from 10 up (``scale``, the
+    largest of the numbers shown together, picks the decimals for all of them)."""
+    top = abs(v) if scale is None else scale
+    if top >= 100:
         return f"{v:,.0f}"
-    if abs(v) >= 10:
+    if top >= 10:
         return f"{v:.1f}"
     return f"{v:.3f}"
 
@@ -126,11 +128,13 @@ def fmt_ratio(v: float | None, rng: list[float] | None = None, bold: bool = Fals
     """A ratio, bold if asked, with its range over rounds in brackets when it has one."""
     if v is None:
         return "–"
-    text = fmt_r(v)
+    shown = rng if rng and len(rng) == 2 and rng[0] != rng[1] else None
+    scale = max([abs(v)] + [abs(x) for x in shown or []])
+    text = fmt_r(v, scale)
     if bold:
         text = f"**{text}**"
-    if rng and len(rng) == 2 and rng[0] != rng[1]:
-        text += f" ({fmt_r(rng[0])}–{fmt_r(rng[1])})"
+    if shown:
+        text += f" ({fmt_r(shown[0], scale)}–{fmt_r(shown[1], scale)})"
     return text
 
 
@@ -630,7 +634,7 @@ def elastic_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
         for r in doc["summary"]:
             gap, rng = r["longest_gap_s"], r.get("longest_gap_s_range")
             gap_text = f"{gap:.3f} s" + (f" ({rng[0]:.3f}–{rng[1]:.3f})" if rng and rng[0] != rng[1] else "")
-            trs.append([r["scenario"], str(r["workers_end"]), fmt_num(r["resets"], 3),
+            trs.append([r["scenario"], str(r["workers_end"]), f"{r['resets']:g}",
                         f"{r['median_step_s'] * 1e3:.1f} ms", gap_text, f"**{r['lost_s']:.3f} s**",
                         "yes" if r["same_params"] else "**no**"])
         out += table(["scenario", "workers at the end", "resets", "median step", "longest gap", "time lost",
