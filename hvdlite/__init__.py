@@ -10,7 +10,7 @@ NumPy collectives (:mod:`hvdlite.mpi_ops`) take their codes from the engine, so 
 are imported when one of their names is first used here; so is :func:`run`, the
 launcher's function API, so that the framework-neutral API loads no launcher code.
 """
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hvdlite.common.basics import (
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank, cross_size,
@@ -19,11 +19,11 @@ from hvdlite.common.basics import (
 )
 from hvdlite.common.exceptions import HvdliteError, HorovodInternalError, NotInitializedError
 
-if TYPE_CHECKING:  # imported on first use, by __getattr__
-    from hvdlite.runner.function import run
-
 __version__ = "0.1.0"
 """hvdlite's own version, not a Horovod one (hvdlite follows Horovod 0.28.1's API)."""
+
+# The launcher's function API, from hvdlite.runner.function on first use.
+_LAUNCHER_API = ("run",)
 
 # hvdlite.mpi_ops.__all__ (tests/test_imports.py checks that the two agree).
 _NUMPY_OPS = (
@@ -40,10 +40,10 @@ _NUMPY_OPS = (
 def __getattr__(name: str) -> Any:
     """The NumPy collectives and :func:`run`, imported on first use (see the module's
     docstring)."""
-    if name == "run":
-        from hvdlite.runner.function import run
-        globals()["run"] = run
-        return run
+    if name in _LAUNCHER_API:
+        import hvdlite.runner.function as launcher_api
+        globals().update((n, getattr(launcher_api, n)) for n in _LAUNCHER_API)
+        return globals()[name]
     if name in _NUMPY_OPS:
         import hvdlite.mpi_ops as numpy_ops  # loads the engine's extension for its codes
         # Bound here once, so that later lookups no longer come to this function.
@@ -53,7 +53,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NUMPY_OPS) | {"run"})
+    return sorted(set(globals()) | set(_NUMPY_OPS) | set(_LAUNCHER_API))
 
 
 __all__ = [
@@ -61,5 +61,5 @@ __all__ = [
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError",
-    "NotInitializedError", "__version__", "run", *_NUMPY_OPS,
+    "NotInitializedError", "__version__", *_LAUNCHER_API, *_NUMPY_OPS,
 ]

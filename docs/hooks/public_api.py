@@ -20,6 +20,7 @@ import griffe
 REFERENCE_MODULES: tuple[str, ...] = (
     "hvdlite",
     "hvdlite.mpi_ops",
+    "hvdlite.runner.function",
     "hvdlite.torch",
     "hvdlite.torch.elastic",
     "hvdlite.tensorflow",
@@ -29,10 +30,13 @@ REFERENCE_MODULES: tuple[str, ...] = (
     "hvdlite.tensorflow.keras.elastic",
 )
 
-#: Names in a module's ``__all__`` that it loads lazily from another module (``hvdlite``
-#: imports its NumPy collectives from ``hvdlite.mpi_ops`` on first use; its ``__all__``
-#: spreads the tuple of their names, ``_NUMPY_OPS``).
-LAZY_EXPORTS: dict[str, tuple[str, str]] = {"hvdlite": ("_NUMPY_OPS", "hvdlite.mpi_ops")}
+#: Names in a module's ``__all__`` that it loads lazily from other modules, as (the
+#: tuple of their names that its ``__all__`` spreads, the module they come from):
+#: ``hvdlite`` imports its NumPy collectives from ``hvdlite.mpi_ops`` and ``run`` from
+#: ``hvdlite.runner.function`` on first use.
+LAZY_EXPORTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "hvdlite": (("_NUMPY_OPS", "hvdlite.mpi_ops"), ("_LAUNCHER_API", "hvdlite.runner.function")),
+}
 
 _DIRECTIVE = re.compile(r"^:::\s+([\w.]+)\s*$", re.M)
 
@@ -63,15 +67,15 @@ def undocumented(repo: Path, reference_modules: tuple[str, ...] = REFERENCE_MODU
         names = _exports(module)
         if not names:
             problems.append(f"{path} has no __all__")
-        lazy = LAZY_EXPORTS.get(path)
+        lazy = LAZY_EXPORTS.get(path, ())
         for name in names:
-            if lazy and name == lazy[0]:
-                continue  # the names of lazy[1], checked there
+            if any(name == spread for spread, _ in lazy):
+                continue  # the names of the lazy module, checked there
             try:
                 obj = module[name]
                 target = obj.final_target if obj.is_alias else obj
             except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
-                if lazy and name in _exports(modules[lazy[1]]):
+                if any(name in _exports(modules[source]) for _, source in lazy):
                     continue
                 problems.append(f"{path}.{name} (not found)")
                 continue
