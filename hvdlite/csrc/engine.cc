@@ -234,7 +234,7 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
   }
   if (!queue_.Push(e, /*wake=*/!(caller_waits && drive_))) {  // refused: `e` is intact
     handles_->Release(h);
-    throw DuplicateName(RequestLabel(e.request.type, e.request.name) + ": a " + RequestTypeName(e.request.type) +
+    throw DuplicateName(RequestLabel(e.request.type, e.request.name) + ": another " + RequestTypeName(e.request.type) +
                         " with this name is already in flight on rank " + std::to_string(rank()) +
                         "; wait for it to finish or use a different name");
   }
