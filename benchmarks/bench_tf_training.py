@@ -11,7 +11,7 @@ each in fresh processes with one TensorFlow intra-op and one inter-op thread:
 * ``single``: one process, plain Keras optimizer;
 * ``single_tuned``: the same, with the glibc malloc settings that hvdlite's engine makes
   in its own processes (``MALLOC_*_`` variables, values of ``TuneHostAllocator`` in
-  ``hvdlite/csrc/engine.cc``). A control: plain TensorFlow gives memory back to the
+  ``hvdlite/csrc/engine/engine.cc``). A control: plain TensorFlow gives memory back to the
   kernel and faults it in again every step, which those settings stop. Efficiency
   against it is what communication alone costs;
 * ``hvdlite``: 2 ranks started by ``hvdlite-run`` (``python -m hvdlite.runner``; plain
@@ -197,7 +197,7 @@ class StepMarks:
     """The time and this process's minor page faults so far (page faults that needed no
     I/O: memory handed back to the kernel and touched again), at the start of every
     step and at the end. With hvdlite, also the engine's count of 2 MiB extents remapped
-    onto huge pages (see hvdlite/csrc/host_memory.h), read at every mark: once the last
+    onto huge pages (see hvdlite/csrc/backends/mpi/host_memory.h), read at every mark: once the last
     step is done, the other rank may already have shut the engine down."""
 
     def __init__(self, hvd_stats: Any = None) -> None:

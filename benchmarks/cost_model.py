@@ -56,7 +56,7 @@ DOCS = REPO / "docs"
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-# hvdlite's own settings that shape its algorithms (hvdlite/csrc/parameters.h, mpi_backend.cc)
+# hvdlite's own settings that shape its algorithms (hvdlite/csrc/common/parameters.h, mpi_backend.cc)
 HVD_FLAT_PIECE = 4 * MiB          # HVDLITE_HOST_CHUNK_BYTES: a flat allreduce runs in these pieces
 HVD_TWO_LEVEL_PIECE = 2 * MiB     # HVDLITE_HIERARCHICAL_CHUNK_BYTES
 HVD_RING_MIN_SEGMENT = 256 * KiB  # HVDLITE_RING_MIN_SEGMENT_BYTES: below, MPI_Allreduce instead of the ring

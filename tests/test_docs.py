@@ -42,7 +42,7 @@ HOROVOD_ENV = _load(PACKAGE / "common" / "horovod_env.py", "_test_docs_horovod_e
 
 def engine_suffixes() -> set[str]:
     """The ``<NAME>`` of every ``HVDLITE_<NAME>``/``HOROVOD_<NAME>`` the engine reads."""
-    source = (CSRC / "parameters.cc").read_text()
+    source = (CSRC / "common" / "parameters.cc").read_text()
     words = set(re.findall(r'"([A-Z][A-Z0-9_]*)"', source))
     return {w for w in words if not w.endswith("_") and w not in ENGINE_VALUE_WORDS}
 
@@ -61,8 +61,8 @@ def names_read() -> dict[str, str]:
         for name in re.findall(r'"((?:HVDLITE|HOROVOD)_[A-Z0-9_]*[A-Z0-9])"', path.read_text()):
             found.setdefault(name, str(path.relative_to(REPO)))
     for suffix in engine_suffixes():
-        found.setdefault(f"HVDLITE_{suffix}", "hvdlite/csrc/parameters.cc")
-        found.setdefault(f"HOROVOD_{suffix}", "hvdlite/csrc/parameters.cc")
+        found.setdefault(f"HVDLITE_{suffix}", "hvdlite/csrc/common/parameters.cc")
+        found.setdefault(f"HOROVOD_{suffix}", "hvdlite/csrc/common/parameters.cc")
     return found
 
 
@@ -72,7 +72,7 @@ def test_the_scan_finds_reads_of_every_kind() -> None:
     read = names_read()
     assert read["HVDLITE_TF_OVERLAP"].startswith("hvdlite/tensorflow/")
     assert read["HVDLITE_NCCL_LIBRARY"]
-    assert read["HOROVOD_HOST_CHUNK_BYTES"] == "hvdlite/csrc/parameters.cc"
+    assert read["HOROVOD_HOST_CHUNK_BYTES"] == "hvdlite/csrc/common/parameters.cc"
     assert {"FUSION_THRESHOLD", "SPIN_MICROSECONDS", "GPU_ALLREDUCE"} <= engine_suffixes()
 
 

@@ -67,7 +67,7 @@ def test_honoured_entries_are_read_where_they_say() -> None:
     """An entry marked honoured by the engine names a suffix parameters.cc reads; one
     marked honoured by the launcher is read by hvdlite/runner, one by the front ends in
     hvdlite/common."""
-    core = (REPO / "hvdlite/csrc/parameters.cc").read_text()
+    core = (REPO / "hvdlite/csrc/common/parameters.cc").read_text()
     read = set(re.findall(r'"([A-Z_]+)"', core))
     runner = "".join(p.read_text() for p in (REPO / "hvdlite/runner").glob("*.py"))
     for v in VARIABLES:

@@ -22,8 +22,8 @@ def _load_core() -> Any:
         mpi_lib.preload()
         # Imported here, not at the top: importing hvdlite (and so the launcher,
         # `hvdlite-run --check-build`) must work where the extension is not built.
-        from hvdlite import _core  # the pybind11 extension built from hvdlite/csrc
-        _core_module = _core
+        import hvdlite._core  # the pybind11 extension built from hvdlite/csrc
+        _core_module = hvdlite._core
     return _core_module
 
 

@@ -261,7 +261,7 @@ def warn_unhonoured(rank: int, environ: Mapping[str, str] | None = None) -> list
 # ---------------------------------------------------------------- values the engine reads
 #
 # The engine reads each of these as HVDLITE_<SUFFIX>, else HOROVOD_<SUFFIX>
-# (hvdlite/csrc/parameters.cc), and reports a value it cannot use ("ignoring ...; using
+# (hvdlite/csrc/common/parameters.cc), and reports a value it cannot use ("ignoring ...; using
 # the default", said by the world's rank 0 at hvd.init()). hvdlite-run checks them here
 # first, by the same rules, says so once for the whole job and hands the ranks the
 # value the engine would use (the default: the variable dropped), so that the engine
@@ -331,7 +331,7 @@ ENGINE_VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
     "HIERARCHICAL_ALGORITHM": (_one_of("torus", "leader"), "torus or leader"),
     "HIERARCHICAL_CROSS": (_one_of("mpi", "nccl"), "mpi or nccl"),
 }
-#: The engine's largest response cache (kMaxCacheCapacity in hvdlite/csrc/parameters.h).
+#: The engine's largest response cache (kMaxCacheCapacity in hvdlite/csrc/common/parameters.h).
 MAX_CACHE_CAPACITY = 65536
 
 

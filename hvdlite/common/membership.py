@@ -1,6 +1,6 @@
 """The Python half of membership: what elastic training does between two worlds.
 
-The core detects a dead peer and stops (``hvdlite/csrc/membership.h``); this module
+The core detects a dead peer and stops (``hvdlite/csrc/world/membership.h``); this module
 decides, on every rank alike, what the next world is and builds it. Every function
 here that is collective is called by :mod:`hvdlite.common.elastic` at the same point
 on every rank.

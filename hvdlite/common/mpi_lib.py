@@ -23,7 +23,7 @@ def _candidates() -> list[str]:
     if override:
         return [override]
     try:
-        from hvdlite import _build_info
+        import hvdlite._build_info as _build_info
         source, lib_dirs = _build_info.MPI_SOURCE, list(_build_info.MPI_LIB_DIRS)
     except ImportError:
         source, lib_dirs = "wheel", []

@@ -6,7 +6,7 @@ generated from it together with :data:`hvdlite.common.horovod_env.VARIABLES` (Ho
 ``HOROVOD_*`` name the code reads is in one of the two tables.
 
 The engine reads its settings as ``HVDLITE_<NAME>``, else Horovod's ``HOROVOD_<NAME>``
-(``hvdlite/csrc/parameters.cc``); those entries have ``horovod_name`` set. The other
+(``hvdlite/csrc/common/parameters.cc``); those entries have ``horovod_name`` set. The other
 variables are read by the Python side under hvdlite's name only.
 
 Entries with ``internal=True`` are set by hvdlite itself for the processes it starts
@@ -55,7 +55,7 @@ _GPU_OP = ("which backend runs GPU {op}s: `NCCL`, or `MPI` through host memory. 
            "value applies everywhere")
 
 VARIABLES: tuple[EnvVariable, ...] = (
-    # The engine's settings (hvdlite/csrc/parameters.h holds the defaults).
+    # The engine's settings (hvdlite/csrc/common/parameters.h holds the defaults).
     _engine("FUSION_THRESHOLD", "134217728",
             "bytes of allreduce fused into one negotiated set (128 MiB, Horovod's default); "
             "0 turns fusion off"),

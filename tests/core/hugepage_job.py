@@ -2,7 +2,7 @@
 
 The buffer is a private anonymous mapping of its own (so /proc/self/smaps describes
 exactly it), written before the first allreduce with ordinary 4 KiB pages. After three
-in-place allreduces it should be backed by huge pages (see hvdlite/csrc/host_memory.h),
+in-place allreduces it should be backed by huge pages (see hvdlite/csrc/backends/mpi/host_memory.h),
 unless HVDLITE_HUGE_PAGES=0 or the kernel cannot collapse pages, which this job finds
 out on a scratch mapping of its own first. Prints one HUGEPAGES line per rank."""
 import ctypes

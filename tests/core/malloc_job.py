@@ -3,7 +3,7 @@
 A thread (like TensorFlow's executor, which allocates a step's gradients) allocates
 81 MB in 3 MB blocks, writes them and frees them, six times. That spans two of its
 malloc arena's 64 MiB heaps. Prints the minor page faults of each round; after the
-first round they should be near zero (see TuneHostAllocator in hvdlite/csrc/engine.cc)."""
+first round they should be near zero (see TuneHostAllocator in hvdlite/csrc/engine/engine.cc)."""
 import ctypes
 import resource
 import threading

@@ -1,14 +1,8 @@
 #include "backends/backend.h"
 
-#include "timeline.h"
+#include "common/timeline.h"
 
 namespace hvdlite {
-
-const char* DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kHost ? "host" : "CUDA"; }
-
-std::string DeviceLabel(int32_t device) {
-  return device == kCpuDevice ? std::string("host memory") : "GPU " + std::to_string(device);
-}
 
 bool Tracer::Active() const { return timeline_ && timeline_->Active(); }
 

@@ -19,34 +19,14 @@
 #include <string>
 #include <vector>
 
-#include "handle_table.h"
-#include "message.h"
-#include "tensor_queue.h"
+#include "common/fusion.h"
+#include "common/handle_table.h"
+#include "common/message.h"
+#include "common/tensor_entry.h"
 
 namespace hvdlite {
 
 class Timeline;
-
-// The kinds of memory a tensor can live in. A request's `device` is kCpuDevice (-1) for
-// host memory, else the index of a CUDA device.
-enum class DeviceKind : int { kHost = 0, kCuda = 1 };
-constexpr int kNumDeviceKinds = 2;
-inline DeviceKind KindOfDevice(int32_t device) { return device == kCpuDevice ? DeviceKind::kHost : DeviceKind::kCuda; }
-const char* DeviceKindName(DeviceKind kind);
-// "host memory" or "GPU 3": how messages name where a tensor is.
-std::string DeviceLabel(int32_t device);
-
-// What a backend wants from the coordinator's fusion: fused allreduces up to
-// `allreduce_bytes`; allgathers whose gathered bytes (all ranks) are below
-// `allgather_tensor_bytes` fused up to `allgather_bytes` in all; reducescatters
-// reduced and scaled alike fused up to `reducescatter_bytes` (0: a backend that runs
-// them one by one). The coordinator never fuses beyond the user's fusion threshold.
-struct FusionLimits {
-  int64_t allreduce_bytes = 0;
-  int64_t allgather_tensor_bytes = 0;
-  int64_t allgather_bytes = 0;
-  int64_t reducescatter_bytes = 0;
-};
 
 // Records a tensor's phases in the timeline under the names the backend chooses
 // ("MPI_ALLREDUCE", "NCCL_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", ...).
@@ -97,6 +77,11 @@ class FailedOnEveryRank : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What backends count, for the engine's statistics (hvdlite's diagnostics, benchmarks).
+struct BackendStats {
+  int64_t huge_page_extents = 0;  // 2 MiB extents of reused buffers remapped as huge pages
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -109,8 +94,11 @@ class Backend {
   // state: every rank must pick the same backend for a response.
   virtual bool Supports(const Response& r, std::string* why_not) const = 0;
   virtual FusionLimits Fusion() const = 0;
-  // The autotuner changed the fusion threshold (every rank at the same point).
-  virtual void SetFusionThreshold(int64_t bytes) { (void)bytes; }
+  // Whether it can run an allreduce in two levels across hosts here (several hosts,
+  // as many ranks on each): the autotuner then tries HOROVOD_HIERARCHICAL_ALLREDUCE.
+  virtual bool TwoLevelPossible() const { return false; }
+  // Adds its counters to the engine's statistics.
+  virtual void AddStats(BackendStats* stats) const { (void)stats; }
   // Runs the collective, or queues it on the device. Null: it finished before
   // returning, and `job.outputs` holds the results. Throws std::runtime_error on
   // failure, naming what failed.

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "message.h"
-#include "tensor_queue.h"
+#include "common/message.h"
+#include "common/tensor_entry.h"
 
 namespace hvdlite {
 

@@ -14,7 +14,7 @@ std::vector<Backend*> BackendRegistry::Candidates(DeviceKind kind, RequestType t
   for (const auto& b : backends_)
     if (b->Device() == kind) out.push_back(b.get());
   if (kind == DeviceKind::kCuda) {
-    const std::string& preferred = params_.gpu_backend[static_cast<int>(type)];
+    const std::string& preferred = config_->job().gpu_backend[static_cast<int>(type)];
     std::stable_partition(out.begin(), out.end(), [&](Backend* b) { return preferred == b->Name(); });
   }
   return out;
@@ -34,15 +34,28 @@ Backend* BackendRegistry::Select(const Response& r, std::string* error) const {
 }
 
 FusionLimits BackendRegistry::Fusion(DeviceKind kind) const {
+  const int64_t threshold = config_->tunables().fusion_threshold_bytes;
   std::vector<Backend*> c = Candidates(kind, RequestType::kAllreduce);
   FusionLimits f;
   if (!c.empty()) f = c.front()->Fusion();
-  f.allreduce_bytes = std::min(f.allreduce_bytes, params_.fusion_threshold_bytes);
-  f.allgather_bytes = std::min(f.allgather_bytes, params_.fusion_threshold_bytes);
+  f.allreduce_bytes = std::min(f.allreduce_bytes, threshold);
+  f.allgather_bytes = std::min(f.allgather_bytes, threshold);
   // Reducescatters fuse only where the backend that runs them can.
   std::vector<Backend*> rs = Candidates(kind, RequestType::kReducescatter);
-  f.reducescatter_bytes = rs.empty() ? 0 : std::min(rs.front()->Fusion().reducescatter_bytes, params_.fusion_threshold_bytes);
+  f.reducescatter_bytes = rs.empty() ? 0 : std::min(rs.front()->Fusion().reducescatter_bytes, threshold);
   return f;
+}
+
+bool BackendRegistry::TwoLevelPossible() const {
+  for (const auto& b : backends_)
+    if (b->TwoLevelPossible()) return true;
+  return false;
+}
+
+BackendStats BackendRegistry::Stats() const {
+  BackendStats s;
+  for (const auto& b : backends_) b->AddStats(&s);
+  return s;
 }
 
 void BackendRegistry::AbortAll(const std::string& why) {

@@ -12,25 +12,25 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "parameters.h"
+#include "common/config.h"
 
 namespace hvdlite {
 
 class BackendRegistry {
  public:
-  explicit BackendRegistry(const Parameters& params) : params_(params) {}
+  // `config`: the engine's, which outlives the registry.
+  explicit BackendRegistry(const Config* config) : config_(config) {}
   // Takes `backend` over; returns it.
   Backend* Add(std::unique_ptr<Backend> backend);
   // The backend for `r`, or null with the reason in `error`.
   Backend* Select(const Response& r, std::string* error) const;
   // What the coordinator may fuse for tensors of `kind`: the preferred allreduce
-  // backend's limits, capped by the fusion threshold.
+  // backend's limits, capped by the fusion threshold in force.
   FusionLimits Fusion(DeviceKind kind) const;
-  // The autotuner's fusion threshold, for the registry and every backend.
-  void SetFusionThreshold(int64_t bytes) {
-    params_.fusion_threshold_bytes = bytes;
-    for (const auto& b : backends_) b->SetFusionThreshold(bytes);
-  }
+  // Whether any backend can run a two-level allreduce here (for the autotuner).
+  bool TwoLevelPossible() const;
+  // Every backend's counters.
+  BackendStats Stats() const;
   // Stops every backend's queued device work (a failure means peers will not join it).
   void AbortAll(const std::string& why);
   const std::vector<std::unique_ptr<Backend>>& backends() const { return backends_; }
@@ -39,7 +39,7 @@ class BackendRegistry {
   // The backends of `kind` able to run `type`, the preferred one first.
   std::vector<Backend*> Candidates(DeviceKind kind, RequestType type) const;
 
-  Parameters params_;
+  const Config* config_;
   std::vector<std::unique_ptr<Backend>> backends_;
 };
 

@@ -3,8 +3,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "common/logging.h"
 #include "gpu/library_loader.h"
-#include "logging.h"
 
 namespace hvdlite {
 namespace cuda {

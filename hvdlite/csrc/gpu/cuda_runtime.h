@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "handle_table.h"
+#include "common/handle_table.h"
 
 namespace hvdlite {
 

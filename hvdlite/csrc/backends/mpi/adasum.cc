@@ -5,8 +5,8 @@
 #include <string>
 
 #include "backends/mpi/exchange.h"
-#include "half.h"
-#include "membership.h"
+#include "common/half.h"
+#include "mpi/errors.h"
 
 namespace hvdlite {
 namespace {

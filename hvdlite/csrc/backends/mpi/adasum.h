@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common.h"
+#include "common/common.h"
 
 namespace hvdlite {
 

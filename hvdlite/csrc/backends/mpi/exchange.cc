@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "membership.h"
+#include "mpi/errors.h"
 
 namespace hvdlite {
 

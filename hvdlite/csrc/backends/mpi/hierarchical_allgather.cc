@@ -4,7 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "membership.h"
+#include "mpi/errors.h"
 
 namespace hvdlite {
 namespace {

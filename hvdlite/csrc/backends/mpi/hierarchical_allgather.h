@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "backends/mpi/mpi_collectives.h"
-#include "topology.h"
+#include "mpi/topology.h"
 
 namespace hvdlite {
 

@@ -25,7 +25,7 @@
 #include <cstdint>
 
 #include "backends/mpi/mpi_collectives.h"
-#include "common.h"
+#include "common/common.h"
 
 namespace hvdlite {
 

@@ -6,30 +6,32 @@
 
 #include "backends/layout.h"
 #include "backends/mpi/reduce_ops.h"
-#include "logging.h"
+#include "common/logging.h"
 
 namespace hvdlite {
 
-MpiBackend::MpiBackend(const Topology& topology, const Parameters& params)
-    : params_(params),
-      mpi_(topology.world(), params.ring_min_segment_bytes),
-      huge_pages_(params.huge_pages),
+MpiBackend::MpiBackend(const Topology& topology, const Config* config)
+    : config_(config),
+      params_(config->job()),
+      mpi_(topology.world(), params_.ring_min_segment_bytes),
+      huge_pages_(params_.huge_pages),
       rank_(topology.rank()),
       size_(topology.size()),
       adasum_(topology.world()) {
+  InitReduceOps();  // MPI's handles for hvdlite's own types and ops, once per process
   const bool several_hosts = topology.cross_size() > 1 && topology.local_size() > 1;
   if (several_hosts && topology.homogeneous()) {
-    local_ = std::make_unique<MpiCollectives>(topology.local(), params.ring_min_segment_bytes);
-    cross_ = std::make_unique<MpiCollectives>(topology.cross(), params.ring_min_segment_bytes);
+    local_ = std::make_unique<MpiCollectives>(topology.local(), params_.ring_min_segment_bytes);
+    cross_ = std::make_unique<MpiCollectives>(topology.cross(), params_.ring_min_segment_bytes);
     hierarchical_ = std::make_unique<HierarchicalAllreduce>(
         local_.get(), cross_.get(),
-        params.two_level.algorithm == 1 ? TwoLevelSchedule::kLeader : TwoLevelSchedule::kTorus);
+        params_.two_level.algorithm == 1 ? TwoLevelSchedule::kLeader : TwoLevelSchedule::kTorus);
     hierarchical_gather_ = std::make_unique<HierarchicalAllgather>(topology, local_.get(), cross_.get());
   } else if (several_hosts && rank_ == 0) {
-    if (params.two_level.allreduce == 1)
+    if (params_.two_level.allreduce == 1)
       HVD_WARN("HOROVOD_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run different numbers of ranks, "
                "and the two-level allreduce needs the same number on every host; allreduces stay flat");
-    if (params.two_level.allgather == 1)
+    if (params_.two_level.allgather == 1)
       HVD_WARN("HOROVOD_HIERARCHICAL_ALLGATHER=1 is ignored: the hosts run different numbers of ranks, "
                "and the two-level allgather needs the same number on every host; allgathers stay flat");
   }
@@ -49,7 +51,7 @@ bool TwoLevel(int32_t mode, int64_t bytes, int64_t threshold) { return mode == 1
 // except by 5-7 % on 2 x 4 ranks sharing 2 cores; at 4 KiB either won by turns.
 // Every rank decides alike: from the count, the type, rank 0's settings and the topology.
 bool MpiBackend::Hierarchical(int64_t count, int64_t element_bytes) const {
-  return hierarchical_ && TwoLevel(params_.two_level.allreduce, count * element_bytes, kHierarchicalMinBytes);
+  return hierarchical_ && TwoLevel(config_->tunables().hierarchical, count * element_bytes, kHierarchicalMinBytes);
 }
 
 void MpiBackend::AllreduceRange(const void* src, void* dst, int64_t count, DataType dt, ReduceOp op,
@@ -79,11 +81,11 @@ bool MpiBackend::Supports(const Response& r, std::string* why_not) const {
 
 FusionLimits MpiBackend::Fusion() const {
   FusionLimits f;
-  f.allreduce_bytes = params_.fusion_threshold_bytes;
+  f.allreduce_bytes = config_->tunables().fusion_threshold_bytes;
   // Small allgathers are packed with memcpy: only while the copies stay in cache.
   f.allgather_tensor_bytes = params_.fusion_direct_bytes;
-  f.allgather_bytes = std::min(params_.fusion_threshold_bytes, params_.host_chunk_bytes);
-  f.reducescatter_bytes = params_.fusion_threshold_bytes;
+  f.allgather_bytes = std::min(config_->tunables().fusion_threshold_bytes, params_.host_chunk_bytes);
+  f.reducescatter_bytes = config_->tunables().fusion_threshold_bytes;
   return f;
 }
 

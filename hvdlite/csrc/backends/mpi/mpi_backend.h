@@ -15,8 +15,8 @@
 #include "backends/mpi/hierarchical_allreduce.h"
 #include "backends/mpi/host_memory.h"
 #include "backends/mpi/mpi_collectives.h"
-#include "parameters.h"
-#include "topology.h"
+#include "common/config.h"
+#include "mpi/topology.h"
 
 namespace hvdlite {
 
@@ -25,19 +25,15 @@ class MpiBackend : public Backend {
   // Collectives run on `topology`'s world; allreduces and allgathers across hosts may
   // run in two levels on its local and cross communicators (hierarchical_allreduce.h,
   // hierarchical_allgather.h).
-  MpiBackend(const Topology& topology, const Parameters& params);
+  // `config`: the engine's, which outlives the backend.
+  MpiBackend(const Topology& topology, const Config* config);
   const char* Name() const override { return "MPI"; }
   DeviceKind Device() const override { return DeviceKind::kHost; }
   bool Supports(const Response& r, std::string* why_not) const override;
   FusionLimits Fusion() const override;
-  void SetFusionThreshold(int64_t bytes) override { params_.fusion_threshold_bytes = bytes; }
-  // Whether the hosts allow a two-level allreduce (several, as many ranks on each), and
-  // the autotuner's choice for it (TwoLevelSettings::allreduce: -1, 0 or 1).
-  bool HierarchicalPossible() const { return hierarchical_ != nullptr; }
-  void SetHierarchicalAllreduce(int32_t mode) { params_.two_level.allreduce = mode; }
+  bool TwoLevelPossible() const override { return hierarchical_ != nullptr; }
+  void AddStats(BackendStats* stats) const override { stats->huge_page_extents += huge_pages_.collapsed(); }
   std::unique_ptr<Completion> Run(CollectiveJob& job) override;
-
-  int64_t huge_page_extents() const { return huge_pages_.collapsed(); }
 
  private:
   void Allreduce(CollectiveJob& job);
@@ -59,7 +55,8 @@ class MpiBackend : public Backend {
   // allgather's extra calls inside the hosts cost more than the link saves.
   static constexpr int64_t kHierarchicalGatherMinBytes = 256 * 1024;
 
-  Parameters params_;
+  const Config* config_;
+  const Parameters& params_;  // config_->job()
   MpiCollectives mpi_;
   FusionBuffer fusion_;
   FusionBuffer scratch_;

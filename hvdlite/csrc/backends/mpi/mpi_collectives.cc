@@ -8,7 +8,7 @@
 
 #include "backends/mpi/exchange.h"
 #include "backends/mpi/reduce_ops.h"
-#include "membership.h"
+#include "mpi/errors.h"
 
 namespace hvdlite {
 namespace {

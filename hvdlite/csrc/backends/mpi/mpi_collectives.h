@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backends/mpi/fusion_buffer.h"
-#include "common.h"
+#include "common/common.h"
 
 namespace hvdlite {
 

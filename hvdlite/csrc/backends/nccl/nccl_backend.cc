@@ -8,9 +8,9 @@
 
 #include "backends/layout.h"
 #include "backends/mpi/mpi_collectives.h"
-#include "control_channel.h"
-#include "half.h"
-#include "logging.h"
+#include "common/half.h"
+#include "common/logging.h"
+#include "transport/control_transport.h"
 
 namespace hvdlite {
 namespace {
@@ -128,9 +128,9 @@ std::unique_ptr<OutputBuffer> DeviceOutput(GpuContext::Device& d, int64_t bytes,
 
 }  // namespace
 
-NcclBackend::NcclBackend(ControlChannel* channel, GpuContext* gpus, const Topology& topology,
-                         const Parameters& params)
-    : channel_(channel), gpus_(gpus), topology_(topology), params_(params), rank_(topology.rank()),
+NcclBackend::NcclBackend(ControlTransport* channel, GpuContext* gpus, const Topology& topology,
+                         const Config* config)
+    : channel_(channel), gpus_(gpus), topology_(topology), config_(config), params_(config->job()), rank_(topology.rank()),
       size_(topology.size()) {
   // Two levels only where each level has something to do and every host has the same
   // share: the reduce-scatter inside a host cuts the buffer into local_size shards, and
@@ -222,9 +222,9 @@ bool NcclBackend::Supports(const Response& r, std::string* why_not) const {
 FusionLimits NcclBackend::Fusion() const {
   // On a GPU copies are cheap and launches are not: one large buffer, as in Horovod.
   FusionLimits f;
-  f.allreduce_bytes = params_.fusion_threshold_bytes;
-  f.allgather_tensor_bytes = params_.fusion_threshold_bytes;
-  f.allgather_bytes = params_.fusion_threshold_bytes;
+  f.allreduce_bytes = config_->tunables().fusion_threshold_bytes;
+  f.allgather_tensor_bytes = config_->tunables().fusion_threshold_bytes;
+  f.allgather_bytes = config_->tunables().fusion_threshold_bytes;
   return f;
 }
 

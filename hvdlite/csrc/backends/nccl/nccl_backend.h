@@ -36,26 +36,25 @@
 
 #include "backends/backend.h"
 #include "backends/nccl/nccl_library.h"
+#include "common/config.h"
 #include "gpu/gpu_context.h"
-#include "parameters.h"
-#include "topology.h"
+#include "mpi/topology.h"
 
 namespace hvdlite {
 
-class ControlChannel;
+class ControlTransport;
 class MpiCollectives;
 
 class NcclBackend : public Backend {
  public:
   // `topology`: who shares a host (the two-level allreduce's communicators are split
   // along it, and its MPI step runs on its cross communicator).
-  NcclBackend(ControlChannel* channel, GpuContext* gpus, const Topology& topology, const Parameters& params);
+  NcclBackend(ControlTransport* channel, GpuContext* gpus, const Topology& topology, const Config* config);
   ~NcclBackend() override;
   const char* Name() const override { return "NCCL"; }
   DeviceKind Device() const override { return DeviceKind::kCuda; }
   bool Supports(const Response& r, std::string* why_not) const override;
   FusionLimits Fusion() const override;
-  void SetFusionThreshold(int64_t bytes) override { params_.fusion_threshold_bytes = bytes; }
   std::unique_ptr<Completion> Run(CollectiveJob& job) override;
   void Abort(const std::string& why) override;
 
@@ -103,10 +102,11 @@ class NcclBackend : public Backend {
   int64_t PackFused(CollectiveJob& job, GpuContext::Device& d, uint8_t* buf);
   void UnpackFused(CollectiveJob& job, GpuContext::Device& d, const uint8_t* buf);
 
-  ControlChannel* channel_;
+  ControlTransport* channel_;
   GpuContext* gpus_;
   const Topology& topology_;
-  Parameters params_;
+  const Config* config_;
+  const Parameters& params_;  // config_->job()
   int rank_;
   int size_;
   nccl::Library* lib_ = nullptr;

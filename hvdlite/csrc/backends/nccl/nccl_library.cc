@@ -2,8 +2,8 @@
 
 #include <mutex>
 
+#include "common/logging.h"
 #include "gpu/library_loader.h"
-#include "logging.h"
 
 namespace hvdlite {
 namespace nccl {

@@ -1,0 +1,211 @@
+#include "engine/executor.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/logging.h"
+#include "kernels/reduce.h"
+#include "mpi/errors.h"
+
+namespace hvdlite {
+
+Executor::Executor(std::unique_ptr<BackendRegistry> registry, Config* config, TensorQueue* queue,
+                   HandleTable* handles, Timeline* timeline, GpuContext* gpus, int rank, int size)
+    : registry_(std::move(registry)), config_(config), queue_(queue), handles_(handles), timeline_(timeline),
+      gpus_(gpus), rank_(rank), size_(size) {
+  TunablesChanged();
+}
+
+void Executor::TunablesChanged() {
+  config_->SetFusion(registry_->Fusion(DeviceKind::kHost), registry_->Fusion(DeviceKind::kCuda));
+}
+
+std::string Executor::PrepareGpuRequest(TensorEntry& e, std::optional<uintptr_t> stream) {
+  const int device = e.request.device;
+  int expected = -1;
+  if (!gpu_device_.compare_exchange_strong(expected, device) && expected != device)
+    return "the tensor is on GPU " + std::to_string(device) + ", but this process already drives GPU " +
+           std::to_string(expected) + "; hvdlite drives one GPU per process (pin it first, e.g. "
+           "torch.cuda.set_device(hvd.local_rank()))";
+  try {
+    GpuContext::Device& d = gpus_->Get(device);
+    if (stream) {
+      cuda::DeviceGuard guard(d.rt, device);
+      e.produced = d.events->Record(reinterpret_cast<cuda::Stream>(*stream));
+    }
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+  return "";
+}
+
+std::shared_ptr<DeviceAllocation> Executor::AllocateDevice(int device, int64_t bytes) {
+  GpuContext::Device& d = gpus_->Get(device);
+  return std::make_shared<cuda::StreamMemory>(d.events, d.stream, bytes);
+}
+
+void Executor::CopyOnDevice(int device, void* dst, const void* src, int64_t bytes, std::optional<uintptr_t> after) {
+  GpuContext::Device& d = gpus_->Get(device);
+  cuda::DeviceGuard guard(d.rt, device);
+  const uintptr_t ours = reinterpret_cast<uintptr_t>(d.stream->get());
+  if (after) d.events->Record(reinterpret_cast<cuda::Stream>(*after))->OrderBefore(ours);
+  if (bytes > 0)
+    d.rt.Check(d.rt.api().MemcpyAsync(dst, src, static_cast<size_t>(bytes), cuda::kDeviceToDevice, d.stream->get()),
+               "cudaMemcpyAsync");
+}
+
+// A tensor the cycle carried and reduced: what is left is Average's and postscale's
+// factor.
+bool Executor::RunCarried(const Request& q, const void* sum) {
+  TensorEntry e;
+  if (!queue_->Pop(q.name, &e)) return false;
+  const int64_t now = NowMicros();
+  const int64_t count = NumElements(q.shape);
+  const double post = q.postscale * (q.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  if (post != 1.0) ScaleCopy(e.output, sum, count, q.dtype, post);
+  else std::memcpy(e.output, sum, static_cast<size_t>(count * DataTypeSize(q.dtype)));
+  if (timeline_->Active()) {
+    timeline_->Phase(q.name, "QUEUE", e.enqueue_us, now);
+    timeline_->Phase(q.name, "CYCLE_ALLREDUCE", now, NowMicros());
+  }
+  if (hooks_.ran) hooks_.ran({q.name}, count * DataTypeSize(q.dtype));
+  handles_->Complete(e.handle, true, "");
+  return true;
+}
+
+void Executor::Run(const Response& r) {
+  const size_t n = r.type == RequestType::kJoin ? 1 : r.names.size();
+  HVD_LOG(0, RequestTypeName(r.type) << " of " << n << " tensor(s), first '" << (r.names.empty() ? "" : r.names[0])
+                                     << "'" << (r.error.empty() ? "" : ", failing: " + r.error));
+  std::vector<TensorEntry> entries(n);
+  std::vector<char> have(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    have[i] = queue_->Pop(r.type == RequestType::kJoin ? std::string("\x01join") : r.names[i], &entries[i]);
+
+  auto fail_all = [&](const std::string& message) {
+    std::vector<HandleTable::Result> results;
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) results.push_back({entries[i].handle, false, message, nullptr, nullptr});
+    handles_->CompleteAll(std::move(results));
+  };
+  if (!r.error.empty()) return fail_all(r.error);
+  if (hooks_.ran) {
+    int64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) bytes += NumElements(entries[i].request.shape) * DataTypeSize(entries[i].request.dtype);
+    hooks_.ran(r.names, bytes);
+  }
+  if (timeline_->Active()) {
+    const int64_t now = NowMicros();
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) timeline_->Phase(entries[i].request.name, "QUEUE", entries[i].enqueue_us, now);
+  }
+  switch (r.type) {
+    case RequestType::kBarrier:
+      // Negotiation already proved that every rank reached the barrier.
+      if (have[0]) handles_->Complete(entries[0].handle, true, "");
+      return;
+    case RequestType::kJoin: {
+      if (!have[0]) return;
+      auto out = std::make_unique<OutputBuffer>();
+      out->aux = {r.last_joined};
+      handles_->Complete(entries[0].handle, true, "", std::move(out));
+      return;
+    }
+    default:
+      break;
+  }
+
+  const std::string label = RequestLabel(r.type, r.names[0]) +
+                            (n > 1 ? " (fused with " + std::to_string(n - 1) + " more)" : std::string());
+  std::string why;
+  Backend* backend = registry_->Select(r, &why);
+  if (!backend) return fail_all(why);
+  int32_t device = kCpuDevice;
+  if (KindOfDevice(r.device) == DeviceKind::kCuda) {
+    device = gpu_device_ >= 0 ? gpu_device_.load() : 0;  // a joined rank: the GPU it drives
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) device = entries[i].request.device;
+  }
+  Tracer tracer(timeline_);
+  CollectiveJob job{r, entries, have, tracer, {}, device};
+  std::unique_ptr<Completion> completion;
+  try {
+    completion = backend->Run(job);
+  } catch (const PeerFailure& ex) {
+    fail_all(label + " failed on rank " + std::to_string(rank_) + ": a peer process failed (" + ex.what() + ")");
+    throw;  // the engine stops (Engine::OnPeerFailure)
+  } catch (const FailedOnEveryRank& ex) {
+    return fail_all(label + " failed (" + backend->Name() + " backend, " + DeviceLabel(device) + "): " + ex.what());
+  } catch (const std::exception& ex) {
+    const std::string message = label + " failed on rank " + std::to_string(rank_) + " (" + backend->Name() +
+                                " backend, " + DeviceLabel(device) + "): " + ex.what();
+    fail_all(message);
+    // The peers have queued their part on their GPUs and would wait for this rank's
+    // forever: the job stops everywhere, with this reason.
+    if (backend->Device() != DeviceKind::kHost && hooks_.fail) hooks_.fail(message);
+    return;
+  }
+  std::shared_ptr<ReadyEvent> ready = completion ? completion->Ready() : nullptr;
+  std::vector<HandleTable::Result> results;
+  results.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!have[i]) continue;
+    std::unique_ptr<OutputBuffer> out = i < job.outputs.size() ? std::move(job.outputs[i]) : nullptr;
+    results.push_back({entries[i].handle, true, "", std::move(out), ready});
+  }
+  handles_->CompleteAll(std::move(results));
+  if (completion) {
+    in_flight_.push_back(InFlight_{std::move(completion), label, NowMicros()});
+    ++in_flight_count_;
+    ++device_collectives_;
+  }
+}
+
+bool Executor::PollInFlight() {
+  bool progress = false;
+  const int64_t now = NowMicros();
+  const double limit_s = config_->job().stall_shutdown_seconds;
+  const int64_t limit_us = static_cast<int64_t>(limit_s * 1e6);
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->completion->Done()) {
+      const std::string error = it->completion->Error();
+      if (!error.empty() && hooks_.fail) hooks_.fail(it->label + " failed on rank " + std::to_string(rank_) + ": " + error);
+      it = in_flight_.erase(it);
+      --in_flight_count_;
+      progress = true;
+      continue;
+    }
+    if (limit_us > 0 && now - it->start_us > limit_us && hooks_.fail && !hooks_.shutting_down())
+      hooks_.fail(it->label + " did not finish on the GPU within " + std::to_string(static_cast<int64_t>(limit_s)) +
+                  " s on rank " + std::to_string(rank_) +
+                  " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): a peer died or stopped taking part; NCCL was aborted");
+    ++it;
+  }
+  return progress;
+}
+
+void Executor::DrainInFlight() {
+  const double limit_s = config_->job().stall_shutdown_seconds > 0 ? config_->job().stall_shutdown_seconds : 30.0;
+  const int64_t abort_at = NowMicros() + static_cast<int64_t>(limit_s * 1e6);
+  bool aborted = false;
+  while (!in_flight_.empty()) {
+    if (PollInFlight()) continue;
+    const int64_t now = NowMicros();
+    if (!aborted && now > abort_at) {
+      registry_->AbortAll("device work still queued " + std::to_string(static_cast<int64_t>(limit_s)) +
+                          " s after shutdown");
+      aborted = true;
+    } else if (aborted && now > abort_at + 2000000) {
+      HVD_WARN("giving up on " << in_flight_.size() << " GPU collective(s) that never finished, first: "
+                               << in_flight_.front().label);
+      in_flight_.clear();
+      in_flight_count_ = 0;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace hvdlite
