@@ -115,24 +115,24 @@ def _cpp_default(header: str, field: str) -> float:
 
 # Engine setting -> (header, field) whose initializer is its default.
 ENGINE_DEFAULTS = {
-    "FUSION_THRESHOLD": ("parameters.h", "fusion_threshold_bytes"),
-    "CYCLE_TIME": ("parameters.h", "cycle_time_ms"),
-    "CACHE_CAPACITY": ("parameters.h", "cache_capacity"),
-    "STALL_CHECK_TIME_SECONDS": ("parameters.h", "stall_check_seconds"),
-    "STALL_SHUTDOWN_TIME_SECONDS": ("parameters.h", "stall_shutdown_seconds"),
-    "HOST_CHUNK_BYTES": ("parameters.h", "host_chunk_bytes"),
-    "FUSION_DIRECT_BYTES": ("parameters.h", "fusion_direct_bytes"),
-    "RING_MIN_SEGMENT_BYTES": ("parameters.h", "ring_min_segment_bytes"),
-    "SPIN_MICROSECONDS": ("parameters.h", "spin_us"),
-    "HIERARCHICAL_CHUNK_BYTES": ("parameters.h", "hierarchical_chunk_bytes"),
-    "MALLOC_TUNING": ("parameters.h", "malloc_tuning"),
-    "HUGE_PAGES": ("parameters.h", "huge_pages"),
-    "TIMELINE_MARK_CYCLES": ("parameters.h", "timeline_mark_cycles"),
-    "AUTOTUNE": ("parameters.h", "autotune"),
-    "ELASTIC": ("parameters.h", "elastic"),
-    "AUTOTUNE_WARMUP_SAMPLES": ("autotune.h", "warmup_samples"),
-    "AUTOTUNE_STEPS_PER_SAMPLE": ("autotune.h", "steps_per_sample"),
-    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": ("autotune.h", "max_samples"),
+    "FUSION_THRESHOLD": ("common/parameters.h", "fusion_threshold_bytes"),
+    "CYCLE_TIME": ("common/parameters.h", "cycle_time_ms"),
+    "CACHE_CAPACITY": ("common/parameters.h", "cache_capacity"),
+    "STALL_CHECK_TIME_SECONDS": ("common/parameters.h", "stall_check_seconds"),
+    "STALL_SHUTDOWN_TIME_SECONDS": ("common/parameters.h", "stall_shutdown_seconds"),
+    "HOST_CHUNK_BYTES": ("common/parameters.h", "host_chunk_bytes"),
+    "FUSION_DIRECT_BYTES": ("common/parameters.h", "fusion_direct_bytes"),
+    "RING_MIN_SEGMENT_BYTES": ("common/parameters.h", "ring_min_segment_bytes"),
+    "SPIN_MICROSECONDS": ("common/parameters.h", "spin_us"),
+    "HIERARCHICAL_CHUNK_BYTES": ("common/parameters.h", "hierarchical_chunk_bytes"),
+    "MALLOC_TUNING": ("common/parameters.h", "malloc_tuning"),
+    "HUGE_PAGES": ("common/parameters.h", "huge_pages"),
+    "TIMELINE_MARK_CYCLES": ("common/parameters.h", "timeline_mark_cycles"),
+    "AUTOTUNE": ("common/parameters.h", "autotune"),
+    "ELASTIC": ("common/parameters.h", "elastic"),
+    "AUTOTUNE_WARMUP_SAMPLES": ("common/tunables.h", "warmup_samples"),
+    "AUTOTUNE_STEPS_PER_SAMPLE": ("common/tunables.h", "steps_per_sample"),
+    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": ("common/tunables.h", "max_samples"),
 }
 
 
@@ -143,7 +143,7 @@ def test_engine_defaults_are_the_engines(suffix: str) -> None:
 
 
 def test_log_level_default_is_the_engines() -> None:
-    level = int(_cpp_default("parameters.h", "log_level"))
+    level = int(_cpp_default("common/parameters.h", "log_level"))
     names = ["trace", "debug", "info", "warning", "error", "fatal"]
     entry = next(v for v in VARIABLES.VARIABLES if v.name == "HVDLITE_LOG_LEVEL")
     assert entry.default == names[level]
