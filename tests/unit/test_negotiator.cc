@@ -172,7 +172,6 @@ TEST(negotiator_a_small_known_tensor_is_carried_and_summed_by_the_cycle) {
     CHECK_EQ(job[r].recorder.ran, (std::vector<std::string>{"allreduce s", "carried s"}));
     REQUIRE(job[r].recorder.carried_sums.size() == 1u);
     CHECK_EQ(job[r].recorder.carried_sums[0], (std::vector<float>{11, 22, 33, 44}));
-    CHECK_EQ(job[r].negotiator.GetStats().carried, int64_t{1});
   }
 }
 

@@ -238,7 +238,7 @@ Engine::Stats Engine::GetStats() const {
   s.requests_in_full = n.requests_in_full;
   s.requests_as_ids = n.requests_as_ids;
   s.cycles = n.cycles;
-  s.carried = n.carried;
+  s.carried = executor_->carried();
   s.control_bytes_sent = control_->bytes_sent();
   s.control_bytes_received = control_->bytes_received();
   s.waits_driven = waits_driven_;

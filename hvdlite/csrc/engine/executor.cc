@@ -1,11 +1,9 @@
 #include "engine/executor.h"
 
 #include <chrono>
-#include <cstring>
 #include <thread>
 
 #include "common/logging.h"
-#include "kernels/reduce.h"
 #include "mpi/errors.h"
 
 namespace hvdlite {
@@ -55,26 +53,18 @@ void Executor::CopyOnDevice(int device, void* dst, const void* src, int64_t byte
                "cudaMemcpyAsync");
 }
 
-// A tensor the cycle carried and reduced: what is left is Average's and postscale's
-// factor.
+// A tensor the cycle carried and reduced: it completes as any other allreduce, on the
+// host backend, which has only the scaling and the copy out left to do.
 bool Executor::RunCarried(const Request& q, const void* sum) {
-  TensorEntry e;
-  if (!queue_->Pop(q.name, &e)) return false;
-  const int64_t now = NowMicros();
-  const int64_t count = NumElements(q.shape);
-  const double post = q.postscale * (q.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
-  if (post != 1.0) ScaleCopy(e.output, sum, count, q.dtype, post);
-  else std::memcpy(e.output, sum, static_cast<size_t>(count * DataTypeSize(q.dtype)));
-  if (timeline_->Active()) {
-    timeline_->Phase(q.name, "QUEUE", e.enqueue_us, now);
-    timeline_->Phase(q.name, "CYCLE_ALLREDUCE", now, NowMicros());
-  }
-  if (hooks_.ran) hooks_.ran({q.name}, count * DataTypeSize(q.dtype));
-  handles_->Complete(e.handle, true, "");
-  return true;
+  Response r = ResponseTo(q);
+  r.names.push_back(q.name);
+  r.sizes.push_back(NumElements(q.shape));
+  return Perform(r, sum);
 }
 
-void Executor::Run(const Response& r) {
+void Executor::Run(const Response& r) { Perform(r, nullptr); }
+
+bool Executor::Perform(const Response& r, const void* reduced) {
   const size_t n = r.type == RequestType::kJoin ? 1 : r.names.size();
   HVD_LOG(0, RequestTypeName(r.type) << " of " << n << " tensor(s), first '" << (r.names.empty() ? "" : r.names[0])
                                      << "'" << (r.error.empty() ? "" : ", failing: " + r.error));
@@ -82,6 +72,8 @@ void Executor::Run(const Response& r) {
   std::vector<char> have(n, 0);
   for (size_t i = 0; i < n; ++i)
     have[i] = queue_->Pop(r.type == RequestType::kJoin ? std::string("\x01join") : r.names[i], &entries[i]);
+  bool had = false;
+  for (char h : have) had = had || h;
 
   auto fail_all = [&](const std::string& message) {
     std::vector<HandleTable::Result> results;
@@ -89,7 +81,10 @@ void Executor::Run(const Response& r) {
       if (have[i]) results.push_back({entries[i].handle, false, message, nullptr, nullptr});
     handles_->CompleteAll(std::move(results));
   };
-  if (!r.error.empty()) return fail_all(r.error);
+  if (!r.error.empty()) {
+    fail_all(r.error);
+    return had;
+  }
   if (hooks_.ran) {
     int64_t bytes = 0;
     for (size_t i = 0; i < n; ++i)
@@ -105,23 +100,29 @@ void Executor::Run(const Response& r) {
     case RequestType::kBarrier:
       // Negotiation already proved that every rank reached the barrier.
       if (have[0]) handles_->Complete(entries[0].handle, true, "");
-      return;
+      return had;
     case RequestType::kJoin: {
-      if (!have[0]) return;
+      if (!have[0]) return false;
       auto out = std::make_unique<OutputBuffer>();
       out->aux = {r.last_joined};
       handles_->Complete(entries[0].handle, true, "", std::move(out));
-      return;
+      return had;
     }
     default:
       break;
   }
 
-  const std::string label = RequestLabel(r.type, r.names[0]) +
-                            (n > 1 ? " (fused with " + std::to_string(n - 1) + " more)" : std::string());
+  // For messages only: built when one is needed.
+  auto label = [&] {
+    return RequestLabel(r.type, r.names[0]) +
+           (n > 1 ? " (fused with " + std::to_string(n - 1) + " more)" : std::string());
+  };
   std::string why;
   Backend* backend = registry_->Select(r, &why);
-  if (!backend) return fail_all(why);
+  if (!backend) {
+    fail_all(why);
+    return had;
+  }
   int32_t device = kCpuDevice;
   if (KindOfDevice(r.device) == DeviceKind::kCuda) {
     device = gpu_device_ >= 0 ? gpu_device_.load() : 0;  // a joined rank: the GPU it drives
@@ -129,24 +130,27 @@ void Executor::Run(const Response& r) {
       if (have[i]) device = entries[i].request.device;
   }
   Tracer tracer(timeline_);
-  CollectiveJob job{r, entries, have, tracer, {}, device};
+  CollectiveJob job{r, entries, have, tracer, {}, device, reduced};
   std::unique_ptr<Completion> completion;
   try {
     completion = backend->Run(job);
   } catch (const PeerFailure& ex) {
-    fail_all(label + " failed on rank " + std::to_string(rank_) + ": a peer process failed (" + ex.what() + ")");
+    fail_all(label() + " failed on rank " + std::to_string(rank_) + ": a peer process failed (" + ex.what() + ")");
     throw;  // the engine stops (Engine::OnPeerFailure)
   } catch (const FailedOnEveryRank& ex) {
-    return fail_all(label + " failed (" + backend->Name() + " backend, " + DeviceLabel(device) + "): " + ex.what());
+    fail_all(label() + " failed (" + backend->Name() + " backend, " + DeviceLabel(device) + "): " + ex.what());
+    return had;
   } catch (const std::exception& ex) {
-    const std::string message = label + " failed on rank " + std::to_string(rank_) + " (" + backend->Name() +
+    const std::string message = label() + " failed on rank " + std::to_string(rank_) + " (" + backend->Name() +
                                 " backend, " + DeviceLabel(device) + "): " + ex.what();
     fail_all(message);
     // The peers have queued their part on their GPUs and would wait for this rank's
     // forever: the job stops everywhere, with this reason.
     if (backend->Device() != DeviceKind::kHost && hooks_.fail) hooks_.fail(message);
-    return;
+    return had;
   }
+  // Counted before the handles complete, so that a caller who sees its result sees it counted.
+  if (reduced && had) ++carried_;
   std::shared_ptr<ReadyEvent> ready = completion ? completion->Ready() : nullptr;
   std::vector<HandleTable::Result> results;
   results.reserve(n);
@@ -157,10 +161,11 @@ void Executor::Run(const Response& r) {
   }
   handles_->CompleteAll(std::move(results));
   if (completion) {
-    in_flight_.push_back(InFlight_{std::move(completion), label, NowMicros()});
+    in_flight_.push_back(InFlight_{std::move(completion), label(), NowMicros()});
     ++in_flight_count_;
     ++device_collectives_;
   }
+  return had;
 }
 
 bool Executor::PollInFlight() {

@@ -68,6 +68,8 @@ class Executor : public AgreedWork {
 
   const BackendRegistry& registry() const { return *registry_; }
   int64_t device_collectives() const { return device_collectives_; }
+  // Tensors the cycles reduced themselves (RunCarried) that completed here.
+  int64_t carried() const { return carried_; }
   // The registry goes first when the engine ends: NCCL communicators (their queued work
   // finishes), then MPI's.
   void ReleaseBackends(bool leak) {
@@ -76,6 +78,10 @@ class Executor : public AgreedWork {
   }
 
  private:
+  // Runs `r` for this rank's tensors of those names; `reduced`: see
+  // CollectiveJob::reduced. False if this rank had none of them.
+  bool Perform(const Response& r, const void* reduced);
+
   std::unique_ptr<BackendRegistry> registry_;
   Config* config_;
   TensorQueue* queue_;
@@ -94,6 +100,7 @@ class Executor : public AgreedWork {
   std::list<InFlight_> in_flight_;
   std::atomic<int> in_flight_count_{0};
   std::atomic<int64_t> device_collectives_{0};
+  std::atomic<int64_t> carried_{0};
   // The one GPU this process drives (-1: none yet). Horovod's rule, one GPU per process,
   // keeps every rank's NCCL calls alike.
   std::atomic<int> gpu_device_{-1};

@@ -41,7 +41,6 @@ Negotiator::Stats Negotiator::GetStats() const {
   s.requests_in_full = requests_in_full_;
   s.requests_as_ids = requests_as_ids_;
   s.cycles = cycle_->completed();
-  s.carried = carried_;
   return s;
 }
 
@@ -445,7 +444,7 @@ void Negotiator::RunCycle(CacheCycle::Outcome& out) {
   };
   if (out.reduced_id >= 0) {
     agreed(out.reduced_id);
-    if (work_->RunCarried(cache_.Get(out.reduced_id), out.reduced)) ++carried_;
+    work_->RunCarried(cache_.Get(out.reduced_id), out.reduced);
   }
   for (const std::vector<int32_t>& ids : cycle_->Collectives(out.ready, cache_)) {
     for (int32_t id : ids) agreed(id);

@@ -96,7 +96,6 @@ class Negotiator {
     int64_t requests_in_full = 0;
     int64_t requests_as_ids = 0;
     int64_t cycles = 0;
-    int64_t carried = 0;
   };
   Stats GetStats() const;
 
@@ -185,7 +184,7 @@ class Negotiator {
 
   int64_t last_stall_check_us_ = 0;
   int64_t last_relay_us_ = 0;  // when this rank last sent rank 0 relayed timeline records
-  std::atomic<int64_t> requests_in_full_{0}, requests_as_ids_{0}, carried_{0};
+  std::atomic<int64_t> requests_in_full_{0}, requests_as_ids_{0};
 };
 
 }  // namespace hvdlite

@@ -37,6 +37,8 @@ class MpiBackend : public Backend {
 
  private:
   void Allreduce(CollectiveJob& job);
+  // An allreduce the cycle already summed (CollectiveJob::reduced): scaled into the output.
+  void CopyOutReduced(CollectiveJob& job);
   // op=Adasum: each tensor on its own (adasum.h), scaled before and after.
   void AdasumTensors(CollectiveJob& job);
   // One reduction of `count` elements, flat or two-level (see Hierarchical).
