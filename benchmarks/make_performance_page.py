@@ -576,6 +576,27 @@ def zero_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def builds_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["A change to the engine that must not cost speed is measured against the build before it: "
+           "the same benchmarks in both trees, in turn (baseline, candidate, candidate, baseline, ...). "
+           "hvdlite's own times (not its ratios to peers), the median over repetitions in each tree; "
+           "candidate ÷ baseline above 1 means the candidate is slower. Spread: each tree's largest ÷ "
+           "smallest repetition; a ratio within the spreads is noise.", ""]
+    for doc in docs:
+        s = doc["settings"]
+        out += [ctx.run_line(doc) + f" Baseline `{s.get('baseline_commit', '?')}`, candidate "
+                f"`{s.get('candidate_commit', '?')}`, {s.get('repeats', '?')} runs of each suite in each tree.", ""]
+        suites = {"core": "core, 2 ranks", "torch": "PyTorch training, 2 ranks",
+                  "tf": "TensorFlow training, 2 ranks", "hosts": "emulated hosts"}
+        trs = [[suites.get(r["suite"], r["suite"]), r["figure"], f"{fmt_num(r['baseline'], 4)} {r['unit']}",
+                f"{fmt_num(r['candidate'], 4)} {r['unit']}", fmt_ratio(r["ratio"], bold=True),
+                fmt_ratio(r["baseline_spread"]), fmt_ratio(r["candidate_spread"])] for r in doc["summary"]]
+        out += table(["suite", "figure", "baseline", "candidate", "candidate ÷ baseline", "spread, baseline",
+                      "spread, candidate"], trs)
+        out.append("")
+    return out
+
+
 def onebit_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     out = ["1-bit Adam and top-k compression against Adam through `DistributedOptimizer`, training "
            "the same 4.2 M-parameter MLP from the same start on the same batches, interleaved in "
@@ -711,6 +732,7 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_tf_graph_ops", "TensorFlow collectives inside graphs {#tf-graph-ops}", graph_ops_section),
     ("bench_host_memory", "What two processes get of this machine {#host-memory}", host_memory_section),
     ("bench_gpu", "GPU {#gpu}", gpu_section),
+    ("bench_builds", "This build against the one before {#builds}", builds_section),
 ]
 MISSING = {
     "bench_core": "hvdlite-run -np 2 python benchmarks/bench_core.py",
@@ -725,6 +747,7 @@ MISSING = {
     "bench_tf_graph_ops": "python benchmarks/bench_tf_graph_ops.py",
     "bench_host_memory": "python benchmarks/bench_host_memory.py",
     "bench_gpu": "hvdlite-run -np 1 python benchmarks/bench_gpu.py",
+    "bench_builds": "python benchmarks/bench_builds.py --baseline BASELINE_CHECKOUT",
 }
 NEEDS = {"bench_gpu": "a GPU with PyTorch's CUDA build and NCCL, which the machine above lacks",
          "bench_hosts": "root (network namespaces and `tc`)",
