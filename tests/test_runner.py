@@ -821,6 +821,47 @@ for r in ranks:
         kill_tree(proc.pid)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the job's processes from /proc")
+def test_sigterm_ends_a_job_that_does_not_stop_within_the_grace_period(tmp_path: Path) -> None:
+    """SIGTERM (a scheduler's, or `timeout`'s) to a launcher whose mpirun never stops
+    the job (here a stand-in that ignores it, as mpirun waiting for a daemon on a host
+    cut off from the network does): the launcher kills the job after
+    STOP_GRACE_SECONDS and exits with 143, leaving no process behind."""
+    from hvdlite.runner.launch import STOP_GRACE_SECONDS
+    from tests.launch import _tree, kill_tree
+    rank = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)")
+    fake = _write(tmp_path / "mpirun", f"""#!{sys.executable}
+import signal, subprocess, sys, time
+if "--version" in sys.argv:
+    print("mpirun (Open MPI) 5.0.0")
+    sys.exit(0)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ranks = [subprocess.Popen([sys.executable, "-c", {rank!r}], start_new_session=True) for _ in range(2)]
+for r in ranks:
+    r.wait()
+""")
+    fake.chmod(0o755)
+    proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", "true"], 2,
+                                 _env(HVDLITE_MPIRUN=str(fake)))
+    try:
+        job = _tree(proc.pid)
+        assert len(job) >= 4, job
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=STOP_GRACE_SECONDS + 30)
+        took = time.monotonic() - start
+        assert proc.returncode == 143, (proc.returncode, err)
+        assert "got SIGTERM, stopping the job" in err, err
+        assert f"the job did not stop within {STOP_GRACE_SECONDS:g} s; killing it" in err, err
+        assert STOP_GRACE_SECONDS <= took < STOP_GRACE_SECONDS + 5, took
+        time.sleep(0.5)
+        assert _alive(job) == [], f"left running: {_alive(job)}"
+    finally:
+        kill_tree(proc.pid)
+
+
 def test_module_import_is_light() -> None:
     """Importing the launcher loads neither a framework nor the compiled core."""
     code = ("import sys, hvdlite.runner, hvdlite.runner.cli\n"

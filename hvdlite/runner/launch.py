@@ -1,7 +1,8 @@
 """Running a job: :func:`launch` starts ``mpirun`` with the command
 :func:`~hvdlite.runner.command.build_mpirun_command` makes and watches it to the end.
 
-Ctrl-C (or SIGTERM, SIGHUP) stops the job, a second Ctrl-C kills it at once
+Ctrl-C (or SIGTERM, SIGHUP) stops the job, a second Ctrl-C kills it at once, and a job
+that has not stopped :data:`STOP_GRACE_SECONDS` after the first is killed
 (:func:`_run_mpirun`); the launcher exits with the job's status, ``128 + N`` for a job
 stopped by signal N. An elastic job that finished its training counts as a success
 even when mpirun reports the workers lost on the way.
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 
 from hvdlite.runner import output
@@ -30,6 +32,13 @@ __all__ = [
     "launch",
 ]
 
+#: How long mpirun gets to stop the job after the first SIGINT, SIGTERM or SIGHUP
+#: before the launcher kills it and every process of the job on this host. mpirun
+#: waits for its daemons to report their ranks gone, and a daemon on a host cut off
+#: from the network never answers: without a bound, ``hvdlite-run`` then outlived a
+#: ``timeout`` or a scheduler's SIGTERM by minutes.
+STOP_GRACE_SECONDS = 8.0
+
 def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     """Launch ``config`` through mpirun and return the job's exit status.
 
@@ -39,7 +48,8 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
 
     SIGINT, SIGTERM and SIGHUP received by this process print one line and are
     forwarded to ``mpirun``, which tears the job down; a second Ctrl-C kills
-    ``mpirun`` and every process of the job at once. A job stopped that way, or ended
+    ``mpirun`` and every process of the job at once, and so does a job still running
+    :data:`STOP_GRACE_SECONDS` after the first signal. A job stopped that way, or ended
     by signal N, returns ``128 + N`` (130 for Ctrl-C), as a shell would report it.
     """
     env_in = os.environ if environ is None else environ
@@ -118,7 +128,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
 
     The first such signal prints one line and is passed on to mpirun, which stops the
     ranks; a second SIGINT (Ctrl-C again) kills mpirun and every process below it at
-    once. Processes of the job still there once mpirun has gone after a signal are
+    once, as does a job that has not stopped within :data:`STOP_GRACE_SECONDS` of the
+    first. Processes of the job still there once mpirun has gone after a signal are
     killed too.
 
     ``live``: mpirun was asked for tagged raw output (``--output tag:raw``), which is
@@ -140,6 +151,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
     else:
         proc = subprocess.Popen(argv, env=env)
     received: list[int] = []
+    asked_at: list[float] = []  # when the first signal came (time.monotonic())
     job: dict[int, int] = {}  # the job's processes when it was asked to stop: pid -> start time
 
     def say(text: str) -> None:
@@ -148,21 +160,25 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
         except (OSError, ValueError):
             pass
 
+    def kill_job() -> None:
+        _kill_processes(job)
+        try:
+            proc.kill()  # where /proc could not list the job's processes
+        except OSError:
+            pass
+
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
         job.update(_process_tree(proc.pid))
         if len(received) == 1:
+            asked_at.append(time.monotonic())
             if signum == signal.SIGINT:
                 say("interrupted, stopping the job (Ctrl-C again to kill it at once)")
             else:
                 say(f"got {signal.Signals(signum).name}, stopping the job")
         elif signum == signal.SIGINT:
             say("killing the job")
-            _kill_processes(job)
-            try:
-                proc.kill()  # where /proc could not list the job's processes
-            except OSError:
-                pass
+            kill_job()
             return
         try:
             proc.send_signal(signum)
@@ -181,7 +197,20 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
         # a terminal's Ctrl-C directly since it shares our process group.
         pass
     try:
-        returncode = proc.wait()
+        killed = False
+        while True:
+            # Polled, not one blocking wait: a signal's handler runs meanwhile, and the
+            # grace period after it is counted here.
+            try:
+                returncode = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if asked_at and not killed and time.monotonic() - asked_at[0] > STOP_GRACE_SECONDS:
+                say(f"the job did not stop within {STOP_GRACE_SECONDS:g} s; killing it")
+                job.update(_process_tree(proc.pid))
+                kill_job()
+                killed = True
         if received:
             _kill_processes(job)  # whatever outlived mpirun (a rank's own children)
         if finish is not None:
