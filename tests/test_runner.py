@@ -784,11 +784,9 @@ def test_ctrl_c_stops_the_job_with_status_130() -> None:
         kill_tree(proc.pid)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the job's processes from /proc")
-def test_second_ctrl_c_kills_the_job_at_once(tmp_path: Path) -> None:
-    """An mpirun that does not stop on Ctrl-C (here a stand-in that ignores it, with
-    ranks that ignore it too): the second Ctrl-C kills it and every process below it."""
-    from tests.launch import _tree, kill_tree
+def _stubborn_mpirun(tmp_path: Path) -> Path:
+    """A stand-in mpirun that ignores SIGINT and SIGTERM, with two ranks that ignore
+    them too (each prints 'ready'): a job that does not stop when asked."""
     rank = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
             "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)")
     fake = _write(tmp_path / "mpirun", f"""#!{sys.executable}
@@ -803,6 +801,15 @@ for r in ranks:
     r.wait()
 """)
     fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the job's processes from /proc")
+def test_second_ctrl_c_kills_the_job_at_once(tmp_path: Path) -> None:
+    """An mpirun that does not stop on Ctrl-C (here a stand-in that ignores it, with
+    ranks that ignore it too): the second Ctrl-C kills it and every process below it."""
+    from tests.launch import _tree, kill_tree
+    fake = _stubborn_mpirun(tmp_path)
     proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", "true"], 2,
                                  _env(HVDLITE_MPIRUN=str(fake)))
     try:
@@ -829,20 +836,7 @@ def test_sigterm_ends_a_job_that_does_not_stop_within_the_grace_period(tmp_path:
     STOP_GRACE_SECONDS and exits with 143, leaving no process behind."""
     from hvdlite.runner.launch import STOP_GRACE_SECONDS
     from tests.launch import _tree, kill_tree
-    rank = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)")
-    fake = _write(tmp_path / "mpirun", f"""#!{sys.executable}
-import signal, subprocess, sys, time
-if "--version" in sys.argv:
-    print("mpirun (Open MPI) 5.0.0")
-    sys.exit(0)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-ranks = [subprocess.Popen([sys.executable, "-c", {rank!r}], start_new_session=True) for _ in range(2)]
-for r in ranks:
-    r.wait()
-""")
-    fake.chmod(0o755)
+    fake = _stubborn_mpirun(tmp_path)
     proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", "true"], 2,
                                  _env(HVDLITE_MPIRUN=str(fake)))
     try:
