@@ -804,17 +804,24 @@ for r in ranks:
     return fake
 
 
+def _start_stubborn_job(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """hvdlite-run -np 2 on the stubborn stand-in, once both ranks are ready: the
+    launcher's process and every process of the job."""
+    from tests.launch import _tree
+    proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", "true"], 2,
+                                 _env(HVDLITE_MPIRUN=str(_stubborn_mpirun(tmp_path))))
+    job = _tree(proc.pid)
+    assert len(job) >= 4, job  # the launcher, mpirun, two ranks
+    return proc, job
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the job's processes from /proc")
 def test_second_ctrl_c_kills_the_job_at_once(tmp_path: Path) -> None:
     """An mpirun that does not stop on Ctrl-C (here a stand-in that ignores it, with
     ranks that ignore it too): the second Ctrl-C kills it and every process below it."""
-    from tests.launch import _tree, kill_tree
-    fake = _stubborn_mpirun(tmp_path)
-    proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", "true"], 2,
-                                 _env(HVDLITE_MPIRUN=str(fake)))
+    from tests.launch import kill_tree
+    proc, job = _start_stubborn_job(tmp_path)
     try:
-        job = _tree(proc.pid)
-        assert len(job) >= 4, job
         proc.send_signal(signal.SIGINT)
         time.sleep(1.5)
         assert proc.poll() is None and len(_alive(job)) == len(job)  # ignored by this mpirun
@@ -835,13 +842,9 @@ def test_sigterm_ends_a_job_that_does_not_stop_within_the_grace_period(tmp_path:
     cut off from the network does): the launcher kills the job after
     STOP_GRACE_SECONDS and exits with 143, leaving no process behind."""
     from hvdlite.runner.launch import STOP_GRACE_SECONDS
-    from tests.launch import _tree, kill_tree
-    fake = _stubborn_mpirun(tmp_path)
-    proc = _start_and_wait_ready([sys.executable, "-m", "hvdlite.runner", "-np", "2", "true"], 2,
-                                 _env(HVDLITE_MPIRUN=str(fake)))
+    from tests.launch import kill_tree
+    proc, job = _start_stubborn_job(tmp_path)
     try:
-        job = _tree(proc.pid)
-        assert len(job) >= 4, job
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=STOP_GRACE_SECONDS + 30)
