@@ -51,6 +51,7 @@ Engine& Known() { return TheWorld().Known(); }
 bool ForkedCopy() { return TheWorld().ForkedCopy(); }
 void RaiseIfForkedCopy() { TheWorld().RaiseIfForkedCopy(); }
 
+void SetHvdliteError(const std::string& message, const char* cls = "HvdliteError");
 [[noreturn]] void RaiseHvdliteError(const std::string& message, const char* cls = "HvdliteError");
 
 // The request type code from Python, checked.
@@ -223,11 +224,16 @@ py::tuple Wait(int64_t h, bool release, const std::vector<uintptr_t>& streams, b
   return py::make_tuple(ok, error);
 }
 
-// Raises `cls`, a class of hvdlite.common.exceptions (HvdliteError or one of its
-// subclasses), with `message`. Looked up on the error path only.
-[[noreturn]] void RaiseHvdliteError(const std::string& message, const char* cls) {
+// Sets the Python error `cls`, a class of hvdlite.common.exceptions (HvdliteError or
+// one of its subclasses), with `message`. Looked up on the error path only.
+void SetHvdliteError(const std::string& message, const char* cls) {
   py::object type = py::module_::import("hvdlite.common.exceptions").attr(cls);
   PyErr_SetString(type.ptr(), message.c_str());
+}
+
+// Raises it.
+[[noreturn]] void RaiseHvdliteError(const std::string& message, const char* cls) {
+  SetHvdliteError(message, cls);
   throw py::error_already_set();
 }
 
@@ -383,8 +389,7 @@ PyObject* DirectRun(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const WorldError& e) {
-    py::object type = py::module_::import("hvdlite.common.exceptions").attr("HvdliteError");
-    PyErr_SetString(type.ptr(), e.what());
+    SetHvdliteError(e.what());
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
@@ -493,8 +498,7 @@ PYBIND11_MODULE(_core, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const WorldError& ex) {
-      py::object type = py::module_::import("hvdlite.common.exceptions").attr("HvdliteError");
-      PyErr_SetString(type.ptr(), ex.what());
+      SetHvdliteError(ex.what());
     }
   });
 

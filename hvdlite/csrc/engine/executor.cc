@@ -55,16 +55,16 @@ void Executor::CopyOnDevice(int device, void* dst, const void* src, int64_t byte
 
 // A tensor the cycle carried and reduced: it completes as any other allreduce, on the
 // host backend, which has only the scaling and the copy out left to do.
-bool Executor::RunCarried(const Request& q, const void* sum) {
+void Executor::RunCarried(const Request& q, const void* sum) {
   Response r = ResponseTo(q);
   r.names.push_back(q.name);
   r.sizes.push_back(NumElements(q.shape));
-  return Perform(r, sum);
+  Perform(r, sum);
 }
 
 void Executor::Run(const Response& r) { Perform(r, nullptr); }
 
-bool Executor::Perform(const Response& r, const void* reduced) {
+void Executor::Perform(const Response& r, const void* reduced) {
   const size_t n = r.type == RequestType::kJoin ? 1 : r.names.size();
   HVD_LOG(0, RequestTypeName(r.type) << " of " << n << " tensor(s), first '" << (r.names.empty() ? "" : r.names[0])
                                      << "'" << (r.error.empty() ? "" : ", failing: " + r.error));
@@ -72,8 +72,6 @@ bool Executor::Perform(const Response& r, const void* reduced) {
   std::vector<char> have(n, 0);
   for (size_t i = 0; i < n; ++i)
     have[i] = queue_->Pop(r.type == RequestType::kJoin ? std::string("\x01join") : r.names[i], &entries[i]);
-  bool had = false;
-  for (char h : have) had = had || h;
 
   auto fail_all = [&](const std::string& message) {
     std::vector<HandleTable::Result> results;
@@ -83,7 +81,7 @@ bool Executor::Perform(const Response& r, const void* reduced) {
   };
   if (!r.error.empty()) {
     fail_all(r.error);
-    return had;
+    return;
   }
   if (hooks_.ran) {
     int64_t bytes = 0;
@@ -100,13 +98,13 @@ bool Executor::Perform(const Response& r, const void* reduced) {
     case RequestType::kBarrier:
       // Negotiation already proved that every rank reached the barrier.
       if (have[0]) handles_->Complete(entries[0].handle, true, "");
-      return had;
+      return;
     case RequestType::kJoin: {
-      if (!have[0]) return false;
+      if (!have[0]) return;
       auto out = std::make_unique<OutputBuffer>();
       out->aux = {r.last_joined};
       handles_->Complete(entries[0].handle, true, "", std::move(out));
-      return had;
+      return;
     }
     default:
       break;
@@ -121,7 +119,7 @@ bool Executor::Perform(const Response& r, const void* reduced) {
   Backend* backend = registry_->Select(r, &why);
   if (!backend) {
     fail_all(why);
-    return had;
+    return;
   }
   int32_t device = kCpuDevice;
   if (KindOfDevice(r.device) == DeviceKind::kCuda) {
@@ -139,7 +137,7 @@ bool Executor::Perform(const Response& r, const void* reduced) {
     throw;  // the engine stops (Engine::OnPeerFailure)
   } catch (const FailedOnEveryRank& ex) {
     fail_all(label() + " failed (" + backend->Name() + " backend, " + DeviceLabel(device) + "): " + ex.what());
-    return had;
+    return;
   } catch (const std::exception& ex) {
     const std::string message = label() + " failed on rank " + std::to_string(rank_) + " (" + backend->Name() +
                                 " backend, " + DeviceLabel(device) + "): " + ex.what();
@@ -147,10 +145,10 @@ bool Executor::Perform(const Response& r, const void* reduced) {
     // The peers have queued their part on their GPUs and would wait for this rank's
     // forever: the job stops everywhere, with this reason.
     if (backend->Device() != DeviceKind::kHost && hooks_.fail) hooks_.fail(message);
-    return had;
+    return;
   }
   // Counted before the handles complete, so that a caller who sees its result sees it counted.
-  if (reduced && had) ++carried_;
+  if (reduced && have[0]) ++carried_;  // a carried tensor is one
   std::shared_ptr<ReadyEvent> ready = completion ? completion->Ready() : nullptr;
   std::vector<HandleTable::Result> results;
   results.reserve(n);
@@ -165,7 +163,6 @@ bool Executor::Perform(const Response& r, const void* reduced) {
     ++in_flight_count_;
     ++device_collectives_;
   }
-  return had;
 }
 
 bool Executor::PollInFlight() {

@@ -46,7 +46,7 @@ class Executor : public AgreedWork {
 
   // AgreedWork.
   void Run(const Response& r) override;
-  bool RunCarried(const Request& sig, const void* sum) override;
+  void RunCarried(const Request& sig, const void* sum) override;
   bool DeviceBusy() const override { return in_flight_count_ > 0; }
   void Abort(const std::string& why) override { registry_->AbortAll(why); }
   void TunablesChanged() override;
@@ -79,8 +79,8 @@ class Executor : public AgreedWork {
 
  private:
   // Runs `r` for this rank's tensors of those names; `reduced`: see
-  // CollectiveJob::reduced. False if this rank had none of them.
-  bool Perform(const Response& r, const void* reduced);
+  // CollectiveJob::reduced.
+  void Perform(const Response& r, const void* reduced);
 
   std::unique_ptr<BackendRegistry> registry_;
   Config* config_;

@@ -18,8 +18,8 @@ class AgreedWork {
   // reports), for this rank's tensors of those names.
   virtual void Run(const Response& r) = 0;
   // A tensor the cycle itself reduced (CacheCycle::CanCarry): its request's signature
-  // and its sum over all ranks, before postscale. False if this rank has no such tensor.
-  virtual bool RunCarried(const Request& sig, const void* sum) = 0;
+  // and its sum over all ranks, before postscale.
+  virtual void RunCarried(const Request& sig, const void* sum) = 0;
   // This rank has device work in flight (rank 0 then holds GPU tensors back, so that
   // those that become ready meanwhile go out fused).
   virtual bool DeviceBusy() const = 0;

@@ -1,7 +1,7 @@
 // Steady-state negotiation without rank 0. Once a tensor's signature is in the response
 // cache, the ranks agree that it is ready everywhere through a *cycle*: one
-// BitAllreduce of a small vector with a bit per cache id, instead of a request to rank 0
-// and rank 0's answer. Rank 0 still negotiates everything new; the engine runs its
+// BitAgreement (transport/control_transport.h) of a small vector with a bit per cache id, instead of a request to rank 0
+// and rank 0's answer. Rank 0 still negotiates everything new; the negotiator runs its
 // response lists and the cycles in one order that every rank follows (see
 // docs/architecture.md, "Negotiation").
 //

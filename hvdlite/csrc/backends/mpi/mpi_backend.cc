@@ -112,15 +112,16 @@ std::unique_ptr<Completion> MpiBackend::Run(CollectiveJob& job) {
   return nullptr;  // MPI's calls have finished
 }
 
-// A fused allreduce on host memory. Tensors too big to share a piece are reduced
-// straight from their own memory (no copy) in cache-sized chunks; small ones are
-// packed into a cache-sized piece of the fusion buffer, reduced there, and copied out
-// while the piece is still in cache. Ranks that joined contribute zeros.
+double MpiBackend::PostFactor(const Response& r) const {
+  // Average divides by the whole world, joined ranks included: they count as zeros (as in Horovod).
+  return r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+}
+
 void MpiBackend::CopyOutReduced(CollectiveJob& job) {
   const Response& r = job.response;
   if (!job.have[0]) return;
   const int64_t count = r.sizes[0];
-  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  const double post = PostFactor(r);
   void* out = job.entries[0].output;
   const int64_t start = job.trace.Active() ? NowMicros() : 0;
   if (post != 1.0) ScaleCopy(out, job.reduced, count, r.dtype, post);
@@ -128,6 +129,10 @@ void MpiBackend::CopyOutReduced(CollectiveJob& job) {
   if (job.trace.Active()) job.trace.Phase(r.names[0], "CYCLE_ALLREDUCE", start, NowMicros());
 }
 
+// A fused allreduce on host memory. Tensors too big to share a piece are reduced
+// straight from their own memory (no copy) in cache-sized chunks; small ones are
+// packed into a cache-sized piece of the fusion buffer, reduced there, and copied out
+// while the piece is still in cache. Ranks that joined contribute zeros.
 void MpiBackend::Allreduce(CollectiveJob& job) {
   if (job.reduced) return CopyOutReduced(job);
   if (job.response.reduce_op == ReduceOp::kAdasum) return AdasumTensors(job);
@@ -138,8 +143,7 @@ void MpiBackend::Allreduce(CollectiveJob& job) {
   const DataType dt = r.dtype;
   const int64_t es = DataTypeSize(dt);
   const double pre = r.prescale;
-  // Average divides by the whole world, joined ranks included: they count as zeros (as in Horovod).
-  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  const double post = PostFactor(r);
   const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
   const int64_t chunk_bytes = std::max<int64_t>(es, params_.host_chunk_bytes);
   const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes / es);
@@ -417,7 +421,7 @@ void MpiBackend::Reducescatter(CollectiveJob& job) {
     }
     const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
     mpi_.ReduceScatter(src, out->data.get(), s.counts, dt, op);
-    const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+    const double post = PostFactor(r);
     ScaleBuffer(out->data.get(), my, dt, post);
   }
   if (job.trace.Active()) job.trace.Phase(r.names[0], "MPI_REDUCESCATTER", t0, NowMicros());
@@ -461,7 +465,7 @@ void MpiBackend::FusedReducescatter(CollectiveJob& job) {
     const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
     mpi_.ReduceScatter(packed.get(), received.get(), counts, dt, op);
   }
-  const double post = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  const double post = PostFactor(r);
   const int64_t t_reduced = NowMicros();
   job.outputs.resize(n);
   at = 0;
