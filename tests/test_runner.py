@@ -8,8 +8,10 @@ without starting a process; integration tests start real jobs through the real
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,7 +58,7 @@ def test_basic_local_command() -> None:
     assert "--host" not in argv and "--hostfile" not in argv
     assert argv[-4:] == ["python", "train.py", "--lr", "1"]
     # Each rank starts through the shell that sizes its thread pools on its host.
-    assert argv[-8:-4] == command.rank_threads_command()
+    assert argv[-8:-4] == command.rank_prologue(placement=[("localhost", 2)])
     assert "OMP_NUM_THREADS" not in env
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
@@ -252,7 +254,7 @@ def test_open_mpi_4_and_user_mpi_args() -> None:
     assert "--oversubscribe" in argv
     # Ranks bound to cores of their own get one thread per core they are bound to.
     assert argv[-9:] == ["--map-by", "slot", "--bind-to", "core",
-                         *command.rank_threads_command(divide=False), "true"]
+                         *command.rank_prologue(divide=False), "true"]
 
 
 def _notes(config: LaunchConfig, environ: dict[str, str] | None = None, **kw) -> tuple[list[str], list[str]]:
@@ -265,7 +267,7 @@ def test_threads_per_rank_unless_the_user_sets_them() -> None:
     """Without OMP_NUM_THREADS each rank's thread pools are sized on its host (cores /
     ranks there), with one line for the whole job; a value of the user's, in the
     environment or given to mpirun with -x, is left alone and reaches every host."""
-    wrapper = command.rank_threads_command()
+    wrapper = command.rank_prologue(placement=[("localhost", 2)])
     cores = len(os.sched_getaffinity(0))
     argv, notes = _notes(LaunchConfig(num_proc=2, command=["python", "t.py"]))
     assert argv[-6:] == [*wrapper, "python", "t.py"]
@@ -275,29 +277,30 @@ def test_threads_per_rank_unless_the_user_sets_them() -> None:
                      "TF_NUM_INTRAOP/INTEROP_THREADS); set OMP_NUM_THREADS to choose"]
     # A lone rank keeps the frameworks' defaults: nothing to say.
     assert _notes(LaunchConfig(num_proc=1, command=["t"]))[1] == []
-    # The user's OMP_NUM_THREADS: no wrapper, no line, forwarded to every rank.
+    # The user's OMP_NUM_THREADS: no sizing, no line, forwarded to every rank.
     argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"]), {"PATH": "/bin", "OMP_NUM_THREADS": "3"})
-    assert argv[-1:] == ["t"] and "/bin/sh" not in argv and notes == []
+    assert argv[-5:] == [*command.rank_prologue(threads=False, placement=[("localhost", 2)]), "t"]
+    assert "nproc" not in argv[-3] and notes == []
     assert "OMP_NUM_THREADS" in _forwarded(argv)
     for mpi_args in (["-x", "OMP_NUM_THREADS=3"], ["-x", "OMP_NUM_THREADS"]):
         argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], mpi_args=mpi_args))
-        assert "/bin/sh" not in argv and notes == [], mpi_args
+        assert "nproc" not in argv[-3] and notes == [], mpi_args
     # MKL_NUM_THREADS alone is kept (and forwarded); the others are still sized.
     argv, _ = _notes(LaunchConfig(num_proc=2, command=["t"]), {"PATH": "/bin", "MKL_NUM_THREADS": "8"})
     assert argv[-5:-1] == wrapper and "MKL_NUM_THREADS" in _forwarded(argv)
     # Several hosts: each host's own cores and ranks, worked out where the rank starts.
     argv, notes = _notes(LaunchConfig(num_proc=4, command=["t"], hosts="node1:2,node2:2"))
-    assert argv[-5:-1] == wrapper and "its host's cores / the ranks on that host" in notes[0]
+    assert argv[-5:-1] == command.rank_prologue(placement=[("node1", 2), ("node2", 2)]) and "its host's cores / the ranks on that host" in notes[0]
     # A binding of the user's: the cores each rank is bound to, not divided again;
     # --bind-to none divides.
     argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], binding_args=["--bind-to", "core"]))
-    assert argv[-5:-1] == command.rank_threads_command(divide=False)
+    assert argv[-5:-1] == command.rank_prologue(divide=False, placement=[("localhost", 2)])
     assert "one thread per core it is bound to" in notes[0]
     argv, _ = _notes(LaunchConfig(num_proc=2, command=["t"], binding_args=["--bind-to", "none"]))
     assert argv[-5:-1] == wrapper
     # Elastic: the most workers a host may hold (its slots) share its cores.
     argv, notes = _notes(LaunchConfig(num_proc=2, command=["t"], min_np=2, max_np=4))
-    assert argv[-5:-1] == command.rank_threads_command(at_least=4)
+    assert '[ "$d" -ge 4 ] || d=4' in argv[-3]
     assert f"({cores} cores / 4 ranks;" in notes[0]
 
 
@@ -311,14 +314,14 @@ def test_threads_per_rank_unless_the_user_sets_them() -> None:
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, True, 1, None),      # a lone rank: left alone
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "x"}, True, 1, None),
 ])
-def test_rank_threads_command_sizes_the_pools(tmp_path: Path, env: dict[str, str], divide: bool,
+def test_rank_prologue_sizes_the_pools(tmp_path: Path, env: dict[str, str], divide: bool,
                                               at_least: int, expected: int | None) -> None:
     """The shell run in front of each rank, on a host whose nproc says 16."""
     _write(tmp_path / "nproc", "#!/bin/sh\necho 16\n").chmod(0o755)
     show = "echo ${OMP_NUM_THREADS-unset} ${MKL_NUM_THREADS-unset} ${TF_NUM_INTRAOP_THREADS-unset} " \
            "${TF_NUM_INTEROP_THREADS-unset}"
     base = {"PATH": f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin"}
-    cmd = [*command.rank_threads_command(divide=divide, at_least=at_least), "/bin/sh", "-c", show]
+    cmd = [*command.rank_prologue(divide=divide, at_least=at_least), "/bin/sh", "-c", show]
     out = subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True, check=True).stdout
     value = "unset" if expected is None else str(expected)
     assert out.split() == [value] * 4
@@ -330,8 +333,58 @@ def test_rank_threads_command_sizes_the_pools(tmp_path: Path, env: dict[str, str
                          text=True, check=True).stdout
     assert out.split() == [value, "5", value, value]
     # The command's exit status is the rank's (exec, not a child).
-    rc = subprocess.run([*command.rank_threads_command(), "/bin/sh", "-c", "exit 7"], env=base).returncode
+    rc = subprocess.run([*command.rank_prologue(), "/bin/sh", "-c", "exit 7"], env=base).returncode
     assert rc == 7
+
+
+def _prologue_env(placement, rank: int, size: int, local_rank: int, local_size: int,
+                  extra: dict[str, str] | None = None) -> dict[str, str]:
+    show = "env | grep ^HOROVOD_ | sort"
+    cmd = [*command.rank_prologue(threads=False, placement=placement), "/bin/sh", "-c", show]
+    env = {"PATH": "/usr/bin:/bin", "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+           "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+           **(extra or {})}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def test_rank_prologue_sets_horovods_worker_variables() -> None:
+    """Horovod's per-worker variables, worked out in front of each rank's command: 3
+    ranks on h1:2 and h2:1. Local rank 0 lives on both hosts (cross size 2), local rank
+    1 on h1 alone (cross size 1)."""
+    placement = [("h1", 2), ("h2", 1)]
+    want = {
+        (0, 0, 2): ("0", "2", "h1"),
+        (1, 1, 2): ("0", "1", "h1"),
+        (2, 0, 1): ("1", "2", "h2"),
+    }
+    for (rank, local_rank, local_size), (cross_rank, cross_size, host) in want.items():
+        got = _prologue_env(placement, rank, 3, local_rank, local_size,
+                            extra={"HOROVOD_CROSS_RANK": "9", "HOROVOD_RANK": "7"})  # stale values go
+        assert got == {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": str(local_rank),
+                       "HOROVOD_LOCAL_SIZE": str(local_size), "HOROVOD_CROSS_RANK": cross_rank,
+                       "HOROVOD_CROSS_SIZE": cross_size, "HOROVOD_HOSTNAME": host}, (rank, got)
+    # Placement unknown (a hostfile, the user's --map-by): hvd.init() sets the cross pair,
+    # and the host name is the machine's.
+    got = _prologue_env(None, 1, 2, 1, 2, extra={"HOROVOD_CROSS_RANK": "9"})
+    assert "HOROVOD_CROSS_RANK" not in got and "HOROVOD_CROSS_SIZE" not in got
+    assert got["HOROVOD_RANK"] == "1" and got["HOROVOD_HOSTNAME"] == os.uname().nodename
+    # Not started by mpirun: nothing is set.
+    cmd = [*command.rank_prologue(threads=False), "/bin/sh", "-c", "env | grep -c ^HOROVOD_ || true"]
+    assert subprocess.run(cmd, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True).stdout.strip() == "0"
+
+
+def test_rank_placement_follows_the_slots() -> None:
+    assert command.rank_placement([("a", 2), ("b", 2)], 3) == [("a", 2), ("b", 1)]
+    assert command.rank_placement([("a", 2), ("b", 2)], 4) == [("a", 2), ("b", 2)]
+    assert command.rank_placement([("a", 2), ("b", None)], 3) is None  # slots unknown
+    assert command.rank_placement([("a", 1)], 2) is None  # more ranks than slots
+    # The user's placement options: no placement in the prologue.
+    for mpi_args in (["--map-by", "node"], ["--rank-by", "slot"], ["-N", "1"]):
+        argv, _ = _build(LaunchConfig(num_proc=2, command=["t"], hosts="a:2,b:2", mpi_args=mpi_args))
+        assert "HOROVOD_CROSS_RANK=" not in argv[-3], mpi_args
+    argv, _ = _build(LaunchConfig(num_proc=2, command=["t"], hosts="a:2,b:2"))
+    assert "HOROVOD_CROSS_RANK=" in argv[-3] and "a=2" in argv[-3]
 
 
 def test_parse_args_command_keeps_its_flags() -> None:
@@ -480,6 +533,42 @@ def test_local_host_list_and_hostfile_run(tmp_path: Path) -> None:
                    sys.executable, "-c", RANK_SCRIPT)
     assert proc.returncode == 0, proc.stderr
     assert _ranks(proc.stdout) == [0, 1, 2]
+
+
+HOROVOD_ENV_SCRIPT = """
+import json, os, socket
+names = ["RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME"]
+before = [os.environ.get("HOROVOD_" + n) for n in names]
+import hvdlite as hvd
+hvd.init()
+after = [os.environ.get("HOROVOD_" + n) for n in names]
+api = [str(v) for v in (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                        hvd.cross_size())]
+print("HVDENV " + json.dumps({"before": before, "after": after, "api": api}), flush=True)
+"""
+
+
+def test_workers_get_horovods_variables_before_and_after_init() -> None:
+    """A script written for Horovod's launcher reads HOROVOD_RANK, HOROVOD_LOCAL_RANK,
+    ... before hvd.init(); under plain mpirun, hvd.init() sets them."""
+    proc = _hvdrun("-np", "3", sys.executable, "-c", HOROVOD_ENV_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    seen = sorted((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
+                   if line.startswith("HVDENV ")), key=lambda d: int(d["api"][0]))
+    assert [d["api"][0] for d in seen] == ["0", "1", "2"], proc.stdout
+    for d in seen:
+        assert d["before"] == d["api"] + ["localhost"], d  # -np alone: the hosts are localhost:3
+        assert d["after"] == d["before"], d
+    # Under mpirun itself, hvd.init() sets them from the job's layout.
+    mpirun = find_mpirun()
+    proc = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-c",
+                           HOROVOD_ENV_SCRIPT], capture_output=True, text=True, timeout=TIMEOUT, env=_env(),
+                          cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    seen = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("HVDENV ")]
+    assert len(seen) == 2, proc.stdout
+    for d in seen:
+        assert d["after"] == d["api"] + [socket.gethostname()], d
 
 
 def test_exit_status_propagated() -> None:

@@ -98,8 +98,32 @@ def add_lifecycle_hooks(after_init: Callable[[Any, Any], None], after_change: Ca
 
 def world_changed() -> None:
     """hvdlite's world ended or was replaced: tell the modules that keep state about it."""
+    c = _core_module
+    if c is not None and c.is_initialized():
+        publish_rank_environment(c)
     for _, after_change in _lifecycle_hooks:
         after_change()
+
+
+#: Horovod's per-worker variables that follow the world (Horovod's elastic workers
+#: set them again at each reset); ``HOROVOD_HOSTNAME`` stays as the launcher set it.
+RANK_VARIABLES: tuple[str, ...] = (
+    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
+)
+
+
+def publish_rank_environment(c: Any) -> None:
+    """Set Horovod's per-worker variables from the running world, as Horovod's launcher
+    sets them for a worker: scripts written for it read them. Called by ``init`` and
+    whenever elastic training makes a new world; ``HOROVOD_HOSTNAME`` is set only
+    where the launcher did not set it."""
+    values = (c.rank(), c.size(), c.local_rank(), c.local_size(), c.cross_rank(), c.cross_size())
+    for name, value in zip(RANK_VARIABLES, values):
+        os.environ[name] = str(int(value))
+    if "HOROVOD_HOSTNAME" not in os.environ:
+        import socket
+        os.environ["HOROVOD_HOSTNAME"] = socket.gethostname()
 
 
 def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
@@ -147,6 +171,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     c.init(comm_handle, ranks)  # a process not among `ranks` stays uninitialized
     if c.is_initialized():
         os.environ[_OWNER_ENV] = _owner_mark(os.getpid())
+        publish_rank_environment(c)
         _end_job_on_uncaught_exceptions()
         # No HOROVOD_* variable goes silently unheeded (rank 0 says so, once).
         horovod_env.warn_unhonoured(c.rank())

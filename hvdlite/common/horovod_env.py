@@ -183,14 +183,18 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HOROVOD_ELASTIC_START_TIMEOUT", HONOURED,
              "the elastic documentation's name of HOROVOD_ELASTIC_TIMEOUT, which wins when "
              "both are set", where="launcher"),
-    # Set for each worker by Horovod's Gloo launcher (its elastic mode always).
-    *(Variable(name, IGNORED,
-               "Horovod's Gloo launcher sets it for each worker; hvdlite's ranks come from "
-               "MPI, so setting it changes nothing: use hvd.rank(), hvd.size(), "
-               "hvd.local_rank() and their siblings (get_env_rank_and_size() does read "
-               "HOROVOD_RANK and HOROVOD_SIZE, as Horovod's does)")
+    # Set for each worker by Horovod's launcher (its Gloo and elastic modes).
+    *(Variable(name, HONOURED,
+               "set for each worker by hvdlite-run, as Horovod's launcher sets it, and "
+               "again by hvd.init() and after each elastic reset from the job's real "
+               "layout; the ranks come from MPI, so a value set by hand is replaced",
+               where="launcher")
       for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-                   "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")),
+                   "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")),
+    Variable("HOROVOD_HOSTNAME", HONOURED,
+             "set for each worker by hvdlite-run: the host's name as the launch gave it "
+             "(-H, the discovery script), else the machine's; hvd.init() sets it only "
+             "where it is unset", where="launcher"),
     Variable("HOROVOD_START_TIMEOUT", IGNORED,
              "hvdlite-run runs no start-up checks (ssh probes, interface discovery) that could "
              "time out; mpirun reports an unreachable host itself"),

@@ -5,9 +5,11 @@ function, so the exact command for given flags can be inspected (``--verbose`` p
 it) and tested without starting a process. Elastic jobs run under Open MPI's ULFM fault
 tolerance (``--with-ft ulfm``, shared memory and TCP, both of which report a dead peer
 within milliseconds), with every discovered host and its slots given to mpirun so that
-later workers have somewhere to start. Unless the user sets ``OMP_NUM_THREADS``, each
-rank's thread pools get its host's cores divided by the ranks there
-(:func:`rank_threads_command`). With Open MPI 5 the launcher writes the ranks' output
+later workers have somewhere to start. Each rank starts through a short shell prologue
+(:func:`rank_prologue`) that sets the variables Horovod's launcher sets for a worker
+(``HOROVOD_RANK``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_CROSS_RANK``, ...) and, unless the
+user sets ``OMP_NUM_THREADS``, gives its thread pools its host's cores divided by the
+ranks there. With Open MPI 5 the launcher writes the ranks' output
 itself, as it comes (:func:`live_output`, :mod:`hvdlite.runner.output`).
 
 This module must stay importable without hvdlite's compiled core.
@@ -32,7 +34,8 @@ __all__ = [
     "build_mpirun_command",
     "has_option",
     "live_output",
-    "rank_threads_command",
+    "rank_placement",
+    "rank_prologue",
 ]
 
 #: Prefixes of environment variables that are always forwarded to every rank.
@@ -54,7 +57,7 @@ FORWARD_NAMES: tuple[str, ...] = (
 #: over OMP_NUM_THREADS there) and TensorFlow's intra-op and inter-op pools. Each
 #: framework reads them once, when it loads. Unless the user sets OMP_NUM_THREADS,
 #: every rank gets the cores of its host divided by the ranks there
-#: (:func:`rank_threads_command`).
+#: (:func:`rank_prologue`).
 THREAD_VARIABLES: tuple[str, ...] = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
 )
@@ -137,9 +140,9 @@ def build_mpirun_command(
     ``HVDLITE_ELASTIC*`` and ``HOROVOD_ELASTIC`` variables in ``environ`` are dropped
     in either mode.
 
-    Unless ``OMP_NUM_THREADS`` is set (in ``environ``, or with ``-x`` in
-    ``--mpi-args``), each rank's command is started through
-    :func:`rank_threads_command`, which sizes its thread pools on its host. A value
+    Each rank's command is started through :func:`rank_prologue`, which sets Horovod's
+    per-worker variables and, unless ``OMP_NUM_THREADS`` is set (in ``environ``, or
+    with ``-x`` in ``--mpi-args``), sizes its thread pools on its host. A value
     the engine cannot use (:func:`hvdlite.common.horovod_env.bad_engine_values`) is
     not passed on; the ranks get the engine's default. The lines ``hvdlite-run`` prints
     about both, once for the job, are appended to ``notes`` when that is a list.
@@ -380,17 +383,21 @@ def build_mpirun_command(
         argv += ["-x", name]
 
     argv += user_args
-    if not _threads_chosen(env, user_args):
-        # Compute threads per rank: the host's cores / the ranks there, worked out where
-        # each rank starts (a remote host's cores are not known here).
-        binds = _user_binds(config.binding_args, user_args)
-        divisor = _elastic_divisor(elastic, host_list)
-        argv += rank_threads_command(divide=not binds, at_least=divisor)
-        if notes is not None:
-            note = _threads_note(config.num_proc if elastic is None else max(config.num_proc, divisor),
-                                 local_only, binds)
-            if note:
-                notes.append(note)
+    # Where each rank lands, when hvdlite-run decides it (Horovod's cross ranks at start).
+    placement = None
+    if not has_option(user_args, *_PLACEMENT_OPTIONS):
+        placement = rank_placement(host_list or [("localhost", config.num_proc)], config.num_proc)
+    threads = not _threads_chosen(env, user_args)
+    binds = _user_binds(config.binding_args, user_args)
+    divisor = _elastic_divisor(elastic, host_list)
+    if threads and notes is not None:
+        # Threads per rank: the host's cores / the ranks there, worked out where each
+        # rank starts (a remote host's cores are not known here).
+        note = _threads_note(config.num_proc if elastic is None else max(config.num_proc, divisor),
+                             local_only, binds)
+        if note:
+            notes.append(note)
+    argv += rank_prologue(threads=threads, divide=not binds, at_least=divisor, placement=placement)
     argv += list(config.command)
     return argv, env
 
@@ -430,33 +437,92 @@ def _elastic_divisor(elastic: discovery.ElasticSettings | None,
     return max((s or 1) for _, s in host_list)
 
 
-def rank_threads_command(divide: bool = True, at_least: int = 1) -> list[str]:
-    """The words put in front of each rank's command to size its thread pools.
+#: mpirun options that place ranks otherwise than host by host, in the order given.
+_PLACEMENT_OPTIONS: tuple[str, ...] = (
+    "--map-by", "-map-by", "--rank-by", "-rank-by", "--npernode", "-npernode", "-N",
+    "--ppr", "-ppr", "--rankfile", "-rankfile", "--bynode", "-bynode",
+)
 
-    A POSIX shell, in the rank's own environment on its host, leaves everything alone
-    when ``OMP_NUM_THREADS`` is set there; otherwise it sets each of
-    :data:`THREAD_VARIABLES` that is unset to ``max(1, cores // ranks)``: ``cores`` are
-    the CPUs the rank may run on (``nproc``: the host's, or those its binding gives it),
-    ``ranks`` the ranks of the job on that host (``OMPI_COMM_WORLD_LOCAL_SIZE``, at
-    least ``at_least``; 1 when ``divide`` is false, for ranks bound to cores of their
-    own). A lone rank on its host (``ranks`` 1, ``divide`` true) keeps the frameworks'
-    own defaults, as with torchrun. Then it ``exec``s the command."""
+
+def rank_placement(host_list: Sequence[tuple[str, int | None]], num_proc: int) -> list[tuple[str, int]] | None:
+    """The ranks each host gets, ``[(host, ranks), ...]`` in rank order, when mpirun fills
+    the hosts one after the other up to their slots (its placement for ``-H``, a
+    discovery script's hosts and a Slurm allocation); None when that cannot be told
+    here (a host without a slot count, or more ranks than slots)."""
+    placement: list[tuple[str, int]] = []
+    left = num_proc
+    for host, slots in host_list:
+        if slots is None:
+            return None
+        take = min(slots, left)
+        if take > 0:
+            placement.append((host, take))
+        left -= take
+    return placement if left == 0 else None
+
+
+def rank_prologue(threads: bool = True, divide: bool = True, at_least: int = 1,
+                  placement: Sequence[tuple[str, int]] | None = None) -> list[str]:
+    """The words put in front of each rank's command: a POSIX shell that prepares the
+    rank's environment on its host, then ``exec``s the command.
+
+    * **Horovod's per-worker variables**, as Horovod's launcher sets them:
+      ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK`` and
+      ``HOROVOD_LOCAL_SIZE`` from Open MPI's; ``HOROVOD_CROSS_RANK`` (the host's place
+      among the hosts that have a rank of this local rank), ``HOROVOD_CROSS_SIZE``
+      (how many hosts do) and ``HOROVOD_HOSTNAME`` (the host's name as the launch gave
+      it) from ``placement``, the ranks of each host in rank order. Without a
+      placement the cross pair is left to ``hvd.init()``, which sets all of them from
+      the job's real layout, and the host name is the machine's.
+    * **Thread pools** (``threads``): when ``OMP_NUM_THREADS`` is unset there, each of
+      :data:`THREAD_VARIABLES` that is unset becomes ``max(1, cores // ranks)``:
+      ``cores`` are the CPUs the rank may run on (``nproc``: the host's, or those its
+      binding gives it), ``ranks`` the ranks of the job on that host
+      (``OMPI_COMM_WORLD_LOCAL_SIZE``, at least ``at_least``; 1 when ``divide`` is
+      false, for ranks bound to cores of their own). A lone rank on its host (``ranks``
+      1, ``divide`` true) keeps the frameworks' own defaults, as with torchrun."""
     lines = [
-        'if [ -z "${OMP_NUM_THREADS+x}" ]; then',
-        ' n=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null'
-        ' || getconf _NPROCESSORS_ONLN 2>/dev/null)',
-        ' case $n in ""|*[!0-9]*) n=1;; esac',
+        'if [ -n "${OMPI_COMM_WORLD_RANK:-}" ]; then',
+        ' export HOROVOD_RANK="$OMPI_COMM_WORLD_RANK" HOROVOD_SIZE="$OMPI_COMM_WORLD_SIZE"'
+        ' HOROVOD_LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" HOROVOD_LOCAL_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"',
+        ' unset HOROVOD_CROSS_RANK HOROVOD_CROSS_SIZE',
+        ' h=',
     ]
-    if divide:
+    if placement:
+        hosts = " ".join(shlex.quote(f"{host}={count}") for host, count in placement)
         lines += [
-            ' d=${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-1}}',
-            ' case $d in ""|*[!0-9]*) d=1;; esac',
-            f' [ "$d" -ge {int(at_least)} ] || d={int(at_least)}',
-            ' if [ "$d" -gt 1 ]; then n=$((n / d)); else n=; fi',
+            ' first=0 cr=0 cs=0',
+            f' for hc in {hosts}; do',
+            '  c=${hc##*=}',
+            '  if [ -z "$h" ] && [ "$HOROVOD_RANK" -lt $((first + c)) ]; then h=${hc%=*} cr=$cs; fi',
+            '  [ "$c" -gt "$HOROVOD_LOCAL_RANK" ] && cs=$((cs + 1))',
+            '  first=$((first + c))',
+            ' done',
+            ' [ -n "$h" ] && export HOROVOD_CROSS_RANK=$cr HOROVOD_CROSS_SIZE=$cs',
         ]
-    lines += [' if [ -n "$n" ]; then', '  [ "$n" -ge 1 ] || n=1']
-    lines += [f'  [ -n "${{{name}+x}}" ] || export {name}=$n' for name in THREAD_VARIABLES]
-    lines += [' fi', 'fi', 'exec "$@"']
+    lines += [
+        ' [ -n "$h" ] || h=$(hostname 2>/dev/null || uname -n)',
+        ' export HOROVOD_HOSTNAME="$h"',
+        'fi',
+    ]
+    if threads:
+        lines += [
+            'if [ -z "${OMP_NUM_THREADS+x}" ]; then',
+            ' n=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null'
+            ' || getconf _NPROCESSORS_ONLN 2>/dev/null)',
+            ' case $n in ""|*[!0-9]*) n=1;; esac',
+        ]
+        if divide:
+            lines += [
+                ' d=${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-1}}',
+                ' case $d in ""|*[!0-9]*) d=1;; esac',
+                f' [ "$d" -ge {int(at_least)} ] || d={int(at_least)}',
+                ' if [ "$d" -gt 1 ]; then n=$((n / d)); else n=; fi',
+            ]
+        lines += [' if [ -n "$n" ]; then', '  [ "$n" -ge 1 ] || n=1']
+        lines += [f'  [ -n "${{{name}+x}}" ] || export {name}=$n' for name in THREAD_VARIABLES]
+        lines += [' fi', 'fi']
+    lines += ['exec "$@"']
     return ["/bin/sh", "-c", "\n".join(lines), "hvdlite-run"]
 
 

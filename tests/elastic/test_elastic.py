@@ -45,6 +45,9 @@ def _check_survivors(proc, results: list[dict], n: int, dead: set[int], samples:
     by_first = sorted(results, key=lambda r: r["first_rank"])
     assert [r["rank"] for r in by_first] == list(range(left)), by_first
     assert all(r["size"] == left for r in results)
+    # Horovod's HOROVOD_RANK, HOROVOD_SIZE, ... were set again for the new world.
+    assert all(r["horovod_env"] == r["horovod_env_expected"] for r in results), \
+        [(r["horovod_env"], r["horovod_env_expected"]) for r in results]
     # Identical parameters everywhere, and as many resets as workers lost.
     assert len({r["params_sha"] for r in results}) == 1, [r["params_sha"] for r in results]
     assert all(len(r["resets"]) == len(dead) for r in results), [r["resets"] for r in results]

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 
 import numpy as np
 
 import hvdlite as hvd
 from hvdlite.common.codes import NP_DTYPE_OF_NAME
+
+# Horovod's per-worker variables as the launcher set them, before hvd.init().
+HOROVOD_NAMES = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "hostname")
+HOROVOD_AT_START = {k: os.environ["HOROVOD_" + k.upper()] for k in HOROVOD_NAMES
+                    if "HOROVOD_" + k.upper() in os.environ}
 
 
 def rows_of(q: int, scale: int) -> int:
@@ -71,7 +77,9 @@ def main() -> None:
     r, n = hvd.rank(), hvd.size()
     info = {"rank": r, "size": n, "host": socket.gethostname(), "local_rank": hvd.local_rank(),
             "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
-            "cross_size": hvd.cross_size(), "is_homogeneous": hvd.is_homogeneous()}
+            "cross_size": hvd.cross_size(), "is_homogeneous": hvd.is_homogeneous(),
+            "horovod_env_at_start": HOROVOD_AT_START,
+            "horovod_env": {k: os.environ.get("HOROVOD_" + k.upper()) for k in HOROVOD_NAMES}}
     print("TOPOLOGY " + json.dumps(info), flush=True)
     assert n == sum(layout), f"size {n}, layout {layout}"
 

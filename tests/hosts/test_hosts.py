@@ -68,14 +68,25 @@ def phases(timeline: Path) -> dict[str, set[str]]:
     return out
 
 
-def check_topology(out: str, layout: list[int]) -> None:
+def check_topology(out: str, layout: list[int], placed_by_launcher: bool = True) -> None:
     seen = sorted((json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
                    if line.startswith("TOPOLOGY ")), key=lambda d: d["rank"])
     assert [d["rank"] for d in seen] == list(range(sum(layout))), out
     for got, want in zip(seen, expected(layout)):
         for key, value in want.items():
             assert got[key] == value, f"rank {got['rank']}: {key} {got[key]!r}, expected {value!r}\n{out}"
+        check_horovod_env(got, placed_by_launcher)
     assert out.count("CHECKS OK") == sum(layout), out
+
+
+def check_horovod_env(got: dict, placed_by_launcher: bool) -> None:
+    """Horovod's per-worker variables: before hvd.init() as hvdlite-run set them (the
+    cross pair only where it placed the ranks), and after it equal to the API's values."""
+    api = {k: str(got[k]) for k in ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")}
+    api["hostname"] = got["host"]
+    at_start = dict(api) if placed_by_launcher else {k: v for k, v in api.items() if not k.startswith("cross")}
+    assert got["horovod_env_at_start"] == at_start, (got["rank"], got["horovod_env_at_start"], at_start)
+    assert got["horovod_env"] == api, (got["rank"], got["horovod_env"], api)
 
 
 @pytest.mark.parametrize("layout", [[2, 2], [1, 1, 1], [2, 2, 2]], ids=lambda l: "x".join(map(str, l)))
@@ -199,6 +210,8 @@ def test_hierarchical_allgather_with_ranks_round_robin(hosts: EmulatedHosts, tmp
                    if line.startswith("TOPOLOGY ")), key=lambda d: d["rank"])
     assert [(d["host"], d["local_rank"], d["cross_rank"]) for d in seen] == \
         [("h1", 0, 0), ("h2", 0, 1), ("h1", 1, 0), ("h2", 1, 1)], out
+    for d in seen:  # placed by the user's --map-by: the cross pair comes from hvd.init()
+        check_horovod_env(d, placed_by_launcher=False)
     assert out.count("CHECKS OK") == 4, out
     assert "MPI_HIERARCHICAL_ALLGATHER" in phases(timeline)["gather.big"]
 

@@ -159,6 +159,9 @@ def main() -> None:
         "loss": loss, "steps": state.steps, "resets": resets,
         "completed": completed, "epoch_samples": epoch_samples,
         "epoch_trained": epoch_trained, "device": str(next(model.parameters()).device),
+        # Horovod's per-worker variables, which follow the world through every reset.
+        "horovod_env": [os.environ.get(f"HOROVOD_{k}") for k in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")],
+        "horovod_env_expected": [str(v) for v in (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())],
     }
     if args.optimizer == "zero":
         # Adam's step count of every parameter, from the whole state: each equals the
