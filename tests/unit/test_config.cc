@@ -64,3 +64,14 @@ TEST(config_set_fusion_bumps_version_not_applied_count) {
   CHECK_EQ(KindOfDevice(kCpuDevice), DeviceKind::kHost);
   CHECK_EQ(KindOfDevice(3), DeviceKind::kCuda);
 }
+
+TEST(config_names_ranks_with_their_hosts) {
+  Config with_hosts(Parameters{}, {"h1", "h1", "h2"});
+  CHECK_EQ(with_hosts.RankName(2), std::string("rank 2 (host h2)"));
+  CHECK_EQ(with_hosts.RankNames({0, 2}), std::string("[0 (h1), 2 (h2)]"));
+  CHECK_EQ(with_hosts.RankName(7), std::string("rank 7"));  // not a rank of this world
+  Config without(Parameters{});
+  CHECK_EQ(without.RankName(1), std::string("rank 1"));
+  CHECK_EQ(without.RankNames({1, 3}), std::string("[1, 3]"));
+  CHECK_EQ(without.RankNames({}), std::string("[]"));
+}

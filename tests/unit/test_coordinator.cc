@@ -448,4 +448,10 @@ TEST(coordinator_stall_of_cached_tensor_and_stale_report) {
   err = StderrOf([&] { reason = c.coordinator.CheckStalls(kT0 + 10 * kSecond); });
   CHECK_EQ(reason, "");
   CHECK_EQ(err, "");
+  // The next step: rank 1 waits again after cycle 11, in which the tensor last ran.
+  // That is a new wait (a rank stopped between two steps), not a stale report.
+  c.coordinator.ReportCachedWait(1, 5, sig, 3 * kSecond, 11, kT0 + 20 * kSecond);
+  err = StderrOf([&] { reason = c.coordinator.CheckStalls(kT0 + 20 * kSecond); });
+  CHECK_CONTAINS(err, "allreduce 'cached' has waited 3 s: submitted by ranks [1], missing ranks [0, 2]");
+  CHECK_CONTAINS(reason, "stall of 3 s");
 }

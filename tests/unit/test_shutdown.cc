@@ -82,21 +82,21 @@ TEST(shutdown_rank0_ignores_a_second_shutdown_once_announced) {
 
 TEST(shutdown_rank0_finishes_when_every_worker_acknowledged) {
   ShutdownState s;
-  CHECK(!s.Finished(3));  // running
+  CHECK(!s.Finished(3, 0));  // running
   s.Acknowledged();
   s.Acknowledged();
-  CHECK(!s.Finished(3));  // acknowledgements count only once announced
+  CHECK(!s.Finished(3, 0));  // acknowledgements count only once announced
   s.Begin("why", false, false, 0);
-  CHECK(s.Finished(3));
+  CHECK(s.Finished(3, 0));
   ShutdownState t;
   t.Begin("why", false, false, 0);
   t.Acknowledged();
-  CHECK(!t.Finished(3));
+  CHECK(!t.Finished(3, 0));
   t.Acknowledged();
-  CHECK(t.Finished(3));
+  CHECK(t.Finished(3, 0));
   ShutdownState alone;
   alone.Begin("why", false, false, 0);
-  CHECK(alone.Finished(1));  // no workers to wait for
+  CHECK(alone.Finished(1, 0));  // no workers to wait for
 }
 
 TEST(shutdown_worker_leaves_then_stops_when_told) {
@@ -209,4 +209,44 @@ TEST(shutdown_default_reason_only_fills_an_empty_one) {
   t.Begin("rank 2 shut down", false, false, 0);
   t.DefaultReason("hvdlite was shut down");
   CHECK_EQ(t.reason(), std::string("rank 2 shut down"));
+}
+
+TEST(shutdown_rank0_after_a_stall_waits_for_acknowledgements_until_a_deadline) {
+  ShutdownState s;
+  s.AcknowledgeBy(5000);
+  s.Begin("hvdlite shut down after a stall of 5 s", false, false, 0);
+  s.Acknowledged();
+  s.Acknowledged();
+  CHECK(!s.Finished(4, 4000));  // one of three workers has not answered yet
+  CHECK(!s.unresponsive());
+  CHECK(s.Finished(4, 5001));  // past the deadline: it stopped answering
+  CHECK(s.unresponsive());
+}
+
+TEST(shutdown_rank0_after_a_stall_with_every_worker_answering_is_clean) {
+  ShutdownState s;
+  s.AcknowledgeBy(5000);
+  s.Begin("hvdlite shut down after a stall of 5 s", false, false, 0);
+  for (int i = 0; i < 3; ++i) s.Acknowledged();
+  CHECK(s.Finished(4, 100));  // a late rank's engine acknowledged: MPI_Finalize can wait for it
+  CHECK(!s.unresponsive());
+}
+
+TEST(shutdown_without_a_deadline_waits_for_every_worker) {
+  ShutdownState s;
+  s.Begin("rank 1 shut down", false, false, 0);
+  s.Acknowledged();
+  s.Acknowledged();
+  CHECK(!s.Finished(4, 1LL << 60));
+  CHECK(!s.unresponsive());
+}
+
+TEST(shutdown_worker_stops_on_its_own_when_rank0_is_silent) {
+  ShutdownState s;
+  s.CoordinatorLost("rank 0 (host h1) has not answered");
+  CHECK(s.Stopped());
+  CHECK(s.failure());
+  CHECK(s.unresponsive());
+  CHECK(!s.peer_failed());  // no communicator was revoked
+  CHECK_EQ(s.reason(), std::string("rank 0 (host h1) has not answered"));
 }

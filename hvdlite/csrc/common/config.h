@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "common/fusion.h"
 #include "common/parameters.h"
@@ -21,13 +23,18 @@ namespace hvdlite {
 class Config {
  public:
   // `job`: the settings this engine runs with. The tunables start at the job's values.
-  explicit Config(const Parameters& job);
+  explicit Config(const Parameters& job, std::vector<std::string> hosts = {});
   Config(const Config&) = delete;
   Config& operator=(const Config&) = delete;
 
   // Fixed for the engine's life. Its fusion threshold, cycle time and hierarchical
   // allreduce are the values the job started with; the ones in force are tunables().
   const Parameters& job() const { return job_; }
+  // Rank `rank` as messages name it: "rank 3 (host node2)", or "rank 3" where the
+  // hosts are not known.
+  std::string RankName(int rank) const;
+  // Ranks as messages list them: "[1 (node2), 3 (node4)]".
+  std::string RankNames(const std::vector<int>& ranks) const;
   const Tunables& tunables() const { return tunables_; }
   const FusionLimits& fusion(DeviceKind kind) const { return fusion_[static_cast<int>(kind)]; }
   // Bumped by every change: a reader that derives something from the tunables can
@@ -44,6 +51,7 @@ class Config {
 
  private:
   const Parameters job_;
+  const std::vector<std::string> hosts_;  // every rank's host, by rank
   Tunables tunables_;
   FusionLimits fusion_[kNumDeviceKinds];
   uint64_t version_ = 0;

@@ -1,6 +1,8 @@
 #include "common/tensor_queue.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 namespace hvdlite {
 
@@ -63,6 +65,13 @@ std::vector<TensorEntry> TensorQueue::TakeAll() {
 bool TensorQueue::HasOutstanding() {
   std::lock_guard<std::mutex> lk(mu_);
   return !table_.empty();
+}
+
+int64_t TensorQueue::OldestEnqueueUs() {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t oldest = INT64_MAX;
+  for (const auto& [name, e] : table_) oldest = std::min(oldest, e.enqueue_us);
+  return oldest;
 }
 
 void TensorQueue::WaitForWork(int64_t timeout_us) {

@@ -31,6 +31,8 @@ class TensorQueue {
   bool RequestOf(const std::string& name, Request* out);
   std::vector<TensorEntry> TakeAll();
   bool HasOutstanding();
+  // When the oldest entry still waiting was queued (INT64_MAX if none is).
+  int64_t OldestEnqueueUs();
 
   // Background thread: wait until new requests arrive, `Wake()` is called, or the
   // timeout passes.

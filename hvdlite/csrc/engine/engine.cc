@@ -101,7 +101,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, in
   Parameters job = params;
   ChooseTwoLevelSchedule(*topology_, cores, &job.two_level);
   ShareRankZeroSettings(*control_, &job);
-  config_ = std::make_unique<Config>(job);
+  config_ = std::make_unique<Config>(job, topology_->hosts());
   const Parameters& p = config_->job();
   const int rank = topology_->rank(), size = topology_->size();
   if (process_set_ == 0) SetLogContext(rank, p.log_level);
@@ -274,6 +274,7 @@ void Engine::Settle() {
   shutdown_reason_ = negotiator_->shutdown().reason();
   stopped_by_failure_ = negotiator_->shutdown().failure();
   peer_failed_ = negotiator_->shutdown().peer_failed();
+  peer_unresponsive_ = negotiator_->shutdown().unresponsive();
   running_ = false;
 }
 

@@ -69,6 +69,9 @@ class Engine {
   // The engine stopped because a peer process died (or another rank saw one die and
   // revoked the communicators): the survivors can go on in a new world (membership.h).
   bool PeerFailed() const { return !running_ && peer_failed_; }
+  // It stopped because ranks stopped answering (a stall past the shutdown limit, or a
+  // silent rank 0): MPI_Finalize would wait for them for ever.
+  bool PeerUnresponsive() const { return !running_ && peer_unresponsive_; }
 
   // Queues one request; returns its handle at once (already failed on bad input).
   // Throws DuplicateName if a request of that name is in flight here.
@@ -165,6 +168,7 @@ class Engine {
   // Set with running_ (false), from the negotiation's shutdown state, for other threads.
   std::atomic<bool> stopped_by_failure_{false};
   std::atomic<bool> peer_failed_{false};
+  std::atomic<bool> peer_unresponsive_{false};
   std::string shutdown_reason_;
   std::atomic<int64_t> waits_driven_{0}, waits_handed_back_{0};
   int64_t spin_us_ = 0;  // see Parameters::spin_us; 0 when ranks outnumber cores

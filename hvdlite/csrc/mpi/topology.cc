@@ -1,6 +1,12 @@
 #include "mpi/topology.h"
 
+#include <unistd.h>
+
+#include <cstring>
+
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "mpi/errors.h"
 
@@ -21,6 +27,17 @@ Topology::Topology(MPI_Comm base) {
   int sizes[2] = {local_size_, -local_size_};
   CheckMpi(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, world_), "MPI_Allreduce (topology)");
   homogeneous_ = sizes[0] == -sizes[1];
+  // Every rank's host name, for messages that name a rank (a stall, a lost peer).
+  constexpr int kName = 256;
+  char name[kName] = {};
+  gethostname(name, kName - 1);
+  std::vector<char> all(static_cast<size_t>(kName) * static_cast<size_t>(size_));
+  CheckMpi(MPI_Allgather(name, kName, MPI_CHAR, all.data(), kName, MPI_CHAR, world_), "MPI_Allgather (host names)");
+  hosts_.reserve(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    const char* n = all.data() + static_cast<size_t>(r) * kName;
+    hosts_.emplace_back(n, strnlen(n, kName - 1));
+  }
 }
 
 void Topology::Revoke() {

@@ -6,6 +6,9 @@
 
 #include <mpi.h>
 
+#include <string>
+#include <vector>
+
 namespace hvdlite {
 
 class Topology {
@@ -25,6 +28,8 @@ class Topology {
   int cross_size() const { return cross_size_; }
   // Every host runs the same number of ranks.
   bool homogeneous() const { return homogeneous_; }
+  // The host name of every rank, by rank.
+  const std::vector<std::string>& hosts() const { return hosts_; }
 
   MPI_Comm world() const { return world_; }  // errors are returned, not fatal
   // After a peer failed: every call on these communicators fails on every rank.
@@ -38,6 +43,7 @@ class Topology {
   MPI_Comm cross_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   bool homogeneous_ = true;
+  std::vector<std::string> hosts_;
 };
 
 }  // namespace hvdlite

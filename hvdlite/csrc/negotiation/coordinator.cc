@@ -114,7 +114,10 @@ bool Coordinator::IsReady(const std::string& name) const {
 void Coordinator::ReportCachedWait(int rank, int32_t id, const Request& sig, int64_t waited_us, int64_t cycle,
                                    int64_t now_us) {
   auto ran = cached_ran_.find(id);
-  if (ran != cached_ran_.end() && ran->second >= cycle) return;  // it ran since: stale
+  // `cycle`: the cycles the rank had completed while it waited, so the tensor waits for
+  // a later one. One that ran in a later cycle is stale; one that ran in cycle `cycle`
+  // itself is the step before (a training loop's tensor waits again right after it ran).
+  if (ran != cached_ran_.end() && ran->second > cycle) return;
   auto [it, inserted] = cached_waits_.try_emplace(id);
   CachedWait& w = it->second;
   if (inserted || w.name != sig.name) {
@@ -563,9 +566,10 @@ void Coordinator::ReportStall(RequestType type, const std::string& name, const s
   }
   std::ostringstream os;
   os << RequestTypeName(type) << " '" << name << "' has waited " << waited / 1000000
-     << " s: submitted by ranks " << RankList(present) << ", missing ranks " << RankList(missing)
+     << " s: submitted by ranks " << RankList(present) << ", missing ranks " << config_->RankNames(missing)
      << ". One or more ranks did not submit this tensor: check that every rank runs the same "
-        "collectives with the same names";
+        "collectives with the same names (a rank that is stopped, hung or cut off from the network "
+        "submits nothing)";
   WarnOfStall(os.str(), waited, last_warn_us, now_us, reason);
 }
 

@@ -1,7 +1,10 @@
 #include "negotiation/negotiator.h"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdint>
+#include <sstream>
 #include <thread>
 
 #include "common/logging.h"
@@ -15,6 +18,14 @@ constexpr int64_t kStallCheckEveryMicros = 1000000;
 constexpr int64_t kRelayEveryMicros = 50000;
 // How long rank 0, failing, listens for a worker's report of the failure's cause.
 constexpr int64_t kPeerReportGraceMicros = 200000;
+// How long rank 0, shutting down for a stall, waits for the workers' acknowledgements.
+constexpr int64_t kAcknowledgeMicros = 2000000;
+
+std::string Seconds(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
 
 std::shared_ptr<const std::vector<uint8_t>> Bytes(std::vector<uint8_t> v) {
   return std::make_shared<const std::vector<uint8_t>>(std::move(v));
@@ -276,6 +287,9 @@ bool Negotiator::CoordinatorStep(bool stop_requested) {
       std::string reason = coordinator_->CheckStalls(t);
       if (!reason.empty()) {
         HVD_ERROR(reason);
+        // A worker that is only late acknowledges at once; one that is stopped, hung or
+        // cut off never does, and the shutdown does not wait for it.
+        shutdown_.AcknowledgeBy(t + kAcknowledgeMicros);
         BeginShutdown(reason, false);
       }
     }
@@ -338,11 +352,40 @@ bool Negotiator::WorkerStep(bool stop_requested) {
   }
   if (now - last_stall_check_us_ >= kStallCheckEveryMicros) {
     last_stall_check_us_ = now;
+    if (CoordinatorSilent(now)) return true;
     SendStallReports(now);
     RequestList list;
     if (FlushHeldGroups(now, &list)) Send(list);
   }
   return progress;
+}
+
+// A worker's own stall limit. Rank 0 ends the job with the stall's reason once a tensor
+// has waited past the stall shutdown time (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), and
+// tells every rank. A worker whose work has waited that long and a moment more, with no
+// word from rank 0, concludes that rank 0 itself stopped answering (stopped, hung or
+// cut off) and stops on its own: nothing else would ever end its wait.
+bool Negotiator::CoordinatorSilent(int64_t now) {
+  const double limit_s = config_->job().stall_shutdown_seconds;
+  if (limit_s <= 0 || shutdown_.Begun()) return false;
+  int64_t oldest = queue_->OldestEnqueueUs();
+  for (const auto& [id, since] : cycle_->WaitingSince(now)) oldest = std::min(oldest, since);
+  // Rank 0's clock for a tensor starts when the request reaches it: a worker holds a
+  // grouped allreduce's partial group for up to kGroupHoldMicros and sends it at its
+  // next check (a second later at most), rank 0 checks its stalls once a second, and
+  // its word takes a moment: 3 s, and half a second to spare.
+  const int64_t grace_us = kGroupHoldMicros + 5 * kStallCheckEveryMicros / 2;
+  const int64_t limit_us = static_cast<int64_t>(limit_s * 1e6) + grace_us;
+  if (oldest == INT64_MAX || now - oldest < limit_us) return false;
+  const std::string reason = "hvdlite shut down: " + config_->RankName(0) +
+                             ", which coordinates the ranks, has not answered while this rank's work waited " +
+                             std::to_string((now - oldest) / 1000000) +
+                             " s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS " + Seconds(limit_s) +
+                             "); it is stopped, hung or cut off from the network";
+  HVD_ERROR(reason);
+  shutdown_.CoordinatorLost(reason);
+  work_->Abort(reason);
+  return true;
 }
 
 bool Negotiator::TakeResponse(std::vector<uint8_t>& buf) {

@@ -60,7 +60,7 @@ class Negotiator {
 
   const ShutdownState& shutdown() const { return shutdown_; }
   // Rank 0 announced the shutdown and every worker acknowledged it.
-  bool Finished() const { return rank_ == 0 && shutdown_.Finished(size_); }
+  bool Finished() { return rank_ == 0 && shutdown_.Finished(size_, NowMicros()); }
   bool CycleInFlight() const { return cycle_->InFlight(); }
 
   // A failure on this rank that the others must hear of (a GPU collective failed, or
@@ -123,6 +123,9 @@ class Negotiator {
   // A response list from rank 0 (or the shutdown); false once this rank stopped.
   bool TakeResponse(std::vector<uint8_t>& buf);
   void SendStallReports(int64_t now);
+  // A worker: true when rank 0 has stayed silent past the stall limit (this rank then
+  // stopped).
+  bool CoordinatorSilent(int64_t now);
   // Rank 0: the job shuts down (shutdown.h, Begin).
   void BeginShutdown(const std::string& reason, bool failure, bool hold = false);
   void AnnounceShutdown();  // rank 0: tells every worker

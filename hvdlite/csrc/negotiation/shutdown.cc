@@ -77,4 +77,19 @@ void ShutdownState::EngineFailed(const std::string& reason) {
   state_ = State::kStopped;
 }
 
+bool ShutdownState::Finished(int size, int64_t now_us) {
+  if (state_ != State::kAnnounced) return false;
+  if (acks_ >= size - 1) return true;
+  if (ack_deadline_us_ < 0 || now_us <= ack_deadline_us_) return false;
+  unresponsive_ = true;
+  return true;
+}
+
+void ShutdownState::CoordinatorLost(const std::string& reason) {
+  reason_ = reason;
+  failure_ = true;
+  unresponsive_ = true;
+  state_ = State::kStopped;
+}
+
 }  // namespace hvdlite

@@ -9,12 +9,14 @@
 //   Running --Begin(clean, otherwise) or Begin(failure)--> Announced
 //   Holding --HoldOver (cycle done, or kDrainMicros passed)--> Announced
 //   Holding --Begin(failure)--> Announced (a failure is announced at once)
-//   Announced --every worker acknowledged--> Finished()
+//   Announced --every worker acknowledged, or (a stall) the acknowledgement deadline
+//              passed: those silent are unresponsive()--> Finished()
 // A worker:
 //   Running --Leave (it shuts down, or reports its own failure)--> Leaving
 //   Running/Leaving --Told(failure, or nothing to see through)--> Stopped
 //   Running/Leaving --Told(clean, a cycle to see through)--> Draining
 //   Draining --DrainOver (cycle done, or kDrainMicros passed)--> Stopped
+//   any --CoordinatorLost (rank 0 silent past the stall limit)--> Stopped
 // Any rank:
 //   any --PeerFailed--> Stopped (no handshake: the communicators are revoked)
 //   any --EngineFailed--> Stopped
@@ -46,6 +48,10 @@ class ShutdownState {
   const std::string& reason() const { return reason_; }
   bool failure() const { return failure_; }
   bool peer_failed() const { return peer_failed_; }
+  // Ranks stopped answering (a worker did not acknowledge a stall's shutdown, or rank 0
+  // fell silent): they may never take part again, so MPI_Finalize, which waits for
+  // every process, must not be called.
+  bool unresponsive() const { return unresponsive_; }
 
   // Rank 0. A shutdown begins for `reason`. `hold`: a clean shutdown whose announcement
   // waits for the cycle in flight. Returns true if the announcement is due now
@@ -55,8 +61,13 @@ class ShutdownState {
   // Rank 0, holding: whether to announce now (then Announced).
   bool HoldOver(bool cycle_in_flight, int64_t now_us);
   void Acknowledged() { ++acks_; }
-  // Rank 0: announced, and every one of the `size` - 1 workers acknowledged.
-  bool Finished(int size) const { return state_ == State::kAnnounced && acks_ >= size - 1; }
+  // Rank 0, shutting down for a stall: a worker whose acknowledgement has not come by
+  // `deadline_us` stopped answering (a rank that is merely late still has a live
+  // engine, which acknowledges at once).
+  void AcknowledgeBy(int64_t deadline_us) { ack_deadline_us_ = deadline_us; }
+  // Rank 0: announced, and every one of the `size` - 1 workers acknowledged, or the
+  // acknowledgement deadline passed (then unresponsive()).
+  bool Finished(int size, int64_t now_us);
 
   // A worker leaves: it asked rank 0 to shut down (failure false), or reported its own
   // failure (true). Its reason is what rank 0 then announces (Told). Once shutdown has
@@ -79,6 +90,9 @@ class ShutdownState {
   void PeerFailed(const std::string& reason);
   // The engine itself failed (an exception in its thread).
   void EngineFailed(const std::string& reason);
+  // A worker: rank 0 has said nothing while this rank's work waited past the stall
+  // limit. Nobody is told (rank 0 does not answer); the rank stops with `reason`.
+  void CoordinatorLost(const std::string& reason);
   // The reason, when none was given (a clean stop).
   void DefaultReason(const std::string& reason) {
     if (reason_.empty()) reason_ = reason;
@@ -89,7 +103,9 @@ class ShutdownState {
   std::string reason_;
   bool failure_ = false;
   bool peer_failed_ = false;
+  bool unresponsive_ = false;
   int acks_ = 0;
+  int64_t ack_deadline_us_ = -1;  // none: wait for every acknowledgement
   int64_t drain_to_ = -1;
   int64_t deadline_us_ = 0;  // the end of rank 0's hold or a worker's drain
 };

@@ -404,6 +404,7 @@ bool World::Shutdown() {
   }
   auto unlocked = Unlocked();
   e->Stop();
+  if (e->PeerUnresponsive()) peer_unresponsive_ = true;
   e.reset();
   return true;
 }
@@ -416,7 +417,15 @@ void World::Finalize() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (initialized && !finalized) FreeReduceOps();
-  if (mpi_owned_ && initialized && !finalized) {
+  if (mpi_owned_ && initialized && !finalized && peer_unresponsive_) {
+    // MPI_Finalize would wait for the ranks that stopped answering. Leaving without it
+    // is what ends the job: the launcher ends every process of a job one of which
+    // exits without MPI_Finalize, the unresponsive ones included.
+    std::fprintf(stderr,
+                 "[hvdlite] leaving without MPI_Finalize, which would wait for the ranks that stopped "
+                 "answering; the launcher ends the job\n");
+    std::fflush(nullptr);
+  } else if (mpi_owned_ && initialized && !finalized) {
     std::optional<FinalizeWatchdog> watchdog;
     if (peer_died_) watchdog.emplace(kFinalizeAfterLossSeconds);
     auto unlocked = Unlocked();

@@ -154,6 +154,7 @@ class World {
   bool joined_ = false;     // this process was started into a running job (Grow)
   std::vector<int> lost_;   // the ranks the last Rebuild left out (old numbering)
   bool peer_died_ = false;  // some Rebuild left a dead process out of the world
+  bool peer_unresponsive_ = false;  // an engine stopped because ranks stopped answering
   // Worlds replaced by Rebuild and Grow. They are kept, not freed: Open MPI's ULFM
   // agreement (ERA) keys its history by communicator id, ids of freed communicators are
   // handed out again, and an agreement on a new world that reused an old world's id was
