@@ -257,6 +257,30 @@ def test_elastic_defaults_local() -> None:
     assert env["HVDLITE_ELASTIC_TIMEOUT"] == env["HOROVOD_ELASTIC_TIMEOUT"] == "7.5"
 
 
+def test_elastic_watches_for_silent_workers() -> None:
+    """ULFM's failure detector counts a worker silent for --failure-timeout seconds as
+    failed (10 by default, HVDLITE_FAILURE_TIMEOUT otherwise); mpirun's keepalive on its
+    daemons, which would end the whole job for one cut-off host, is off."""
+    argv, env = _build(_elastic(num_proc=2, max_np=4))
+    assert ("--mca", "mpi_ft_detector", "true") in _triples(argv)
+    assert ("--mca", "mpi_ft_detector_timeout", "10") in _triples(argv)
+    assert ("--mca", "mpi_ft_detector_period", "2.5") in _triples(argv)
+    assert ("--mca", "mpi_ft_propagator_with_rbcast", "true") in _triples(argv)
+    assert env["PRTE_MCA_oob_tcp_keepalive_time"] == "0" and env["HVDLITE_FAILURE_TIMEOUT"] == "10"
+    argv, _ = _build(_elastic(num_proc=2, max_np=4), {"PATH": "/bin", "HVDLITE_FAILURE_TIMEOUT": "6"})
+    assert ("--mca", "mpi_ft_detector_timeout", "6") in _triples(argv)
+    argv, env = _build(_elastic(num_proc=2, max_np=4, failure_timeout=4.0),
+                       {"PATH": "/bin", "HVDLITE_FAILURE_TIMEOUT": "6"})  # the flag wins
+    assert ("--mca", "mpi_ft_detector_timeout", "4") in _triples(argv) and env["HVDLITE_FAILURE_TIMEOUT"] == "4"
+    # The user's own detector settings are kept; a fixed-size job has no detector.
+    argv, _ = _build(_elastic(num_proc=2, max_np=4, mpi_args=["--mca", "mpi_ft_detector", "false"]))
+    assert argv.count("mpi_ft_detector") == 1
+    argv, env = _build(LaunchConfig(num_proc=2, command=["t"]))
+    assert "mpi_ft_detector" not in argv and "PRTE_MCA_oob_tcp_keepalive_time" not in env
+    with pytest.raises(LaunchError, match="HVDLITE_FAILURE_TIMEOUT='soon'"):
+        _build(_elastic(num_proc=2, max_np=4), {"PATH": "/bin", "HVDLITE_FAILURE_TIMEOUT": "soon"})
+
+
 def test_elastic_fixed_hosts() -> None:
     argv, env = _build(_elastic(num_proc=3, min_np=2, max_np=5, slots_per_host=2,
                                 hosts="node1:1,node2"))
@@ -342,12 +366,14 @@ def test_parse_args_elastic(tmp_path: Path) -> None:
     _, config = parse_args(["-np", "2", "--min-num-proc", "1", "--max-num-proc", "4",
                             "--host-discovery-script", str(script), "--slots", "2",
                             "--elastic-timeout", "30", "--reset-limit", "0",
-                            "--blacklist-cooldown-range", "10", "20", "python", "t.py"])
+                            "--blacklist-cooldown-range", "10", "20", "--failure-timeout", "7",
+                            "python", "t.py"])
     assert config is not None and config.elastic
     assert (config.num_proc, config.min_np, config.max_np) == (2, 1, 4)
     assert config.host_discovery_script == str(script.resolve())
     assert config.slots_per_host == 2 and config.elastic_timeout == 30
     assert config.reset_limit == 0 and config.cooldown_range == (10.0, 20.0)
+    assert config.failure_timeout == 7.0
     assert config.command == ["python", "t.py"]
     # Without -np, --min-np is the number to start with (horovodrun's -np is required).
     _, config = parse_args(["--min-np", "3", "--max-np", "5", "--slots-per-host", "1",
@@ -376,6 +402,8 @@ def test_parse_args_elastic(tmp_path: Path) -> None:
     (["-np", "2", "--host-discovery-script", "DISCOVER", "-H", "a:2", "t"], "not allowed with"),
     (["-np", "2", "--reset-limit", "3", "t"], "--reset-limit only applies to elastic mode"),
     (["-np", "2", "--slots", "3", "t"], "--slots-per-host only applies to elastic mode"),
+    (["-np", "2", "--failure-timeout", "5", "t"], "--failure-timeout only applies to elastic mode"),
+    (["-np", "2", "--min-np", "1", "--failure-timeout", "0", "t"], "--failure-timeout"),
 ])
 def test_elastic_usage_errors_exit_2(args: list[str], message: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
+    "DEFAULT_FAILURE_TIMEOUT_S",
     "DiscoveryError",
     "ElasticSettings",
     "format_hosts",
@@ -50,6 +51,9 @@ __all__ = [
 
 #: horovodrun's default for ``--elastic-timeout``, in seconds.
 DEFAULT_ELASTIC_TIMEOUT_S: float = 600.0
+#: Seconds of silence after which an elastic job's worker counts as failed
+#: (``hvdlite-run --failure-timeout``).
+DEFAULT_FAILURE_TIMEOUT_S: float = 10.0
 
 ENV_ELASTIC = "HVDLITE_ELASTIC"
 ENV_HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
@@ -69,6 +73,8 @@ ENV_OVERSUBSCRIBED = "HVDLITE_ELASTIC_OVERSUBSCRIBED"
 #: Where the last world's rank 0 writes ``finished`` when training ends well (the
 #: launcher's exit status then is 0, whatever workers were lost on the way).
 ENV_STATUS_FILE = "HVDLITE_ELASTIC_STATUS_FILE"
+#: ``--failure-timeout``: read by the launcher, and passed on to the workers.
+ENV_FAILURE_TIMEOUT = "HVDLITE_FAILURE_TIMEOUT"
 #: Every variable :meth:`ElasticSettings.to_environ` may set.
 ENV_NAMES: tuple[str, ...] = (
     ENV_ELASTIC, ENV_HOROVOD_ELASTIC, ENV_MIN_NP, ENV_MAX_NP, ENV_DISCOVERY_SCRIPT,

@@ -33,6 +33,7 @@ import atexit
 import collections
 import functools
 import os
+import signal
 import socket
 import sys
 import threading
@@ -248,6 +249,7 @@ def reset(after_failure: bool) -> None:
         if lost:
             _world.losses.append((lost, before))
             _world.peer_lost = _world.peer_lost or _own_job_lost(lost)
+            _check_majority(lost, before)
         _note_lost(lost)
     naming.reset_auto_names()  # every rank's unnamed requests count from 0 again
     basics.world_changed()  # the core dropped the process sets: members renumbered or gone
@@ -277,6 +279,57 @@ def reset(after_failure: bool) -> None:
                 f"elastic training stops: {basics.size()} worker(s) left, fewer than --min-np {s.min_np}, "
                 f"and no slots for more came within --elastic-timeout {s.timeout_s:g} s")
         time.sleep(_DISCOVERY_PERIOD_S)
+
+
+def _check_majority(lost: list[int], before: int) -> None:
+    """No second job after a network partition (split brain).
+
+    A host cut off from the network looks to each side as if the other side's processes
+    had failed, and both would go on as a job of their own, training apart and both
+    writing checkpoints. When the workers lost include every worker of some host (a
+    host died, or is cut off: nobody can tell which), the survivors go on only as the
+    majority of the world they lost them from, or as exactly half of it with its rank
+    0; every other group stops here with :class:`ElasticJobError`, on every one of its
+    ranks alike, and ends the Open MPI daemon of its host, which the launcher has
+    lost too. Workers lost on hosts where others survive died: their host is reachable,
+    and the survivors go on whatever their number."""
+    hosts = _world.hosts
+    if hosts is None or before < 2:
+        return
+    gone = set(lost)
+    surviving_hosts = {h for r, h in enumerate(hosts[:before]) if r not in gone}
+    whole = sorted({hosts[r] for r in lost if r < len(hosts)} - surviving_hosts)
+    if not whole:
+        return
+    left = before - len(gone)
+    if 2 * left > before or (2 * left == before and 0 not in gone):
+        return
+    message = (f"elastic training stops on this side of a network partition: {len(gone)} of the {before} "
+               f"workers were lost, all those of host(s) {', '.join(whole)}, and the {left} left here are "
+               f"not a majority of the job{' (rank 0 is on the other side)' if 2 * left == before else ''}; "
+               "the other side, if it is the majority, goes on, and this side stops so that the job does not "
+               "go on twice")
+    sys.stderr.write(f"hvdlite: {message}\n")
+    sys.stderr.flush()
+    _end_host_daemon()
+    raise ElasticJobError(message)
+
+
+def _end_host_daemon() -> None:
+    """Stop this host's Open MPI daemon (this process's parent, ``prted``), which mpirun
+    can no longer reach: it ends the job's processes here and itself, so that nothing
+    of the job stays behind on a host that was cut off."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return
+    if name == "prted":
+        try:
+            os.kill(parent, signal.SIGTERM)
+        except OSError:
+            pass
 
 
 def _own_job_lost(lost: list[int]) -> bool:

@@ -135,6 +135,10 @@ VARIABLES: tuple[EnvVariable, ...] = (
     EnvVariable("HVDLITE_MPIRUN", "searched",
                 "the `mpirun` to launch with (otherwise the one beside Python, then `PATH`)",
                 LAUNCHER),
+    EnvVariable("HVDLITE_FAILURE_TIMEOUT", "10",
+                "elastic jobs: seconds after which a worker that sends nothing (its host cut "
+                "off, its process stopped) counts as failed (`--failure-timeout` wins)",
+                LAUNCHER),
     EnvVariable("HVDLITE_LIVE_OUTPUT", "1",
                 "1: hvdlite-run shows each rank's output as it comes, progress bars "
                 "included; 0 leaves the forwarding to `mpirun`", LAUNCHER),

@@ -257,6 +257,10 @@ def make_parser() -> argparse.ArgumentParser:
                          "$HOROVOD_ELASTIC_START_TIMEOUT, else 600)")
     el.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
                     help="most times the job may rescale before it fails (default: no limit)")
+    el.add_argument("--failure-timeout", type=_positive_float, metavar="S",
+                    help="a worker that sends nothing for S seconds (its host cut off from "
+                         "the network, its process stopped) counts as failed, and the others "
+                         "go on without it (default: $HVDLITE_FAILURE_TIMEOUT, else 10)")
     el.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2,
                     type=_non_negative_float, metavar=("MIN", "MAX"),
                     help="a failed host is left out for a random time between MIN and MAX "
@@ -310,6 +314,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         for flag, value in (("--slots-per-host", ns.slots_per_host),
                             ("--elastic-timeout", ns.elastic_timeout),
                             ("--reset-limit", ns.reset_limit),
+                            ("--failure-timeout", ns.failure_timeout),
                             ("--blacklist-cooldown-range", ns.cooldown_range)):
             if value is not None:
                 parser.error(f"{flag} only applies to elastic mode: add --min-np, --max-np "
@@ -380,6 +385,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, L
         elastic_timeout=ns.elastic_timeout,
         reset_limit=ns.reset_limit,
         cooldown_range=None if ns.cooldown_range is None else tuple(ns.cooldown_range),
+        failure_timeout=ns.failure_timeout,
     )
     return ns, config
 

@@ -269,6 +269,22 @@ def build_mpirun_command(
         # chose the transport.
         if not has_option(user_args, "--with-ft", "-with-ft"):
             argv += ["--with-ft", "ulfm"]
+        # A process that lives on but sends nothing (its host cut off from the network,
+        # the process stopped) is not reported by the runtime, which watches processes
+        # die. ULFM's failure detector is: each rank expects a heartbeat from its
+        # neighbour every timeout/4 s, and a rank silent for the timeout counts as
+        # failed on every rank. mpirun's own watch of its daemons (TCP keepalive) is
+        # turned off: when it fires, mpirun ends the whole job for the one host.
+        timeout = failure_timeout(config, env)
+        # The detector's verdict reaches the other ranks by ULFM's own reliable
+        # broadcast: the runtime, which sees the process alive, would not pass it on.
+        if not _mca_chosen(user_args, "mpi_ft_detector"):
+            argv += ["--mca", "mpi_ft_detector", "true",
+                     "--mca", "mpi_ft_detector_period", f"{timeout / 4:g}",
+                     "--mca", "mpi_ft_detector_timeout", f"{timeout:g}",
+                     "--mca", "mpi_ft_propagator_with_rbcast", "true"]
+        env.setdefault("PRTE_MCA_oob_tcp_keepalive_time", "0")
+        env[discovery.ENV_FAILURE_TIMEOUT] = f"{timeout:g}"
         if not config.tcp:
             if not _mca_chosen(user_args, "pml"):
                 argv += ["--mca", "pml", "ob1"]
@@ -402,6 +418,24 @@ def build_mpirun_command(
     return argv, env
 
 
+
+
+def failure_timeout(config: LaunchConfig, environ: Mapping[str, str]) -> float:
+    """Seconds of silence after which an elastic job's worker counts as failed:
+    ``--failure-timeout``, else ``HVDLITE_FAILURE_TIMEOUT``, else
+    :data:`~hvdlite.common.discovery.DEFAULT_FAILURE_TIMEOUT_S`."""
+    if config.failure_timeout is not None:
+        return float(config.failure_timeout)
+    text = environ.get(discovery.ENV_FAILURE_TIMEOUT, "")
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise LaunchError(f"{discovery.ENV_FAILURE_TIMEOUT}={text!r}: give a number of seconds above 0")
+        return value
+    return discovery.DEFAULT_FAILURE_TIMEOUT_S
 
 
 def _threads_chosen(env: Mapping[str, str], user_args: Sequence[str]) -> bool:

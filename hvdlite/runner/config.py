@@ -66,6 +66,8 @@ class LaunchConfig:
     elastic_timeout: float | None = None
     reset_limit: int | None = None
     cooldown_range: tuple[float, float] | None = None
+    # hvdlite's own: seconds of silence after which a worker counts as failed.
+    failure_timeout: float | None = None
 
     @property
     def elastic(self) -> bool:

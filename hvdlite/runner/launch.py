@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hvdlite.runner import output
 from hvdlite.runner.command import build_mpirun_command, live_output
@@ -38,6 +38,12 @@ __all__ = [
 #: from the network never answers: without a bound, ``hvdlite-run`` then outlived a
 #: ``timeout`` or a scheduler's SIGTERM by minutes.
 STOP_GRACE_SECONDS = 8.0
+#: Seconds mpirun may take to end once an elastic job's last rank 0 wrote that training
+#: finished. mpirun waits for every daemon of the job to report, and the daemon of a host
+#: cut off from the network (whose workers the others went on without) never does:
+#: past this, hvdlite-run ends what is left of the job here and reports success.
+FINISH_GRACE_SECONDS = 10.0
+
 
 def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     """Launch ``config`` through mpirun and return the job's exit status.
@@ -82,7 +88,9 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"{program_name()}: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
     try:
-        returncode = _run_mpirun(argv, env, live=live_output(config, major, env_in))
+        status_path = os.path.join(status_dir, "status") if status_dir else None
+        returncode = _run_mpirun(argv, env, live=live_output(config, major, env_in),
+                                 finished=(lambda: _finished(status_path)) if status_path else None)
     finally:
         finished = _read_status(status_dir)
     if returncode != 0 and finished:
@@ -108,21 +116,27 @@ def _status_visible(config: LaunchConfig, env: Mapping[str, str],
     return all(is_local_host(h) for h, _ in hosts)
 
 
+def _finished(status_path: str) -> bool:
+    try:
+        with open(status_path) as f:
+            return f.read().strip() == "finished"
+    except OSError:
+        return False
+
+
 def _read_status(status_dir: str | None) -> bool:
     """Whether an elastic job's last rank 0 wrote that training finished; removes the
     folder."""
     if status_dir is None:
         return False
     try:
-        with open(os.path.join(status_dir, "status")) as f:
-            return f.read().strip() == "finished"
-    except OSError:
-        return False
+        return _finished(os.path.join(status_dir, "status"))
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
-def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int:
+def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
+                finished: Callable[[], bool] | None = None) -> int:
     """Run mpirun, stopping the job on SIGINT, SIGTERM or SIGHUP; returns its exit status
     (128 + N for signal N, and 128 + N when this process was asked to stop by signal N).
 
@@ -134,7 +148,11 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
 
     ``live``: mpirun was asked for tagged raw output (``--output tag:raw``), which is
     read from pipes and written to this process's stdout and stderr by
-    :func:`hvdlite.runner.output.forward`."""
+    :func:`hvdlite.runner.output.forward`.
+
+    ``finished``: says whether an elastic job's training finished; mpirun still running
+    :data:`FINISH_GRACE_SECONDS` after it does is ended, and the job counts as a success
+    (exit status 0)."""
     finish = None
     if live:
         out_r, out_w = os.pipe()
@@ -153,6 +171,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
     received: list[int] = []
     asked_at: list[float] = []  # when the first signal came (time.monotonic())
     job: dict[int, int] = {}  # the job's processes when it was asked to stop: pid -> start time
+    finished_at: list[float] = []  # when training was seen finished (time.monotonic())
 
     def say(text: str) -> None:
         try:
@@ -211,7 +230,22 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
                 job.update(_process_tree(proc.pid))
                 kill_job()
                 killed = True
-        if received:
+            if finished is not None and not received and not asked_at:
+                if not finished_at and finished():
+                    finished_at.append(time.monotonic())
+                if finished_at and time.monotonic() - finished_at[0] > FINISH_GRACE_SECONDS:
+                    # A worker the others left behind (stopped, or on a host cut off)
+                    # keeps mpirun waiting: stop the job as on SIGTERM, which ends it on
+                    # every host mpirun reaches, and kill what is left here after that.
+                    say(f"training finished, but mpirun has not ended {FINISH_GRACE_SECONDS:g} s later "
+                        "(it waits for workers the job went on without); stopping it")
+                    asked_at.append(time.monotonic())
+                    job.update(_process_tree(proc.pid))
+                    try:
+                        proc.send_signal(signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+        if asked_at:
             _kill_processes(job)  # whatever outlived mpirun (a rank's own children)
         if finish is not None:
             # The pipes end when the last process holding them (mpirun, its daemons)
@@ -222,6 +256,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False) -> int
             signal.signal(sig, handler)
     if received:
         return 128 + received[0]
+    if finished_at and asked_at:
+        return 0  # stopped after training finished
     if returncode < 0:
         return 128 - returncode
     return returncode

@@ -177,10 +177,24 @@ class FaultJob:
             os.kill(pid, signal.SIGCONT)
 
     def cut(self, host: str) -> None:
+        # Off the bridge, and down on this side too: otherwise this machine's own
+        # network stack would still take the host's packets to the bridge's address
+        # (where mpirun listens) from the loose end, and only the other way would be cut.
         subprocess.run(["ip", "link", "set", self._veth(host), "nomaster"], check=True)
+        subprocess.run(["ip", "link", "set", self._veth(host), "down"], check=True)
+        if self.hosts.cuts is not None:
+            (self.hosts.cuts / host).touch()  # mpirun no longer hears of that host's daemon
 
     def mend(self, host: str) -> None:
+        if self.hosts.cuts is not None:
+            (self.hosts.cuts / host).unlink(missing_ok=True)
+        subprocess.run(["ip", "link", "set", self._veth(host), "up"], check=True)
         subprocess.run(["ip", "link", "set", self._veth(host), "master", self.hosts.bridge], check=True)
+        # Addresses the host failed to resolve while cut off would stay failed a while.
+        for ns in self.hosts.namespaces.values():
+            subprocess.run(["ip", "-n", ns, "neigh", "flush", "all"], check=False)
+        subprocess.run(["ip", "neigh", "flush", "dev", self.hosts.bridge], check=False)
+        time.sleep(1.0)  # the link's carrier comes back
 
     def kill_host(self, host: str) -> None:
         for pid in self.host_pids(host):

@@ -44,7 +44,15 @@ case "$host" in
 @CASES@
   *) echo "emulated-hosts agent: unknown host '$host'" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$1"' "$host" "$*"
+ip netns exec "$ns" unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$1"' "$host" "$*" <&0 &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
+while kill -0 $child 2>/dev/null; do wait $child; rc=$?; done
+wait $child 2>/dev/null; rc=${rc:-$?}
+# As ssh over a network that is cut: the remote end's exit is not heard of here until
+# the link is back (a host is cut off while the file @CUTS@/HOST exists).
+while [ -e "@CUTS@/$host" ]; do sleep 0.5; done
+exit $rc
 """
 
 
@@ -145,6 +153,7 @@ class EmulatedHosts(SetUpAndTearDown):
         self.subnet = ""
         self._dir: tempfile.TemporaryDirectory | None = None
         self.agent = ""
+        self.cuts: Path | None = None  # a file per host that is cut off (see the agent)
 
     # -- set up and tear down
     def up(self) -> None:
@@ -169,7 +178,9 @@ class EmulatedHosts(SetUpAndTearDown):
         self._dir = tempfile.TemporaryDirectory(prefix="hvdlite_hosts_")
         cases = "\n".join(f"  {h}) ns={shlex.quote(ns)} ;;" for h, ns in self.namespaces.items())
         agent = Path(self._dir.name) / "ssh-agent.sh"
-        agent.write_text(_AGENT.replace("@CASES@", cases))
+        self.cuts = Path(self._dir.name) / "cut"
+        self.cuts.mkdir()
+        agent.write_text(_AGENT.replace("@CASES@", cases).replace("@CUTS@", str(self.cuts)))
         agent.chmod(0o755)
         self.agent = str(agent)
 

@@ -267,6 +267,19 @@ void Engine::OnPeerFailure(const std::string& what) {
   executor_->Abort(reason);
 }
 
+// An elastic job runs with ULFM's failure detector (hvdlite-run --failure-timeout),
+// which marks a peer that stopped sending heartbeats (its host cut off, its process
+// stopped) as failed. Only operations that involve that peer then fail, and this rank
+// may be waiting on others (rank 0 polls for any rank's requests, a worker for rank
+// 0's word): so look for such marks now and then.
+void Engine::CheckForSilentPeers() {
+  const int64_t now = NowMicros();
+  if (now - last_failure_check_us_ < kFailureCheckMicros) return;
+  last_failure_check_us_ = now;
+  if (!FailedRanks(topology_->world()).empty())
+    throw PeerFailure("MPI's failure detector reports ranks that stopped answering");
+}
+
 // The engine has stopped: why, for other threads (written before running_ turns false).
 void Engine::Settle() {
   if (!running_) return;
@@ -282,6 +295,7 @@ void Engine::Settle() {
 // this step), then the negotiation, which hands on what became agreed. Called with
 // step_mu_ held.
 bool Engine::Step() {
+  if (config_->job().elastic) CheckForSilentPeers();
   bool progress = executor_->InFlight() && executor_->PollInFlight();
   progress = negotiator_->Step(stop_requested_) || progress;
   negotiator_->Reap();

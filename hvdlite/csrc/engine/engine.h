@@ -136,6 +136,7 @@ class Engine {
  private:
   void Loop();
   bool Step();
+  void CheckForSilentPeers();  // throws PeerFailure for a peer ULFM marked failed
   void PinThread() const;
   void Settle();
   void Drive(int64_t h, int64_t deadline_us);
@@ -172,6 +173,8 @@ class Engine {
   std::string shutdown_reason_;
   std::atomic<int64_t> waits_driven_{0}, waits_handed_back_{0};
   int64_t spin_us_ = 0;  // see Parameters::spin_us; 0 when ranks outnumber cores
+  static constexpr int64_t kFailureCheckMicros = 250000;
+  int64_t last_failure_check_us_ = 0;
   bool drive_ = false;   // a blocked caller runs the engine itself (Engine::Drive)
 };
 

@@ -15,6 +15,8 @@ writes it. What it adds for the tests:
   its reset callback, while the others recover from the first failure;
 * ``HVDLITE_TEST_OFFER="S:FILE:TEXT"``: at step S, rank 0 writes TEXT (``;`` for new
   lines) to FILE, which the test's discovery script prints: more slots on offer;
+* ``HVDLITE_TEST_PRINT_STEPS=1``: every completed step prints ``STEP <steps> <time>
+  <rank> <host>`` (the fault tests inject their faults at a step);
 * ``--optimizer zero``: ``ZeroRedundancyOptimizer(Adam)`` instead of
   ``DistributedOptimizer(SGD)``; the result then has Adam's step count of every
   parameter, from the whole (gathered) state; ``--optimizer onebit``: ``OneBitAdam``
@@ -32,6 +34,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import time
 
 import torch
@@ -108,6 +111,8 @@ def main() -> None:
 
     state.register_reset_callbacks([on_reset])
     completed = []
+    print_steps = os.environ.get("HVDLITE_TEST_PRINT_STEPS") == "1"
+    host = socket.gethostname()
     epoch_samples: dict[int, list[int]] = {}
     epoch_trained: dict[int, list[int]] = {}
 
@@ -135,6 +140,8 @@ def main() -> None:
                     state.sampler.get_indices(idx, args.batch)) for i in part)
                 state.steps += 1
                 completed.append(time.time())
+                if print_steps:
+                    print(f"STEP {state.steps} {completed[-1]:.3f} {hvd.rank()} {host}", flush=True)
                 time.sleep(args.step_sleep)
                 if state.steps % args.commit_every == 0:
                     state.batch += idx + 1

@@ -1,0 +1,186 @@
+"""A soak of elastic training under the faults clusters have: many runs, each with one
+fault, chosen at random, at a random step, on emulated hosts.
+
+Each run is one ``hvdlite-run -np H --min-np 2 --max-np H`` job on H emulated hosts
+(one worker each; the discovery script lists every host throughout) of the elastic
+tests' PyTorch script (``ElasticSampler``, ``TorchState`` committed every 2 steps).
+Between steps 10 and 40 one fault is injected:
+
+* ``kill worker`` / ``kill rank 0``: SIGKILL to that worker's process;
+* ``freeze worker``: SIGSTOP to a worker's process;
+* ``cut host``: a worker's host taken off the network (its process lives on).
+
+A run passes when the job ends by itself with status 0 (a hang is a run still going
+``--run-timeout`` s after the fault), the survivors hold the same parameters, every
+sample of every epoch was trained exactly once in the committed steps, and no process
+of the job is left on any host 60 s after the launcher exits. Per fault it prints the
+runs, hangs, failed checks, processes left behind, the detection time (from the fault
+to the new rank 0's line saying it goes on) and the longest gap between two completed
+steps on a survivor.
+
+    python benchmarks/bench_faults.py [--runs 100] [--hosts 3] [--seed S] [--failure-timeout 10]
+
+Needs root (network namespaces). The results file (``benchmarks/_common.py``) goes to
+``benchmarks/results/bench_faults.json`` by default.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
+
+FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host")
+SAMPLES = 480
+
+
+def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: float) -> dict:
+    from tests.elastic.test_elastic import TRAIN, _check_each_sample_trained_once
+    from tests.faults.harness import FaultJob
+
+    n = len(hosts.hosts)
+    victim_host = hosts.hosts[0] if fault == "kill rank 0" else hosts.hosts[-1]
+    with tempfile.TemporaryDirectory(prefix="hvdlite_soak_") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        script = Path(tmp) / "discover.sh"
+        script.write_text("#!/bin/sh\n" + "".join(f"echo {h}:1\n" for h in hosts.hosts))
+        script.chmod(0o755)
+        job = FaultJob(hosts, n, TRAIN, args=["--out", str(out), "--epochs", "8", "--step-sleep", "0.05"],
+                       launcher_args=["--min-np", "2", "--max-np", str(n), "--host-discovery-script",
+                                      str(script), "--failure-timeout", f"{failure_timeout:g}"],
+                       env={"HVDLITE_TEST_PRINT_STEPS": "1"})
+        row = {"fault": fault, "step": step, "host": victim_host}
+        job.start()
+        try:
+            if not job.wait_for_step(step, timeout=180):
+                row.update(outcome="did not reach the step", output=job.output(40))
+                return row
+            t_fault = time.time()
+            if fault.startswith("kill"):
+                for pid in job.rank_pids(victim_host):
+                    os.kill(pid, signal.SIGKILL)
+            elif fault == "freeze worker":
+                job.freeze(victim_host)
+            else:
+                job.cut(victim_host)
+            rc = job.wait(timeout=run_timeout)
+            going_on = [t for t, line in job.lines if "failed; continuing with" in line and t >= t_fault]
+            row["detection_s"] = round(going_on[0] - t_fault, 3) if going_on else None
+            if rc is None:
+                row.update(outcome="hang", output=job.output(40))
+                return row
+            row["rc"] = rc
+            results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+            problems = []
+            if rc != 0:
+                problems.append(f"exit status {rc}")
+            if len(results) != n - 1:
+                problems.append(f"{len(results)} workers finished, not {n - 1}")
+            if len({r["params_sha"] for r in results}) > 1:
+                problems.append("parameters differ")
+            if results:
+                try:
+                    _check_each_sample_trained_once(results[0], SAMPLES)
+                except AssertionError as exc:
+                    problems.append(f"samples: {exc}")
+                row["longest_gap_s"] = round(max(max((b - a for a, b in zip(r["completed"], r["completed"][1:])),
+                                                     default=0.0) for r in results), 3)
+            left = job.wait_for_no_leftovers(60)
+            row["left_behind"] = sum(len(v) for v in left.values())
+            if left:
+                problems.append(f"left behind: {left}")
+            row["problems"] = problems
+            row["outcome"] = "ok" if not problems else "failed checks"
+            if problems:
+                row["output"] = job.output(40)
+            return row
+        finally:
+            if fault == "cut host":
+                job.mend(victim_host)
+            job.stop()
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    summary = []
+    for fault in FAULTS:
+        mine = [r for r in rows if r["fault"] == fault]
+        if not mine:
+            continue
+        detections = [r["detection_s"] for r in mine if r.get("detection_s") is not None]
+        gaps = [r["longest_gap_s"] for r in mine if r.get("longest_gap_s") is not None]
+        summary.append({
+            "fault": fault, "runs": len(mine),
+            "hangs": sum(r["outcome"] == "hang" for r in mine),
+            "failed checks": sum(r["outcome"] not in ("ok", "hang") for r in mine),
+            "left behind": sum(r.get("left_behind", 0) for r in mine),
+            "detection median s": round(statistics.median(detections), 2) if detections else None,
+            "detection max s": round(max(detections), 2) if detections else None,
+            "longest gap s": round(max(gaps), 2) if gaps else None,
+        })
+    return summary
+
+
+def print_table(summary: list[dict]) -> None:
+    cols = ["fault", "runs", "hangs", "failed checks", "left behind", "detection median s", "detection max s",
+            "longest gap s"]
+    print("| " + " | ".join(cols) + " |")
+    print("| " + " | ".join("---" for _ in cols) + " |")
+    for s in summary:
+        print("| " + " | ".join("-" if s[c] is None else str(s[c]) for c in cols) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--hosts", type=int, default=3)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--failure-timeout", type=float, default=10.0)
+    p.add_argument("--run-timeout", type=float, default=180.0,
+                   help="a job still running this long after its fault counts as a hang")
+    p.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, from: " + ", ".join(FAULTS))
+    p.add_argument("--in-turn", action="store_true", help="the faults in turn rather than at random")
+    add_results_options(p, "bench_faults")
+    a = p.parse_args(argv)
+    from tests.hosts.emulated import EmulatedHosts, unavailable
+    reason = unavailable()
+    if reason:
+        print(f"bench_faults: {reason}", file=sys.stderr)
+        return 2
+    faults = [f.strip() for f in a.faults.split(",") if f.strip()]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        p.error(f"unknown fault(s) {unknown}; choose from {', '.join(FAULTS)}")
+    seed = a.seed if a.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    run_file = ResultsRun("bench_faults")
+    rows = []
+    with EmulatedHosts(a.hosts, rate="1gbit") as hosts:
+        for i in range(a.runs):
+            fault = faults[i % len(faults)] if a.in_turn else rng.choice(faults)
+            step = rng.randint(10, 40)
+            row = one_run(hosts, fault, step, a.failure_timeout, a.run_timeout)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "output"}), flush=True)
+            if row["outcome"] != "ok":
+                print(row.get("output", ""), file=sys.stderr, flush=True)
+    summary = summarize(rows)
+    print(f"\n{a.runs} runs on {a.hosts} emulated hosts, --failure-timeout {a.failure_timeout:g}, seed {seed}\n")
+    print_table(summary)
+    run_file.write(results_path(a, "bench_faults"), rows, summary, {**vars(a), "seed": seed}, a.notes)
+    return 0 if all(r["outcome"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
