@@ -23,18 +23,9 @@ import pytest
 
 from tests.elastic.test_elastic import TRAIN, _check_each_sample_trained_once
 from tests.faults.harness import FaultJob
-from tests.hosts.emulated import EmulatedHosts, unavailable
+from tests.hosts.emulated import EmulatedHosts
 
 FAILURE_TIMEOUT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-    with EmulatedHosts(3, rate="1gbit") as h:
-        yield h
 
 
 def _elastic_job(hosts: EmulatedHosts, tmp_path: Path) -> tuple[FaultJob, Path]:

@@ -11,19 +11,10 @@ import time
 import pytest
 
 from tests.faults.harness import WORKERS, FaultJob
-from tests.hosts.emulated import EmulatedHosts, unavailable
+from tests.hosts.emulated import EmulatedHosts
 
 STALL_LIMIT_S = 5.0
 STATIC = WORKERS / "static_steps.py"
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-    with EmulatedHosts(3, rate="1gbit") as h:
-        yield h
 
 
 def _static_job(hosts: EmulatedHosts) -> FaultJob:
