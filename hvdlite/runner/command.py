@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from hvdlite.common import discovery, horovod_env
 from hvdlite.runner.config import LaunchConfig
-from hvdlite.runner.hosts import elastic_settings, given_hosts, is_local_host
+from hvdlite.runner.hosts import elastic_settings, env_seconds, given_hosts, is_local_host
 from hvdlite.runner.mpirun import LaunchError
 
 __all__ = [
@@ -426,14 +426,10 @@ def failure_timeout(config: LaunchConfig, environ: Mapping[str, str]) -> float:
     :data:`~hvdlite.common.discovery.DEFAULT_FAILURE_TIMEOUT_S`."""
     if config.failure_timeout is not None:
         return float(config.failure_timeout)
-    text = environ.get(discovery.ENV_FAILURE_TIMEOUT, "")
-    if text:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
+    value = env_seconds(environ, discovery.ENV_FAILURE_TIMEOUT)
+    if value is not None:
         if not value > 0:
-            raise LaunchError(f"{discovery.ENV_FAILURE_TIMEOUT}={text!r}: give a number of seconds above 0")
+            raise LaunchError(f"{discovery.ENV_FAILURE_TIMEOUT}={value:g}: give a number of seconds above 0")
         return value
     return discovery.DEFAULT_FAILURE_TIMEOUT_S
 

@@ -166,13 +166,8 @@ def elastic_settings(
         # horovodrun's name, then the one Horovod's elastic guide uses for the same wait.
         name = next((n for n in ("HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_START_TIMEOUT")
                      if env.get(n, "").strip()), "HOROVOD_ELASTIC_TIMEOUT")
-        text = env.get(name, "").strip()
-        if text:
-            try:
-                timeout = float(text)
-            except ValueError:
-                raise LaunchError(f"{name}={text!r} is not a number of seconds") from None
-        else:
+        timeout = env_seconds(env, name)
+        if timeout is None:
             timeout = discovery.DEFAULT_ELASTIC_TIMEOUT_S
     if not 0 <= timeout < float("inf"):
         raise LaunchError(f"--elastic-timeout must be a finite number >= 0, got {timeout}")
@@ -255,6 +250,18 @@ def wait_for_slots(
         except discovery.DiscoveryError as exc:
             last_error = str(exc)
     return hosts
+
+
+def env_seconds(env: Mapping[str, str], name: str) -> float | None:
+    """The number of seconds variable ``name`` gives, or None when it is unset or
+    blank; :class:`LaunchError` when it is not a number."""
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise LaunchError(f"{name}={text!r} is not a number of seconds") from None
 
 
 def given_hosts(config: LaunchConfig, env: Mapping[str, str]) -> tuple[list[tuple[str, int | None]], bool]:

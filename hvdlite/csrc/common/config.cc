@@ -9,18 +9,20 @@ Config::Config(const Parameters& job, std::vector<std::string> hosts) : job_(job
   tunables_.hierarchical = job.two_level.allreduce;
 }
 
+const std::string* Config::HostOf(int rank) const {
+  return rank >= 0 && static_cast<size_t>(rank) < hosts_.size() ? &hosts_[static_cast<size_t>(rank)] : nullptr;
+}
+
 std::string Config::RankName(int rank) const {
-  std::string out = "rank " + std::to_string(rank);
-  if (rank >= 0 && static_cast<size_t>(rank) < hosts_.size()) out += " (host " + hosts_[static_cast<size_t>(rank)] + ")";
-  return out;
+  const std::string* host = HostOf(rank);
+  return "rank " + std::to_string(rank) + (host ? " (host " + *host + ")" : "");
 }
 
 std::string Config::RankNames(const std::vector<int>& ranks) const {
   std::string out = "[";
   for (size_t i = 0; i < ranks.size(); ++i) {
-    const int r = ranks[i];
-    out += (i ? ", " : "") + std::to_string(r);
-    if (r >= 0 && static_cast<size_t>(r) < hosts_.size()) out += " (" + hosts_[static_cast<size_t>(r)] + ")";
+    const std::string* host = HostOf(ranks[i]);
+    out += (i ? ", " : "") + std::to_string(ranks[i]) + (host ? " (" + *host + ")" : "");
   }
   return out + "]";
 }

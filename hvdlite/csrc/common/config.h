@@ -52,6 +52,7 @@ class Config {
  private:
   const Parameters job_;
   const std::vector<std::string> hosts_;  // every rank's host, by rank
+  const std::string* HostOf(int rank) const;  // null where not known
   Tunables tunables_;
   FusionLimits fusion_[kNumDeviceKinds];
   uint64_t version_ = 0;
