@@ -597,6 +597,25 @@ def builds_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def faults_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["Elastic training under the faults of a cluster: each run is one job on emulated hosts "
+           "(one worker each, `--min-np 2`) with one fault at a random step; it passes when the job "
+           "ends by itself with status 0, every sample of every epoch was trained once, the survivors "
+           "agree and nothing is left on any host. Detection: from the fault to the new rank 0's line "
+           "saying it goes on. Gap: the longest time between two completed steps on a survivor.", ""]
+    for doc in docs:
+        s = doc["settings"]
+        out += [ctx.run_line(doc) + f" {s.get('runs')} runs on {s.get('hosts')} emulated hosts, "
+                f"`--failure-timeout {s.get('failure_timeout', 10):g}`, seed {s.get('seed')}.", ""]
+        trs = [[r["fault"], str(r["runs"]), str(r["hangs"]), str(r["failed checks"]), str(r["left behind"]),
+                f"{fmt_num(r['detection median s'])} s", f"{fmt_num(r['detection max s'])} s",
+                f"**{fmt_num(r['longest gap s'])} s**"] for r in doc["summary"]]
+        out += table(["fault", "runs", "hangs", "failed checks", "left behind", "detection, median",
+                      "detection, max", "longest gap"], trs)
+        out.append("")
+    return out
+
+
 def onebit_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     out = ["1-bit Adam and top-k compression against Adam through `DistributedOptimizer`, training "
            "the same 4.2 M-parameter MLP from the same start on the same batches, interleaved in "
@@ -729,6 +748,7 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_onebit", "1-bit Adam and top-k compression {#onebit}", onebit_section),
     ("bench_autotune", "Autotune {#autotune}", autotune_section),
     ("bench_elastic", "Elastic training: time lost when a worker dies or joins {#elastic}", elastic_section),
+    ("bench_faults", "Elastic training under faults: a soak {#faults}", faults_section),
     ("bench_tf_graph_ops", "TensorFlow collectives inside graphs {#tf-graph-ops}", graph_ops_section),
     ("bench_host_memory", "What two processes get of this machine {#host-memory}", host_memory_section),
     ("bench_gpu", "GPU {#gpu}", gpu_section),
@@ -744,6 +764,7 @@ MISSING = {
     "bench_onebit": "python benchmarks/bench_onebit.py",
     "bench_autotune": "python benchmarks/bench_autotune.py",
     "bench_elastic": "python benchmarks/bench_elastic.py",
+    "bench_faults": "python benchmarks/bench_faults.py --runs 100",
     "bench_tf_graph_ops": "python benchmarks/bench_tf_graph_ops.py",
     "bench_host_memory": "python benchmarks/bench_host_memory.py",
     "bench_gpu": "hvdlite-run -np 1 python benchmarks/bench_gpu.py",
@@ -751,6 +772,7 @@ MISSING = {
 }
 NEEDS = {"bench_gpu": "a GPU with PyTorch's CUDA build and NCCL, which the machine above lacks",
          "bench_hosts": "root (network namespaces and `tc`)",
+         "bench_faults": "root (network namespaces and `tc`)",
          "bench_onebit": "root for its emulated hosts (or `--hosts 0`)",
          "bench_horovod": "a Horovod 0.28.1 build made by `benchmarks/build_horovod.sh HOROVOD_VENV`"}
 
