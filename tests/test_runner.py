@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -836,17 +837,33 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 def _start_and_wait_ready(cmd: list[str], ready: int, env: dict[str, str]) -> subprocess.Popen:
+    """Start ``cmd`` and wait (at most a minute) until ``ready`` lines starting with
+    'ready' came on its stdout; a job that does not get there is killed, and the
+    failure shows what it printed."""
+    from tests.launch import kill_tree
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=REPO_ROOT, start_new_session=True)
-    seen = 0
+    assert proc.stdout is not None and proc.stderr is not None
+    seen, out, err = 0, b"", b""
+    pipes = [proc.stdout, proc.stderr]
     deadline = time.monotonic() + 60
-    assert proc.stdout is not None
-    while seen < ready and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen += line.startswith("ready")
-    assert seen == ready, "the job did not start"
+    while seen < ready and pipes and time.monotonic() < deadline:
+        # select, not readline: a job that hangs before its ranks print must not hang the test
+        readable, _, _ = select.select(pipes, [], [], 0.5)
+        for f in readable:
+            data = os.read(f.fileno(), 65536)
+            if not data:
+                pipes.remove(f)
+            elif f is proc.stdout:
+                out += data
+            else:
+                err += data
+        seen = sum(line.startswith(b"ready") for line in out.splitlines(keepends=True) if line.endswith(b"\n"))
+    if seen != ready:
+        kill_tree(proc.pid)
+        raise AssertionError(f"the job did not start: {seen} of {ready} ranks ready after "
+                             f"{'its exit' if proc.poll() is not None else 'a minute'}\n"
+                             f"stdout: {out.decode(errors='replace')}\nstderr: {err.decode(errors='replace')}")
     return proc
 
 

@@ -163,6 +163,10 @@ class EmulatedHosts(SetUpAndTearDown):
         burst = max(64 << 10, int(rate_bytes / 100))  # 10 ms at the link's rate
         tbf = ["tbf", "rate", self.rate, "burst", str(burst), "latency", "100ms"]
         _run("ip", "link", "add", self.bridge, "type", "bridge")
+        # A fixed address: a bridge without one takes the lowest of its ports', so taking
+        # a host off it (a cut) could change it, and the other hosts, still sending to
+        # the old one, would lose their way to this machine (and mpirun) for minutes.
+        _run("ip", "link", "set", self.bridge, "address", f"02:77:{self.octet:02x}:00:00:fe")
         _run("ip", "addr", "add", f"10.77.{self.octet}.254/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         for i, host in enumerate(self.hosts, start=1):
