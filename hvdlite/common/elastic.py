@@ -131,22 +131,28 @@ def _choose_sync_root(state: State) -> None:
 
 
 def _report_recovery(state: State) -> None:
-    """After the world lost workers and the survivors synced: one line, from the new
-    rank 0, saying who was lost and what training goes on with."""
-    losses, added = membership.take_changes()
-    if not losses or rank() != 0 or not _warnings_shown():
+    """After the world lost workers, or stopped some whose host left the discovery
+    output, and the survivors synced: one line, from the new rank 0, saying what
+    happened and what training goes on with."""
+    losses, dismissed, added = membership.take_changes()
+    if not (losses or dismissed) or rank() != 0 or not _warnings_shown():
         return
-    lost = ", then ".join(
-        f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} of {before} failed" if before
-        else f"{len(ranks)} worker{'s' * (len(ranks) > 1)} failed" for ranks, before in losses)
+
+    def ranks_text(ranks: list[int], before: int) -> str:
+        return f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} of {before}"
+
+    events = [f"{ranks_text(ranks, before)} failed" if before
+              else f"{len(ranks)} worker{'s' * (len(ranks) > 1)} failed" for ranks, before in losses]
+    events += [f"{ranks_text(ranks, before)} stopped (the discovery output no longer lists their slot"
+               f"{'s' * (len(ranks) > 1)} on {', '.join(hosts)})" for ranks, before, hosts in dismissed]
     commits = getattr(state, "_commits", 0)
     where = f"commit {commits}" if commits else "the start (nothing was committed yet)"
     progress = ", ".join(f"{k}={v}" for k, v in (getattr(state, "_saved_state", None) or {}).items()
                          if isinstance(v, int) and not isinstance(v, bool))
     n = size()
     new = f" ({added} new)" if added else ""
-    sys.stderr.write(f"[hvdlite WARNING rank 0] {lost}; continuing with {n} worker{'s' * (n != 1)}{new} "
-                     f"from {where}{f' ({progress})' if progress and commits else ''}\n")
+    sys.stderr.write(f"[hvdlite WARNING rank 0] {', then '.join(events)}; continuing with {n} "
+                     f"worker{'s' * (n != 1)}{new} from {where}{f' ({progress})' if progress and commits else ''}\n")
     sys.stderr.flush()
 
 
@@ -163,6 +169,7 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         global _sync_root
         settings = membership.settings()
+        membership.watch_for_suspension()
         reset_limit = getattr(settings, "reset_limit", None)
         resets = 0
         skip_sync = False
@@ -194,7 +201,11 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
                     f"--reset-limit {reset_limit}")
             while True:
                 try:
-                    membership.reset(after_failure)
+                    if membership.reset(after_failure):
+                        # Workers left: what they did since the last commit goes with
+                        # them, and the survivors go back to that commit (which also
+                        # holds every rank's processed samples, theirs included).
+                        state.restore()
                     break
                 except membership.ElasticJobError:
                     raise

@@ -16,6 +16,11 @@ on every rank.
   ``--max-np``. If any, every rank raises ``HostsUpdatedInterrupt``, and :func:`reset`
   starts them (``MPI_Comm_spawn``) and merges them into the world; they run the same
   script, and ``hvd.elastic.run`` gives them the state.
+* **Workers leave.** At the same agreement rank 0 also says whether the discovery
+  script stopped listing the slots of some workers (their host left its output, or
+  offers fewer slots). If so, :func:`reset` stops them as Horovod does: every rank
+  takes part in splitting them off (``MPI_Comm_split``), their processes exit with
+  status 0, and the others go on from that commit in a world of themselves.
 * **Too few workers.** Below ``--min-np`` the survivors wait for the discovery script
   to offer slots for up to ``--elastic-timeout``; past it, or past ``--reset-limit``
   resets, the job ends on every rank with :class:`ElasticJobError`.
@@ -86,8 +91,8 @@ class _World:
         # The Open MPI job (PMIx namespace) every rank was started in, by rank: the
         # launch's, or that of the workers added with it; None where not known yet.
         self.jobs: list[str | None] | None = None
-        # Workers that died, per host: their slots stay taken in Open MPI's allocation,
-        # and each one lengthens the host's blacklist cooldown.
+        # Workers that died or were stopped, per host: their slots stay taken in Open
+        # MPI's allocation; each death lengthens the host's blacklist cooldown.
         self.dead: collections.Counter[str] = collections.Counter()
         self.blacklist: dict[str, float] = {}  # host -> until (monotonic; inf: for good)
         self.ignored: set[str] = set()  # new hosts outside the launch, reported once
@@ -96,6 +101,9 @@ class _World:
         # and workers added since then.
         self.losses: list[tuple[list[int], int]] = []
         self.added = 0
+        # Workers stopped since the last report because their host left the discovery
+        # output: (their ranks, the world's size, their hosts).
+        self.dismissed: list[tuple[list[int], int, list[str]]] = []
         # A process started in this process's own Open MPI job died: MPI_Finalize could
         # wait for it for ever (see leave_without_finalize).
         self.peer_lost = False
@@ -119,6 +127,28 @@ def job_name() -> str:
     """The Open MPI job this process was started in (its PMIx namespace): the launch's,
     or the one that added it to a running job."""
     return os.environ.get("PMIX_NAMESPACE", "")
+
+
+# ------------------------------------------------------------------ a process that was stopped
+
+
+def watch_for_suspension() -> None:
+    """In an elastic job started by ``hvdlite-run`` (which sets the failure timeout):
+    end this worker as soon as it finds it was stopped for too long (the core's
+    ``StartSuspensionWatch``). ULFM's detector counts a worker failed once its last
+    heartbeat is the timeout old, and heartbeats go every quarter of it: a worker
+    stopped for 3/4 of the timeout may already be counted failed, so the watch ends
+    it past 70 %."""
+    from hvdlite.common.discovery import ENV_FAILURE_TIMEOUT
+    if settings() is None:
+        return
+    text = os.environ.get(ENV_FAILURE_TIMEOUT, "")
+    try:
+        timeout = float(text)
+    except ValueError:
+        return
+    if timeout > 0:
+        _core().start_suspension_watch(0.7 * timeout, text)
 
 
 # ------------------------------------------------------------------ discovery
@@ -179,8 +209,11 @@ def _local_names() -> frozenset[str]:
 
 
 def _same_host(a: str, b: str) -> bool:
+    """Whether two names are one host: equal, equal but for the domain (a discovery
+    script may print ``node1.cluster`` where the host calls itself ``node1``), or both
+    this machine."""
     local = _local_names()
-    return a == b or (a in local and b in local)
+    return a == b or a.split(".")[0] == b.split(".")[0] or (a in local and b in local)
 
 
 def plan_new_workers(s: Any, size: int) -> list[str]:
@@ -215,29 +248,60 @@ def plan_new_workers(s: Any, size: int) -> list[str]:
     return plan[:max(0, s.max_np - size)]
 
 
+def plan_leaving(s: Any) -> list[int]:
+    """Rank 0: the ranks to stop because their host left the discovery script's output
+    (or lists fewer slots than it has workers now: the highest ranks there go), as
+    Horovod stops them at the next commit. Empty without a discovery script, before its
+    first answer, and where no worker would be left (an empty or wholly unfamiliar
+    list is more likely a script's mistake than the end of every host)."""
+    if not s.discovery_script or _world.hosts is None:
+        return []
+    offered = _discovered(s)
+    if offered is None:
+        return []
+    room = [[host, slots] for host, slots in offered]
+    leaving = []
+    for r, h in enumerate(_world.hosts):
+        entry = next((e for e in room if _same_host(h, e[0]) and e[1] > 0), None)
+        if entry is None:
+            leaving.append(r)
+        else:
+            entry[1] -= 1
+    return leaving if len(leaving) < len(_world.hosts) else []
+
+
 # ------------------------------------------------------------------ at a commit
+
+# Rank 0's value in the agreement at a commit: the number of workers to add, and this
+# bit when workers are to leave.
+_LEAVING_BIT = 1 << 20
 
 
 def check_for_new_workers() -> bool:
-    """Collective, at every commit of an elastic job: whether workers are to be added
-    now (the same answer on every rank). The agreement fails on every survivor alike
-    if a worker died since the world was made (HvdliteError, the engine stopped)."""
+    """Collective, at every commit of an elastic job: whether the world changes now
+    (workers to add, or workers to stop because their host left the discovery output;
+    the same answer on every rank). The agreement fails on every survivor alike if a
+    worker died since the world was made (HvdliteError, the engine stopped)."""
     s = settings()
     if s is None:
         return False
     value = _ALL_ONES
     if basics.rank() == 0:
-        value = min(len(plan_new_workers(s, basics.size())), _ALL_ONES - 1)
+        value = min(len(plan_new_workers(s, basics.size())), _LEAVING_BIT - 1)
+        if plan_leaving(s):
+            value |= _LEAVING_BIT
     return _core().agree(value) > 0
 
 
 # ------------------------------------------------------------------ between two worlds
 
 
-def reset(after_failure: bool) -> None:
+def reset(after_failure: bool) -> bool:
     """Collective over the live processes: the next world. After a failure, a world of
-    the survivors (ranks renumbered in their old order, a fresh engine); then workers
-    added where slots are free, waiting for them under ``--min-np``."""
+    the survivors (ranks renumbered in their old order, a fresh engine); then the
+    workers whose slots the discovery output no longer lists stop; then workers are
+    added where slots are free, waiting for them under ``--min-np``. Returns whether
+    workers were stopped (the survivors then go back to the last commit)."""
     if after_failure:
         c = _core()
         try:
@@ -255,14 +319,16 @@ def reset(after_failure: bool) -> None:
     basics.world_changed()  # the core dropped the process sets: members renumbered or gone
     s = settings()
     if s is None:
-        return
+        return False
+    leaving = _shared(plan_leaving, s, "hvdlite.elastic.leaving")
+    _dismiss(leaving)
     deadline = time.monotonic() + float(s.timeout_s)
     while True:
         plan = _shared_plan(s)
         if plan and basics.size() + len(plan) >= s.min_np:
             try:
                 _grow(plan)
-                return
+                return bool(leaving)
             except HvdliteError as exc:
                 if peer_failed():
                     raise  # a worker died meanwhile: the caller starts over
@@ -273,7 +339,7 @@ def reset(after_failure: bool) -> None:
                 for host in plan:
                     _world.blacklist[host] = time.monotonic() + 60.0
         if basics.size() >= s.min_np:
-            return
+            return bool(leaving)
         if time.monotonic() >= deadline:
             raise ElasticJobError(
                 f"elastic training stops: {basics.size()} worker(s) left, fewer than --min-np {s.min_np}, "
@@ -367,13 +433,44 @@ def _note_lost(lost: list[int]) -> None:
         _world.jobs = [j for r, j in enumerate(_world.jobs) if r not in gone]
 
 
-def _shared_plan(s: Any) -> list[str]:
-    """Rank 0's plan, given to every rank."""
+def _shared(plan: Any, s: Any, name: str) -> list[Any]:
+    """Rank 0's ``plan(s)``, given to every rank."""
     from hvdlite.common.objects import broadcast_object
-    plan = plan_new_workers(s, basics.size()) if basics.rank() == 0 else None
+    mine = plan(s) if basics.rank() == 0 else None
     if basics.size() == 1:
-        return plan or []
-    return broadcast_object(plan, root_rank=0, name="hvdlite.elastic.plan")
+        return mine or []
+    return broadcast_object(mine, root_rank=0, name=name)
+
+
+def _shared_plan(s: Any) -> list[str]:
+    """Rank 0's plan of the workers to add, given to every rank."""
+    return _shared(lambda s: plan_new_workers(s, basics.size()), s, "hvdlite.elastic.plan")
+
+
+def _dismiss(leaving: list[int]) -> None:
+    """Collective: the ranks in ``leaving`` stop (their process exits here, status 0),
+    and the others go on in a world of themselves."""
+    if not leaving:
+        return
+    me, hosts = basics.rank(), _world.hosts or []
+    where = sorted({hosts[r] for r in leaving if r < len(hosts)})
+    if not _core().dismiss(leaving):
+        sys.stderr.write(f"hvdlite: rank {me} on {hostname()} stops: the discovery output no longer lists "
+                         "its slot; the job goes on without it\n")
+        sys.stderr.flush()
+        # Not MPI_Finalize: its fence would wait for the workers that go on.
+        os._exit(0)
+    naming.reset_auto_names()
+    basics.world_changed()
+    _world.dismissed.append((list(leaving), len(hosts), where))
+    _world.peer_lost = _world.peer_lost or _own_job_lost(leaving)
+    for r in leaving:  # their slots stay taken in Open MPI's allocation, as a dead worker's do
+        if r < len(hosts):
+            _world.dead[hosts[r]] += 1
+    gone = set(leaving)
+    _world.hosts = [h for r, h in enumerate(hosts) if r not in gone]
+    if _world.jobs is not None:
+        _world.jobs = [j for r, j in enumerate(_world.jobs) if r not in gone]
 
 
 def _grow(hosts: list[str]) -> None:
@@ -390,12 +487,13 @@ def _grow(hosts: list[str]) -> None:
     _world.added += len(hosts)
 
 
-def take_changes() -> tuple[list[tuple[list[int], int]], int]:
-    """The workers lost since the last call (their ranks and the size of the world they
-    were lost from, one entry per rebuild) and the number added since then."""
-    losses, added = _world.losses, _world.added
-    _world.losses, _world.added = [], 0
-    return losses, added
+def take_changes() -> tuple[list[tuple[list[int], int]], list[tuple[list[int], int, list[str]]], int]:
+    """What changed since the last call: the workers lost (their ranks and the size of
+    the world they were lost from, one entry per rebuild), those stopped because their
+    host left the discovery output (ranks, world size, hosts), and the number added."""
+    losses, dismissed, added = _world.losses, _world.dismissed, _world.added
+    _world.losses, _world.dismissed, _world.added = [], [], 0
+    return losses, dismissed, added
 
 
 @atexit.register

@@ -263,6 +263,34 @@ def test_a_job_started_alone_averages_once_a_worker_joins(tmp_path: Path) -> Non
     _check_each_sample_trained_once(results[0], 480)
 
 
+@pytest.mark.timeout(300)
+def test_a_worker_whose_slot_leaves_the_discovery_output_stops(tmp_path: Path) -> None:
+    """Start 3 (``--min-np 2 --max-np 3``); at step 10 the discovery script offers 2
+    slots instead of 3. At the next commit the highest rank stops (its process exits
+    with status 0), as Horovod stops the workers of a host that left; the other two go
+    on from that commit as a world of 2 and finish alike, each sample trained once."""
+    hosts, script = _discovery(tmp_path, "localhost:3\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_job(3, TRAIN, "--out", str(out), "--epochs", "6", "--step-sleep", "0.03",
+                   env={"HVDLITE_TEST_OFFER": f"10:{hosts}:localhost:2"},
+                   launcher_args=["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)],
+                   timeout=240)
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, detail
+    results = _results(out)
+    assert sorted((r["first_rank"], r["rank"], r["size"]) for r in results) == [(0, 0, 2), (1, 1, 2)], detail
+    assert len({r["params_sha"] for r in results}) == 1
+    assert len({r["steps"] for r in results}) == 1
+    # One reset each (the departure), none for a failure.
+    assert all(len(r["resets"]) == 1 for r in results), [r["resets"] for r in results]
+    _check_each_sample_trained_once(results[0], 480)
+    assert "rank 2 on " in proc.stderr and "stops: the discovery output no longer lists its slot" in proc.stderr, detail
+    assert re.search(r"\[hvdlite WARNING rank 0\] rank 2 of 3 stopped \(the discovery output no longer lists "
+                     r"their slot on [^)]+\); continuing with 2 workers from commit \d+", proc.stderr), detail
+    assert "failed" not in proc.stderr, detail
+
+
 @pytest.mark.timeout(600)
 def test_twenty_kills_in_a_row_each_replaced(tmp_path: Path) -> None:
     """20 consecutive kill-and-recover cycles in one job of 4: every 20 steps the worker

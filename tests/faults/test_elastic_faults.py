@@ -6,7 +6,12 @@ three hosts:
 * h3 is cut off from the network: the two others count its worker as failed within
   ``--failure-timeout`` and go on; the cut-off worker, alone and not a majority, stops,
   with its host's daemon, rather than train on as a second job;
-* h2's worker is stopped (SIGSTOP): the others go on without it.
+* h2's worker is stopped (SIGSTOP): the others go on without it;
+* h3 leaves the discovery script's output: its worker stops at the next commit, and
+  the others go on;
+* h2's worker is stopped for less than the failure timeout, or h3's link flaps: all
+  three go on; h2's worker is resumed after the others went on without it: it ends
+  itself at once.
 
 Each time the job ends with status 0, the survivors hold the same parameters, every
 sample of every epoch was trained exactly once, and nothing of the job is left on any
@@ -29,10 +34,14 @@ FAILURE_TIMEOUT_S = 10.0
 
 
 def _elastic_job(hosts: EmulatedHosts, tmp_path: Path) -> tuple[FaultJob, Path]:
+    """The job, and its output folder; its discovery script prints ``tmp_path/hosts.txt``
+    (every host, one slot each, until a test rewrites it)."""
     out = tmp_path / "out"
     out.mkdir()
+    listed = tmp_path / "hosts.txt"
+    listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts))
     script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\n" + "".join(f"echo {h}:1\n" for h in hosts.hosts))
+    script.write_text(f"#!/bin/sh\ncat {listed}\n")
     script.chmod(0o755)
     job = FaultJob(hosts, 3, TRAIN, args=["--out", str(out), "--epochs", "12", "--step-sleep", "0.05"],
                    launcher_args=["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
@@ -98,3 +107,125 @@ def test_a_frozen_worker_is_left_behind(hosts: EmulatedHosts, tmp_path: Path) ->
         assert left == {}, left
     finally:
         job.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_host_that_leaves_the_discovery_output_has_its_worker_stopped(hosts: EmulatedHosts,
+                                                                         tmp_path: Path) -> None:
+    """h3 leaves the discovery script's output: at the next commit its worker stops (its
+    process ends), and h1 and h2 go on from that commit, as Horovod does; no failure is
+    reported, and nothing of the job is left on h3."""
+    job, out = _elastic_job(hosts, tmp_path)
+    job.start()
+    try:
+        assert job.wait_for_step(30), job.output()
+        (tmp_path / "hosts.txt").write_text("h1:1\nh2:1\n")
+        t_left = time.time()
+        rc = job.wait(timeout=240)
+        assert rc is not None, f"the job did not end\n{job.output(300)}"
+        figures = _check_survivors(job, out, {"h1", "h2"}, rc)
+        stopped = [s.t for s in job.steps if s.host == "h3"]
+        print(f"host left: h3's last step {max(stopped) - t_left:.1f} s after the discovery output changed; "
+              f"longest gap between two steps {figures['longest gap']:.1f} s")
+        assert max(stopped) - t_left < 5.0, max(stopped) - t_left  # the discovery script runs once a second
+        lines = [line for _, line in job.lines]
+        assert any("rank 2 on h3 stops: the discovery output no longer lists its slot" in line for line in lines), \
+            job.output(300)
+        assert any("rank 2 of 3 stopped (the discovery output no longer lists their slot on h3); continuing with "
+                   "2 workers" in line for line in lines), job.output(300)
+        assert not any("failed" in line for line in lines), job.output(300)
+        left = job.wait_for_no_leftovers(60)
+        assert left == {}, left
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_stopped_shorter_than_the_failure_timeout_carries_on(hosts: EmulatedHosts,
+                                                                       tmp_path: Path) -> None:
+    """h2's worker is stopped for 3 s (SIGSTOP, then SIGCONT), well within
+    ``--failure-timeout``: nobody counts it as failed; the three finish together after
+    a pause of about that long."""
+    job, out = _elastic_job(hosts, tmp_path)
+    job.start()
+    try:
+        assert job.wait_for_step(30), job.output()
+        assert len(job.freeze("h2")) == 1
+        time.sleep(3.0)
+        job.thaw("h2")
+        rc = job.wait(timeout=240)
+        assert rc is not None, f"the job did not end\n{job.output(300)}"
+        figures = _check_survivors(job, out, {"h1", "h2", "h3"}, rc)
+        print(f"worker stopped for 3 s: longest gap between two steps {figures['longest gap']:.1f} s")
+        assert 2.5 <= figures["longest gap"] <= FAILURE_TIMEOUT_S - 2, figures
+        assert not any("failed" in line for _, line in job.lines), job.output(300)
+        assert job.wait_for_no_leftovers(60) == {}
+    finally:
+        job.thaw("h2")
+        job.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_resumed_after_the_others_went_on_stops_alone(hosts: EmulatedHosts, tmp_path: Path) -> None:
+    """h2's worker is stopped until the others have gone on without it, then resumed
+    (SIGCONT): it sees at once that it missed more than the failure timeout allows and
+    ends itself, before its own failure detector could count the others failed and
+    tell them so (which would stop them both); the other two finish."""
+    job, out = _elastic_job(hosts, tmp_path)
+    job.start()
+    try:
+        assert job.wait_for_step(30), job.output()
+        frozen = job.freeze("h2")
+        assert len(frozen) == 1
+        assert job.wait_for(lambda j: any("continuing with 2 workers" in line for _, line in j.lines), 60), \
+            job.output(300)
+        job.thaw("h2")
+        t_thaw = time.time()
+        assert job.wait_for(lambda j: not _alive(frozen[0]), 60), job.output(300)
+        print(f"resumed worker: gone {time.time() - t_thaw:.1f} s after SIGCONT")
+        said = f"pid {frozen[0]} on h2 was stopped for"
+        assert job.wait_for(lambda j: any(said in line and "it exits" in line for _, line in j.lines), 10), \
+            job.output(300)
+        rc = job.wait(timeout=240)
+        assert rc is not None, f"the job did not end\n{job.output(300)}"
+        _check_survivors(job, out, {"h1", "h3"}, rc)
+        assert not [s for s in job.steps if s.host == "h2" and s.t > t_thaw], "the resumed worker trained on"
+        assert job.wait_for_no_leftovers(60) == {}
+    finally:
+        job.thaw("h2")
+        job.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_link_that_flaps_within_the_failure_timeout_loses_nobody(hosts: EmulatedHosts,
+                                                                    tmp_path: Path) -> None:
+    """h3's link goes down for 2 s, three times, 2 s apart (a flapping switch port): TCP
+    carries the traffic over each outage, nobody is counted as failed, and the three
+    finish together."""
+    job, out = _elastic_job(hosts, tmp_path)
+    job.start()
+    try:
+        assert job.wait_for_step(30), job.output()
+        for _ in range(3):
+            job.cut("h3")
+            time.sleep(2.0)
+            job.mend("h3")  # waits 1 s for the carrier
+            time.sleep(1.0)
+        rc = job.wait(timeout=240)
+        assert rc is not None, f"the job did not end\n{job.output(300)}"
+        figures = _check_survivors(job, out, {"h1", "h2", "h3"}, rc)
+        print(f"flapping link: longest gap between two steps {figures['longest gap']:.1f} s")
+        assert figures["longest gap"] >= 1.5, figures  # the outages did stop training
+        assert not any("failed" in line for _, line in job.lines), job.output(300)
+        assert job.wait_for_no_leftovers(60) == {}
+    finally:
+        job.mend("h3")
+        job.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

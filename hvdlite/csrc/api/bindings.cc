@@ -31,6 +31,7 @@
 #include "engine/engine.h"
 #include "gpu/cuda_runtime.h"
 #include "gpu/library_loader.h"
+#include "world/membership.h"
 #include "world/world.h"
 
 namespace py = pybind11;
@@ -506,6 +507,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("comm_handle") = 0, py::arg("ranks") = std::vector<int>{});
   m.def("rebuild", [] { TheWorld().Rebuild(); });
   m.def("lost_ranks", [] { return TheWorld().lost_ranks(); });
+  m.def("dismiss", [](std::vector<int> leaving) {
+    std::sort(leaving.begin(), leaving.end());
+    return TheWorld().Dismiss(leaving);
+  }, py::arg("leaving"));
+  m.def("start_suspension_watch", &StartSuspensionWatch, py::arg("limit_s"), py::arg("failure_timeout"));
   m.def("agree", [](int value) { return TheWorld().Agree(value); }, py::arg("value"));
   m.def("grow",
         [](const std::string& command, const std::vector<std::string>& args, const std::vector<std::string>& hosts,

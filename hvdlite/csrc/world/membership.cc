@@ -1,6 +1,13 @@
 #include "world/membership.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
 
 #include "mpi/ulfm.h"
 
@@ -17,6 +24,15 @@ MPI_Comm ShrinkWorld(MPI_Comm comm) {
   throw std::runtime_error(
       "hvdlite was built against an MPI without fault tolerance (ULFM): it cannot go on after a rank failed");
 #endif
+}
+
+MPI_Comm SplitWorld(MPI_Comm comm, bool leaves) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm out = MPI_COMM_NULL;
+  CheckMpi(MPI_Comm_split(comm, leaves ? MPI_UNDEFINED : 0, rank, &out), "MPI_Comm_split (workers leaving)");
+  if (out != MPI_COMM_NULL) MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+  return out;
 }
 
 std::vector<int> MissingRanks(MPI_Comm before, MPI_Comm after) {
@@ -110,6 +126,33 @@ MPI_Comm MergeWithParent() {
   CheckMpi(MPI_Intercomm_merge(parent, 1, &merged), "MPI_Intercomm_merge (joining)");
   MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
   return merged;
+}
+
+void StartSuspensionWatch(double limit_s, const std::string& failure_timeout) {
+  static std::atomic<bool> started{false};
+  if (limit_s <= 0 || started.exchange(true)) return;
+  std::thread([limit_s, failure_timeout] {
+    using Clock = std::chrono::steady_clock;  // runs on while the process is stopped
+    const auto tick = std::chrono::milliseconds(100);
+    auto last = Clock::now();
+    for (;;) {
+      std::this_thread::sleep_for(tick);
+      const auto now = Clock::now();
+      const double missed = std::chrono::duration<double>(now - last - tick).count();
+      last = now;
+      if (missed <= limit_s) continue;
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      std::fprintf(stderr,
+                   "hvdlite: the worker with pid %d on %s was stopped for %.1f s, too long for the failure "
+                   "timeout (%s s): the other workers have counted it failed and go on without it; it exits\n",
+                   static_cast<int>(getpid()), host, missed, failure_timeout.c_str());
+      std::fflush(stderr);
+      // As a failed process: Open MPI's fault tolerance takes a killed process in its
+      // stride, where a non-zero exit status would end the whole job.
+      std::raise(SIGKILL);
+    }
+  }).detach();
 }
 
 }  // namespace hvdlite

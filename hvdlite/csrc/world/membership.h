@@ -18,6 +18,10 @@ namespace hvdlite {
 // same order, with errors returned rather than fatal. Throws std::runtime_error where
 // the build has no ULFM.
 MPI_Comm ShrinkWorld(MPI_Comm comm);
+// Collective over every process of `comm`: a new communicator of the processes that
+// do not leave, in the same order, with errors returned rather than fatal;
+// MPI_COMM_NULL where `leaves`. For a planned departure: every process takes part.
+MPI_Comm SplitWorld(MPI_Comm comm, bool leaves);
 // The ranks of `before` that are not in `after` (`before`'s numbering): who a shrink
 // left out, as every survivor agreed (unlike FailedRanks, which is this rank's view).
 std::vector<int> MissingRanks(MPI_Comm before, MPI_Comm after);
@@ -25,6 +29,15 @@ std::vector<int> MissingRanks(MPI_Comm before, MPI_Comm after);
 // `value`, the same on every rank. Throws PeerFailure on every survivor alike when a
 // process of `comm` has failed (ULFM's agreement); without ULFM, an MPI_Allreduce.
 int Agree(MPI_Comm comm, int value);
+
+// Elastic training: ends this process (SIGKILL, as a failed one) when it finds that it
+// was stopped (SIGSTOP then SIGCONT, a debugger, a swap storm) for longer than
+// `limit_s`: by then the other workers' failure detectors counted it failed and went on,
+// and its own detector, left running, would soon count them failed in turn and pass
+// that verdict on to them. A thread of its own (no Python lock, which a long call may
+// hold) wakes every 0.1 s and sees the time it missed. Started once; later calls do
+// nothing.
+void StartSuspensionWatch(double limit_s, const std::string& failure_timeout);
 
 // Workers joining a running job (MPI dynamic processes).
 struct SpawnRequest {

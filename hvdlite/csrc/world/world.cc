@@ -346,6 +346,36 @@ void World::Rebuild() {
   Install(std::move(engine));
 }
 
+bool World::Dismiss(const std::vector<int>& leaving) {
+  RaiseIfForkedCopy();
+  if (!engine_) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
+  int rank = 0;
+  MPI_Comm_rank(base_, &rank);
+  const bool leaves = std::binary_search(leaving.begin(), leaving.end(), rank);
+  DropProcessSets(/*revoke=*/false);
+  std::shared_ptr<Engine> old = TakeEngine();
+  Parameters params = Parameters::FromEnvironment();
+  std::shared_ptr<Engine> engine;
+  std::string error;
+  {
+    auto unlocked = Unlocked();
+    old->Stop();
+    old.reset();
+    try {
+      MPI_Comm rest = SplitWorld(base_, leaves);
+      if (leaves) return false;
+      RetireBase();
+      base_ = rest;
+    } catch (const std::exception& ex) {
+      error = ex.what();
+    }
+    engine = std::make_shared<Engine>(base_, params, &handles_);
+  }
+  Install(std::move(engine));
+  if (!error.empty()) throw WorldError("hvdlite: " + error);
+  return true;
+}
+
 int World::Agree(int value) {
   RaiseIfForkedCopy();
   if (base_ == MPI_COMM_NULL) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");

@@ -5,7 +5,7 @@
 // (api/bindings.cc) and the C interface (api/core_api.h) are thin layers over it.
 //
 // Threads: the lifecycle calls (Init, Shutdown, Finalize, AddProcessSet,
-// RemoveProcessSet, Rebuild, Agree, Grow) come from one thread at a time, under the
+// RemoveProcessSet, Rebuild, Dismiss, Agree, Grow) come from one thread at a time, under the
 // caller's lock (the bindings': Python's GIL), which the world lets go of while it
 // blocks in MPI (`Release`). The lookups may come from any thread.
 #pragma once
@@ -70,6 +70,13 @@ class World {
   // starts on it. On a running engine, it is stopped first, its communicators revoked,
   // so that the other ranks take the same path.
   void Rebuild();
+  // Elastic training: collective over the world. The ranks in `leaving` (world ranks,
+  // ascending) leave it: the engine stops on every rank, and the others go on in a
+  // world of themselves, renumbered in their old order, with a new engine. Returns
+  // whether this process stays; one that leaves has no engine left and only exits.
+  // If a peer fails meanwhile, the engine restarts on the old world and WorldError is
+  // thrown (on every survivor alike), for the failure path to take over.
+  bool Dismiss(const std::vector<int>& leaving);
   // Elastic training: the AND of every rank's `value` (ULFM's fault-tolerant agreement,
   // at each commit). A rank that failed since the world was made fails it on every
   // survivor alike: the engine is stopped as after a peer's failure, and WorldError
