@@ -2,13 +2,17 @@
 fault, chosen at random, at a random step, on emulated hosts.
 
 Each run is one ``hvdlite-run -np H --min-np 2 --max-np H`` job on H emulated hosts
-(one worker each; the discovery script lists every host throughout) of the elastic
+(one worker each; the discovery script lists every host, but in ``host leaves``) of the elastic
 tests' PyTorch script (``ElasticSampler``, ``TorchState`` committed every 2 steps).
 Between steps 10 and 40 one fault is injected:
 
 * ``kill worker`` / ``kill rank 0``: SIGKILL to that worker's process;
 * ``freeze worker``: SIGSTOP to a worker's process;
-* ``cut host``: a worker's host taken off the network (its process lives on).
+* ``cut host``: a worker's host taken off the network (its process lives on);
+* ``resume worker``: SIGSTOP to a worker's process, and SIGCONT once the others went on
+  without it (it must end itself, and the others carry on);
+* ``host leaves``: a worker's host dropped from the discovery script's output (its
+  worker is stopped at the next commit).
 
 A run passes when the job ends by itself with status 0 (a hang is a run still going
 ``--run-timeout`` s after the fault), the survivors hold the same parameters, every
@@ -41,7 +45,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
 
-FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host")
+FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host", "resume worker", "host leaves")
 SAMPLES = 480
 
 
@@ -54,8 +58,10 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
     with tempfile.TemporaryDirectory(prefix="hvdlite_soak_") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
+        listed = Path(tmp) / "hosts.txt"
+        listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts))
         script = Path(tmp) / "discover.sh"
-        script.write_text("#!/bin/sh\n" + "".join(f"echo {h}:1\n" for h in hosts.hosts))
+        script.write_text(f"#!/bin/sh\ncat {listed}\n")
         script.chmod(0o755)
         job = FaultJob(hosts, n, TRAIN, args=["--out", str(out), "--epochs", "8", "--step-sleep", "0.05"],
                        launcher_args=["--min-np", "2", "--max-np", str(n), "--host-discovery-script",
@@ -71,12 +77,18 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
             if fault.startswith("kill"):
                 for pid in job.rank_pids(victim_host):
                     os.kill(pid, signal.SIGKILL)
-            elif fault == "freeze worker":
+            elif fault in ("freeze worker", "resume worker"):
                 job.freeze(victim_host)
+                if fault == "resume worker":
+                    job.wait_for(lambda j: any("; continuing with" in line for t, line in j.lines if t >= t_fault),
+                                 failure_timeout + 30)
+                    job.thaw(victim_host)
+            elif fault == "host leaves":
+                listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts if h != victim_host))
             else:
                 job.cut(victim_host)
             rc = job.wait(timeout=run_timeout)
-            going_on = [t for t, line in job.lines if "failed; continuing with" in line and t >= t_fault]
+            going_on = [t for t, line in job.lines if "; continuing with" in line and t >= t_fault]
             row["detection_s"] = round(going_on[0] - t_fault, 3) if going_on else None
             if rc is None:
                 row.update(outcome="hang", output=job.output(40))

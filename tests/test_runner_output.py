@@ -72,6 +72,19 @@ def test_mux_shows_a_redrawn_line_at_once_and_holds_a_plain_one() -> None:
     assert s.err.getvalue() == b"\rstep 1\n\rstep 2"
 
 
+def test_mux_hands_a_ranks_requests_to_the_launcher_and_keeps_them_off_the_screen() -> None:
+    s = _Screen()
+    got: list[str] = []
+    m = LineMux(s.out, s.err, shared=True, requests=(b"[req] ", got.append))
+    m.write(R0, "stdout", b"before\n[req] evict rank=1 host=h2 pid=7 start=9\n[re")
+    m.write(R0, "stdout", b"q] second\nafter\n")
+    assert got == ["evict rank=1 host=h2 pid=7 start=9\n", "second\n"]
+    assert s.out.getvalue() == b"before\nafter\n"
+    # mpirun's own output is never taken for a request.
+    m.write(("mpirun", "stdout"), "stdout", b"[req] not one\n")
+    assert s.out.getvalue().endswith(b"[req] not one\n") and len(got) == 2
+
+
 def test_mux_never_cuts_one_ranks_line_with_anothers() -> None:
     s = _Screen()
     m = s.mux()

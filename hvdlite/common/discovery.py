@@ -75,11 +75,16 @@ ENV_OVERSUBSCRIBED = "HVDLITE_ELASTIC_OVERSUBSCRIBED"
 ENV_STATUS_FILE = "HVDLITE_ELASTIC_STATUS_FILE"
 #: ``--failure-timeout``: read by the launcher, and passed on to the workers.
 ENV_FAILURE_TIMEOUT = "HVDLITE_FAILURE_TIMEOUT"
+#: Set when hvdlite-run reads the ranks' output itself and acts on the requests rank 0
+#: writes there (lines starting with :data:`LAUNCHER_REQUEST`): ending a lost worker's
+#: process that may still run.
+ENV_LAUNCHER_REQUESTS = "HVDLITE_LAUNCHER_REQUESTS"
+LAUNCHER_REQUEST = "[hvdlite-run request] "
 #: Every variable :meth:`ElasticSettings.to_environ` may set.
 ENV_NAMES: tuple[str, ...] = (
     ENV_ELASTIC, ENV_HOROVOD_ELASTIC, ENV_MIN_NP, ENV_MAX_NP, ENV_DISCOVERY_SCRIPT,
     ENV_SLOTS, ENV_TIMEOUT, ENV_RESET_LIMIT, ENV_COOLDOWN, ENV_HOSTS, ENV_ALLOCATION,
-    ENV_OVERSUBSCRIBED, ENV_STATUS_FILE,
+    ENV_OVERSUBSCRIBED, ENV_STATUS_FILE, ENV_LAUNCHER_REQUESTS,
 )
 
 

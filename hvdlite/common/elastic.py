@@ -117,14 +117,16 @@ class ObjectState(State):
 
 def _choose_sync_root(state: State) -> None:
     """Collective (elastic jobs): the rank with the most commits becomes the sync root
-    (the lowest such rank; rank 0 at the start), and every rank's host and launch (the
-    first job, or the one that added it) are noted."""
+    (the lowest such rank; rank 0 at the start), and every rank's host, launch (the
+    first job, or the one that added it) and process are noted."""
     global _sync_root
     from hvdlite.common.objects import allgather_object
-    mine = (getattr(state, "_commits", 0), membership.hostname(), membership.job_name())
+    mine = (getattr(state, "_commits", 0), membership.hostname(), membership.job_name(),
+            membership.process_id())
     gathered = allgather_object(mine, name="hvdlite.elastic.world")
-    counts = [c for c, _, _ in gathered]
-    membership.world_hosts([h for _, h, _ in gathered], [j for _, _, j in gathered])
+    counts = [c for c, _, _, _ in gathered]
+    membership.world_hosts([h for _, h, _, _ in gathered], [j for _, _, j, _ in gathered],
+                           [p for _, _, _, p in gathered])
     newest = max(counts)
     _sync_root = counts.index(newest)
     state._commits = newest

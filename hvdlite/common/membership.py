@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import ipaddress
 import os
 import signal
 import socket
@@ -91,6 +92,8 @@ class _World:
         # The Open MPI job (PMIx namespace) every rank was started in, by rank: the
         # launch's, or that of the workers added with it; None where not known yet.
         self.jobs: list[str | None] | None = None
+        # Every rank's process, by rank: (pid, start time), None where not known.
+        self.procs: list[tuple[int, str] | None] | None = None
         # Workers that died or were stopped, per host: their slots stay taken in Open
         # MPI's allocation; each death lengthens the host's blacklist cooldown.
         self.dead: collections.Counter[str] = collections.Counter()
@@ -112,11 +115,23 @@ class _World:
 _world = _World()
 
 
-def world_hosts(hosts: list[str], jobs: list[str] | None = None) -> None:
-    """Record every rank's host and Open MPI job (gathered by the elastic loop's
-    collective)."""
+def world_hosts(hosts: list[str], jobs: list[str] | None = None,
+                procs: list[tuple[int, str] | None] | None = None) -> None:
+    """Record every rank's host, Open MPI job and process (gathered by the elastic
+    loop's collective)."""
     _world.hosts = list(hosts)
     _world.jobs = None if jobs is None else list(jobs)
+    _world.procs = None if procs is None else list(procs)
+
+
+def process_id() -> tuple[int, str] | None:
+    """This process on its host: its pid and its start time (``/proc/PID/stat``'s
+    22nd field), which tells it from a later process given the same pid."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat") as f:
+            return os.getpid(), f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def hostname() -> str:
@@ -213,7 +228,16 @@ def _same_host(a: str, b: str) -> bool:
     script may print ``node1.cluster`` where the host calls itself ``node1``), or both
     this machine."""
     local = _local_names()
-    return a == b or a.split(".")[0] == b.split(".")[0] or (a in local and b in local)
+    return a == b or _short(a) == _short(b) or (a in local and b in local)
+
+
+def _short(name: str) -> str:
+    """A host name without its domain; an IP address as it is."""
+    try:
+        ipaddress.ip_address(name)
+        return name
+    except ValueError:
+        return name.split(".")[0]
 
 
 def plan_new_workers(s: Any, size: int) -> list[str]:
@@ -314,6 +338,7 @@ def reset(after_failure: bool) -> bool:
             _world.losses.append((lost, before))
             _world.peer_lost = _world.peer_lost or _own_job_lost(lost)
             _check_majority(lost, before)
+            _request_eviction(lost)
         _note_lost(lost)
     naming.reset_auto_names()  # every rank's unnamed requests count from 0 again
     basics.world_changed()  # the core dropped the process sets: members renumbered or gone
@@ -408,6 +433,24 @@ def _own_job_lost(lost: list[int]) -> bool:
     return any(r < len(jobs) and jobs[r] == mine for r in lost)
 
 
+def _request_eviction(lost: list[int]) -> None:
+    """New rank 0: ask ``hvdlite-run`` to end the processes of the workers ``lost``
+    (old numbering), in case they still run: a stopped process (SIGSTOP, a swap storm)
+    that resumed would run its own failure detector, count the others failed, and
+    tell them so. One line per worker on stdout, which the launcher reads and keeps
+    from the screen; a process that is gone, or whose pid now belongs to another
+    process, is left alone (``hvdlite.runner.evict``)."""
+    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS, LAUNCHER_REQUEST
+    if os.environ.get(ENV_LAUNCHER_REQUESTS) != "1" or basics.rank() != 0:
+        return
+    hosts, procs = _world.hosts or [], _world.procs or []
+    for r in lost:
+        if r < len(hosts) and r < len(procs) and procs[r] is not None:
+            pid, start = procs[r]
+            sys.stdout.write(f"{LAUNCHER_REQUEST}evict rank={r} host={hosts[r]} pid={pid} start={start}\n")
+    sys.stdout.flush()
+
+
 def _note_lost(lost: list[int]) -> None:
     """The hosts of the ranks a shrink left out: blacklisted, their slots held."""
     if _world.hosts is None:
@@ -427,10 +470,18 @@ def _note_lost(lost: list[int]) -> None:
         else:
             stay = float("inf")
         _world.blacklist[host] = time.monotonic() + stay
-    gone = set(lost)
-    _world.hosts = [h for r, h in enumerate(_world.hosts) if r not in gone]
+    _forget(lost)
+
+
+def _forget(ranks: list[int]) -> None:
+    """Drop what is kept about the workers ``ranks`` (old numbering) that left."""
+    gone = set(ranks)
+    if _world.hosts is not None:
+        _world.hosts = [h for r, h in enumerate(_world.hosts) if r not in gone]
     if _world.jobs is not None:
         _world.jobs = [j for r, j in enumerate(_world.jobs) if r not in gone]
+    if _world.procs is not None:
+        _world.procs = [p for r, p in enumerate(_world.procs) if r not in gone]
 
 
 def _shared(plan: Any, s: Any, name: str) -> list[Any]:
@@ -467,10 +518,7 @@ def _dismiss(leaving: list[int]) -> None:
     for r in leaving:  # their slots stay taken in Open MPI's allocation, as a dead worker's do
         if r < len(hosts):
             _world.dead[hosts[r]] += 1
-    gone = set(leaving)
-    _world.hosts = [h for r, h in enumerate(hosts) if r not in gone]
-    if _world.jobs is not None:
-        _world.jobs = [j for r, j in enumerate(_world.jobs) if r not in gone]
+    _forget(leaving)
 
 
 def _grow(hosts: list[str]) -> None:
@@ -484,6 +532,8 @@ def _grow(hosts: list[str]) -> None:
         _world.hosts += hosts
     if _world.jobs is not None:
         _world.jobs += [None] * len(hosts)  # known at the sync that follows
+    if _world.procs is not None:
+        _world.procs += [None] * len(hosts)
     _world.added += len(hosts)
 
 
@@ -527,6 +577,8 @@ def note_finished() -> None:
     path = os.environ.get(ENV_STATUS_FILE)
     if not path:
         return
+    if getattr(sys, "last_value", None) is not None:
+        return  # leaving on an exception nothing caught (ElasticJobError, say): not finished
     c = basics._core_module
     if c is None:
         return

@@ -22,7 +22,9 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 
+from hvdlite.common.discovery import LAUNCHER_REQUEST
 from hvdlite.runner import output
+from hvdlite.runner.evict import Evictor
 from hvdlite.runner.command import build_mpirun_command, live_output
 from hvdlite.runner.config import LaunchConfig, program_name
 from hvdlite.runner.hosts import elastic_settings, given_hosts, is_local_host, wait_for_slots
@@ -148,12 +150,20 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
 
     ``live``: mpirun was asked for tagged raw output (``--output tag:raw``), which is
     read from pipes and written to this process's stdout and stderr by
-    :func:`hvdlite.runner.output.forward`.
+    :func:`hvdlite.runner.output.forward`; rank 0's requests there are acted on
+    (:mod:`hvdlite.runner.evict`).
 
     ``finished``: says whether an elastic job's training finished; mpirun still running
     :data:`FINISH_GRACE_SECONDS` after it does is ended, and the job counts as a success
     (exit status 0)."""
+    def say(text: str) -> None:
+        try:
+            print(f"{program_name()}: {text}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+
     finish = None
+    evictor: Evictor | None = None
     if live:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -165,19 +175,15 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
             raise
         os.close(out_w)
         os.close(err_w)
-        finish = output.forward(out_r, err_r, sys.stdout, sys.stderr)
+        evictor = Evictor(env, say)
+        finish = output.forward(out_r, err_r, sys.stdout, sys.stderr,
+                                requests=(LAUNCHER_REQUEST.encode(), evictor.request))
     else:
         proc = subprocess.Popen(argv, env=env)
     received: list[int] = []
     asked_at: list[float] = []  # when the first signal came (time.monotonic())
     job: dict[int, int] = {}  # the job's processes when it was asked to stop: pid -> start time
     finished_at: list[float] = []  # when training was seen finished (time.monotonic())
-
-    def say(text: str) -> None:
-        try:
-            print(f"{program_name()}: {text}", file=sys.stderr, flush=True)
-        except (OSError, ValueError):
-            pass
 
     def kill_job() -> None:
         _kill_processes(job)
@@ -252,6 +258,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
             # has gone; a stray child of a rank may keep them open longer.
             finish(5.0)
     finally:
+        if evictor is not None:
+            evictor.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:

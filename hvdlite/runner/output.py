@@ -109,10 +109,15 @@ class LineMux:
 
     ``shared`` says that ``stdout`` and ``stderr`` end on the same screen (or file),
     so that an unfinished line on one of them is in the way of lines on the other.
+
+    ``requests``: ``(prefix, handler)``; a rank's complete line that starts with
+    ``prefix`` is a request to the launcher (see :mod:`hvdlite.runner.evict`): it is
+    handed to ``handler`` without the prefix, and not written.
     """
 
     def __init__(self, stdout: BinaryIO | TextIO, stderr: BinaryIO | TextIO,
-                 shared: bool) -> None:
+                 shared: bool, requests: tuple[bytes, Callable[[str], None]] | None = None) -> None:
+        self._requests = requests
         self._files = {"stdout": stdout, "stderr": stderr}
         self._shared = shared
         self._lock = threading.Lock()
@@ -148,6 +153,8 @@ class LineMux:
         buf = self._pending.pop((source, stream), b"") + data
         newline = buf.rfind(b"\n")
         complete, tail = buf[:newline + 1], buf[newline + 1:]
+        if complete and self._requests is not None and source[0] != "mpirun":
+            complete = self._take_requests(complete)
         live = b"\r" in tail  # a line that redraws itself: a progress bar
         open_line = self._open[screen]
         if open_line is not None and open_line[0] != source and (complete or live):
@@ -166,6 +173,19 @@ class LineMux:
             self._open[screen] = None
         if tail and not live:
             self._pending[(source, stream)] = tail
+
+    def _take_requests(self, complete: bytes) -> bytes:
+        assert self._requests is not None
+        prefix, handler = self._requests
+        if prefix not in complete:
+            return complete
+        kept = []
+        for line in complete.splitlines(keepends=True):
+            if line.startswith(prefix):
+                handler(line[len(prefix):].decode("utf-8", errors="replace"))
+            else:
+                kept.append(line)
+        return b"".join(kept)
 
     def close(self) -> None:
         """Write every unfinished line still held (the job has ended)."""
@@ -213,12 +233,14 @@ def _same_screen(a: BinaryIO | TextIO, b: BinaryIO | TextIO) -> bool:
 
 
 def forward(stdout_fd: int, stderr_fd: int, stdout: BinaryIO | TextIO,
-            stderr: BinaryIO | TextIO) -> Callable[[float], None]:
+            stderr: BinaryIO | TextIO,
+            requests: tuple[bytes, Callable[[str], None]] | None = None) -> Callable[[float], None]:
     """Start forwarding ``mpirun``'s tagged raw output from the two pipe ends to
     ``stdout`` and ``stderr``; returns ``finish(timeout)``, which waits for both pipes
     to reach end of file (at most ``timeout`` seconds) and writes what is still held.
-    The file descriptors are closed when read to the end."""
-    mux = LineMux(stdout, stderr, shared=_same_screen(stdout, stderr))
+    The file descriptors are closed when read to the end. ``requests``: as
+    :class:`LineMux`'s."""
+    mux = LineMux(stdout, stderr, shared=_same_screen(stdout, stderr), requests=requests)
     threads = [
         threading.Thread(target=_pump, args=(fd, TagParser(name), mux),
                          name=f"hvdlite-run {name}", daemon=True)

@@ -8,14 +8,20 @@ committed as processed (none lost to the reshard).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.gpu.test_gpu import fake_cuda, gpu_env  # noqa: F401  (fake_cuda is a fixture)
-from tests.launch import run_job
+from tests.launch import REPO, job_env, kill_tree, run_job
 
 WORKERS = Path(__file__).parent / "workers"
 TRAIN = WORKERS / "torch_elastic_train.py"
@@ -289,6 +295,67 @@ def test_a_worker_whose_slot_leaves_the_discovery_output_stops(tmp_path: Path) -
     assert re.search(r"\[hvdlite WARNING rank 0\] rank 2 of 3 stopped \(the discovery output no longer lists "
                      r"their slot on [^)]+\); continuing with 2 workers from commit \d+", proc.stderr), detail
     assert "failed" not in proc.stderr, detail
+
+
+def _rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the worker whose command line holds ``marker`` and whose Open MPI
+    rank is ``rank``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+            if marker.encode() not in command or b"torch_elastic_train" not in command:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"OMPI_COMM_WORLD_RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker's process in /proc")
+def test_a_worker_resumed_before_anyone_ended_it_ends_itself(tmp_path: Path) -> None:
+    """Rank 2 is stopped (SIGSTOP) for 22 s of a 30 s ``--failure-timeout``, and resumed
+    before anyone could end it (the launcher's eviction is off: no live output): the
+    core's suspension watch sees it missed more than 70 % of the timeout, by when the
+    others' detectors may count it failed, and ends it at once; the others go on."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", "3", "--min-np", "2", "--max-np", "3", "--failure-timeout", "30",
+           sys.executable, str(TRAIN), "--out", str(out), "--epochs", "6", "--step-sleep", "0.03"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env({"HVDLITE_TEST_PRINT_STEPS": "1", "HVDLITE_LIVE_OUTPUT": "0"}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("STEP 10 ") for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = _rank_pid(str(out), 2)
+        assert pid is not None, "".join(lines[-50:])
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(22.0)
+        os.kill(pid, signal.SIGCONT)
+        rc = proc.wait(timeout=200)
+        reader.join(10)
+        text = "".join(lines)
+        detail = "\n".join(line for line in text.splitlines() if not line.startswith("STEP"))[-4000:]
+        assert rc == 0, detail
+        assert re.search(rf"the worker with pid {pid} on \S+ was stopped for 2\d\.\d s, too long for the failure "
+                         r"timeout \(30 s\).*it exits", text), detail
+        assert "rank 2 of 3 failed; continuing with 2 workers" in text, detail
+        # The two went on (a new worker may have taken the free slot since), alike.
+        results = _results(out)
+        assert {0, 1} <= {r["first_rank"] for r in results} and 2 not in {r["first_rank"] for r in results}, detail
+        assert len({r["size"] for r in results}) == 1 and len({r["params_sha"] for r in results}) == 1
+        _check_each_sample_trained_once(results[0], 480)
+    finally:
+        kill_tree(proc.pid)
 
 
 @pytest.mark.timeout(600)

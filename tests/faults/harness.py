@@ -9,6 +9,8 @@ comes, and injects, on the host it is told:
   and comes back;
 * ``freeze`` / ``thaw``: SIGSTOP / SIGCONT to the host's ranks (a process that hangs);
 * ``kill_host``: SIGKILL to every process on the host (the host dies);
+* ``oom``: the host's ranks put under a memory limit (a cgroup) and made to leak, for
+  the kernel's OOM killer to end them (workers started with ``HVDLITE_TEST_BALLOON``);
 * ``signal_launcher``: a signal to ``hvdlite-run`` itself (a scheduler's SIGTERM, Ctrl-C).
 
 Workers print ``STEP <n> <time> <rank> <host>`` lines (``workers/``); the job keeps them
@@ -60,6 +62,7 @@ class FaultJob:
         self._cond = threading.Condition()
         self._reader: threading.Thread | None = None
         self._watcher: threading.Thread | None = None
+        self._cgroups: list[Path] = []
 
     # ---------------------------------------------------------------- running
     def start(self) -> "FaultJob":
@@ -141,6 +144,13 @@ class FaultJob:
         for host in self.hosts.hosts:
             for pid in self.host_pids(host):
                 _kill(pid)
+        for group in self._cgroups:
+            for _ in range(50):  # empty once the kernel has reaped its processes
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
 
     def output(self, last: int = 200) -> str:
         with self._cond:
@@ -195,6 +205,21 @@ class FaultJob:
             subprocess.run(["ip", "-n", ns, "neigh", "flush", "all"], check=False)
         subprocess.run(["ip", "neigh", "flush", "dev", self.hosts.bridge], check=False)
         time.sleep(1.0)  # the link's carrier comes back
+
+    def oom(self, host: str, balloon: str, limit_mib: int = 256) -> Path:
+        """Put ``host``'s ranks in a new memory cgroup of ``limit_mib`` MiB (charged
+        with what they allocate from now on) and start their leak (``balloon`` is the
+        workers' ``HVDLITE_TEST_BALLOON``): the kernel's OOM killer ends them. Returns
+        the cgroup, whose OOM kills :func:`oom_kills` counts."""
+        group = memory_cgroup_root() / f"hvdlite_faults_{os.getpid()}_{host}"
+        group.mkdir(exist_ok=True)
+        self._cgroups.append(group)
+        limit = "memory.max" if (group / "memory.max").exists() else "memory.limit_in_bytes"
+        (group / limit).write_text(str(limit_mib << 20))
+        for pid in self.rank_pids(host):
+            (group / "cgroup.procs").write_text(str(pid))
+        Path(f"{balloon}.{host}").touch()
+        return group
 
     def kill_host(self, host: str) -> None:
         for pid in self.host_pids(host):
@@ -256,3 +281,31 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def memory_cgroup_root() -> Path:
+    """Where memory cgroups are made here: cgroup v1's memory hierarchy, or the v2 root
+    when it offers the memory controller to its children."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        return v1
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
+            return v2
+    except OSError:
+        pass
+    raise OSError("no memory cgroup controller here")
+
+
+def oom_kills(group: Path) -> int:
+    """How many processes the kernel's OOM killer ended in ``group``."""
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            for line in (group / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except OSError:
+            continue
+    return 0

@@ -44,6 +44,12 @@ case "$host" in
 @CASES@
   *) echo "emulated-hosts agent: unknown host '$host'" >&2; exit 255 ;;
 esac
+# As ssh to a host that is cut off: nothing runs there, and the connection fails once
+# the link is back (or ssh's own timeout ends it first).
+if [ -e "@CUTS@/$host" ]; then
+  while [ -e "@CUTS@/$host" ]; do sleep 0.5; done
+  echo "emulated-hosts agent: $host could not be reached" >&2; exit 255
+fi
 ip netns exec "$ns" unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$1"' "$host" "$*" <&0 &
 child=$!
 trap 'kill -TERM $child 2>/dev/null' TERM INT HUP

@@ -15,6 +15,9 @@ writes it. What it adds for the tests:
   its reset callback, while the others recover from the first failure;
 * ``HVDLITE_TEST_OFFER="S:FILE:TEXT"``: at step S, rank 0 writes TEXT (``;`` for new
   lines) to FILE, which the test's discovery script prints: more slots on offer;
+* ``HVDLITE_TEST_BALLOON=FILE``: once ``FILE.<hostname>`` exists, the worker on that
+  host allocates 64 MiB more at every step (up to 4 GiB): a leak, for the kernel's OOM
+  killer to stop under a memory limit;
 * ``HVDLITE_TEST_PRINT_STEPS=1``: every completed step prints ``STEP <steps> <time>
   <rank> <host>`` (the fault tests inject their faults at a step);
 * ``--optimizer zero``: ``ZeroRedundancyOptimizer(Adam)`` instead of
@@ -113,6 +116,12 @@ def main() -> None:
     completed = []
     print_steps = os.environ.get("HVDLITE_TEST_PRINT_STEPS") == "1"
     host = socket.gethostname()
+    balloon_file = os.environ.get("HVDLITE_TEST_BALLOON")
+    balloon: list[bytearray] = []
+
+    def leak() -> None:
+        if balloon_file and len(balloon) < 64 and os.path.exists(f"{balloon_file}.{host}"):
+            balloon.append(bytearray(b"\x01") * (64 << 20))  # filled: every page touched
     epoch_samples: dict[int, list[int]] = {}
     epoch_trained: dict[int, list[int]] = {}
 
@@ -127,6 +136,7 @@ def main() -> None:
                         raise RuntimeError(f"the test's failure at step {state.steps}")
                     os.kill(os.getpid(), signal.SIGKILL)
                 chain_kill(state.steps)
+                leak()
                 if len(offer) == 3 and hvd.rank() == 0 and state.steps == int(offer[0]):
                     with open(offer[1], "w") as f:
                         f.write(offer[2].replace(";", "\n") + "\n")

@@ -1,0 +1,139 @@
+"""Ending a lost worker's process, on the request of an elastic job's rank 0.
+
+When the workers of an elastic job count one of them failed because it stopped
+answering (its process stopped by SIGSTOP, a debugger or a swap storm), that process
+may still exist. Were it to run again, its own failure detector would count the others
+failed a timeout later, and Open MPI's reliable broadcast would tell them so: the
+workers that went on would stop. So the new rank 0 writes one line per lost worker on
+its stdout (``[hvdlite-run request] evict rank=R host=H pid=P start=S``, see
+:func:`hvdlite.common.membership._request_eviction`), ``hvdlite-run`` keeps that line
+from the screen (:class:`hvdlite.runner.output.LineMux`) and ends the process here:
+
+* on this machine, with SIGKILL;
+* on another host, through the agent that Open MPI starts its daemons with
+  (``PRTE_MCA_plm_ssh_agent``, ``OMPI_MCA_plm_rsh_agent``, else ``ssh``), within 30 s.
+
+Only a process with that pid *and* that start time is killed, so a process that is
+gone, or a new one that was given its pid, is left alone. A host that cannot be reached
+(cut off from the network) cannot be helped: the worker there stops by itself when it
+finds it is not the majority, or ends itself on resuming (the core's suspension watch).
+
+This module is pure Python and imports nothing of hvdlite's compiled core.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+
+from hvdlite.runner.hosts import is_local_host
+
+__all__ = ["Evictor", "parse_request", "remote_command"]
+
+_REQUEST = re.compile(r"evict rank=(\d+) host=(\S+) pid=(\d+) start=(\d+)")
+_TIMEOUT_S = 30.0
+
+
+def parse_request(text: str) -> tuple[int, str, int, str] | None:
+    """``(rank, host, pid, start)`` from a request's text (after the prefix), or None."""
+    match = _REQUEST.fullmatch(text.strip())
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2), int(match.group(3)), match.group(4)
+
+
+def _start_time(stat: str) -> str | None:
+    """The start time (22nd field) in the text of ``/proc/PID/stat``."""
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def remote_command(pid: int, start: str) -> str:
+    """A shell command that kills ``pid`` if it is still the process started at
+    ``start`` and prints ``killed`` if it did."""
+    return (f"p={pid}; s={shlex.quote(start)}; "
+            "[ -r /proc/$p/stat ] && [ \"$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f20)\" = \"$s\" ] "
+            "&& kill -KILL $p && echo killed")
+
+
+def _agent(environ: Mapping[str, str]) -> list[str]:
+    for name in ("PRTE_MCA_plm_ssh_agent", "PRTE_MCA_plm_rsh_agent", "OMPI_MCA_plm_rsh_agent"):
+        value = environ.get(name, "").strip()
+        if value:
+            return shlex.split(value)
+    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+
+
+class Evictor:
+    """Acts on eviction requests, each in a thread of its own; ``say`` prints one line
+    for each process it ended."""
+
+    def __init__(self, environ: Mapping[str, str], say: Callable[[str], None]) -> None:
+        self._agent = _agent(environ)
+        self._say = say
+        self._lock = threading.Lock()
+        self._agents: list[subprocess.Popen] = []  # the agents still running
+        self._closed = False
+
+    def request(self, text: str) -> None:
+        parsed = parse_request(text)
+        if parsed is None:
+            self._say(f"ignored a request it does not know: {text.strip()!r}")
+            return
+        threading.Thread(target=self._evict, args=parsed, name="hvdlite-run evict", daemon=True).start()
+
+    def close(self) -> None:
+        """The job has ended: stop the agents still trying to reach a host."""
+        with self._lock:
+            self._closed = True
+            agents, self._agents = self._agents, []
+        for proc in agents:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+    def _evict(self, rank: int, host: str, pid: int, start: str) -> None:
+        if is_local_host(host):
+            killed = self._kill_here(pid, start)
+        else:
+            killed = self._kill_there(host, pid, start)
+        if killed:
+            self._say(f"ended the process of lost rank {rank} on {host} (pid {pid}), which the other "
+                      "workers counted failed")
+
+    @staticmethod
+    def _kill_here(pid: int, start: str) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if _start_time(f.read()) != start:
+                    return False
+            os.kill(pid, signal.SIGKILL)
+            return True
+        except OSError:
+            return False
+
+    def _kill_there(self, host: str, pid: int, start: str) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            try:
+                proc = subprocess.Popen([*self._agent, host, remote_command(pid, start)], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                return False
+            self._agents.append(proc)
+        try:
+            out, _ = proc.communicate(timeout=_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the host cannot be reached: see the module's docstring
+            proc.communicate()
+            out = ""
+        with self._lock:
+            if proc in self._agents:
+                self._agents.remove(proc)
+        return "killed" in out
