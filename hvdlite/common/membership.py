@@ -585,8 +585,15 @@ def note_finished() -> None:
     rank = c.rank() if c.is_initialized() else basics.rank_when_shut_down()
     if rank != 0:
         return
+    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS, LAUNCHER_REQUEST
+    if os.environ.get(ENV_LAUNCHER_REQUESTS) == "1":
+        try:  # reaches hvdlite-run from any host, in the output it reads
+            sys.stdout.write(f"{LAUNCHER_REQUEST}finished\n")
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
     try:
         with open(path, "w") as f:
             f.write("finished\n")
     except OSError:
-        pass  # another host's file system: mpirun's status stands
+        pass  # another host's file system: the line above, or mpirun's status, stands

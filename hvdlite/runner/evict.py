@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 
 from hvdlite.runner.hosts import is_local_host
 
-__all__ = ["Evictor", "parse_request", "remote_command"]
+__all__ = ["Evictor", "Requests", "parse_request", "remote_command"]
 
 _REQUEST = re.compile(r"evict rank=(\d+) host=(\S+) pid=(\d+) start=(\d+)")
 _TIMEOUT_S = 30.0
@@ -137,3 +137,23 @@ class Evictor:
             if proc in self._agents:
                 self._agents.remove(proc)
         return "killed" in out
+
+
+class Requests:
+    """What rank 0 asks of ``hvdlite-run`` in its output: ``evict ...`` (above), and
+    ``finished`` when the training of an elastic job ended well, which reaches the
+    launcher from any host (a note in a file could only from this one)."""
+
+    def __init__(self, environ: Mapping[str, str], say: Callable[[str], None]) -> None:
+        self.evictor = Evictor(environ, say)
+        self.finished = False
+        self._say = say
+
+    def handle(self, text: str) -> None:
+        if text.strip() == "finished":
+            self.finished = True
+        else:
+            self.evictor.request(text)
+
+    def close(self) -> None:
+        self.evictor.close()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 from hvdlite.common.discovery import LAUNCHER_REQUEST
 from hvdlite.runner import output
-from hvdlite.runner.evict import Evictor
+from hvdlite.runner.evict import Requests
 from hvdlite.runner.command import build_mpirun_command, live_output
 from hvdlite.runner.config import LaunchConfig, program_name
 from hvdlite.runner.hosts import elastic_settings, given_hosts, is_local_host, wait_for_slots
@@ -89,22 +89,24 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
         print(f"{program_name()}: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
+    live = live_output(config, major, env_in)
+    requests = Requests(env, lambda text: print(f"{program_name()}: {text}", file=sys.stderr, flush=True))
     try:
         status_path = os.path.join(status_dir, "status") if status_dir else None
-        returncode = _run_mpirun(argv, env, live=live_output(config, major, env_in),
-                                 finished=(lambda: _finished(status_path)) if status_path else None)
+        returncode = _run_mpirun(
+            argv, env, live=live, requests=requests,
+            finished=(lambda: requests.finished or _finished(status_path)) if status_path else None)
     finally:
-        finished = _read_status(status_dir)
+        finished = _read_status(status_dir) or requests.finished
     if returncode != 0 and finished:
         print(f"{program_name()}: the elastic job finished its training (mpirun reported status "
               f"{returncode} for workers lost on the way)", file=sys.stderr, flush=True)
         return 0
-    if returncode == 0 and config.elastic and not finished and _status_visible(config, env_in, host_list):
-        # Under fault tolerance mpirun reports 0 for workers that died: with every
-        # worker lost, nobody finished the training.
+    if returncode == 0 and config.elastic and not finished and (live or _status_visible(config, env_in, host_list)):
+        # Under fault tolerance mpirun reports 0 for workers that died, and for a job
+        # it ended itself (a lost daemon): nobody said training finished.
         print(f"{program_name()}: the elastic job ended without finishing its training: no "
-              "worker reached the end (each one was lost; see the output above)",
-              file=sys.stderr, flush=True)
+              "worker reached the end (see the output above)", file=sys.stderr, flush=True)
         return 1
     return returncode
 
@@ -138,7 +140,7 @@ def _read_status(status_dir: str | None) -> bool:
 
 
 def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
-                finished: Callable[[], bool] | None = None) -> int:
+                finished: Callable[[], bool] | None = None, requests: Requests | None = None) -> int:
     """Run mpirun, stopping the job on SIGINT, SIGTERM or SIGHUP; returns its exit status
     (128 + N for signal N, and 128 + N when this process was asked to stop by signal N).
 
@@ -150,7 +152,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
 
     ``live``: mpirun was asked for tagged raw output (``--output tag:raw``), which is
     read from pipes and written to this process's stdout and stderr by
-    :func:`hvdlite.runner.output.forward`; rank 0's requests there are acted on
+    :func:`hvdlite.runner.output.forward`; rank 0's requests there go to ``requests``
     (:mod:`hvdlite.runner.evict`).
 
     ``finished``: says whether an elastic job's training finished; mpirun still running
@@ -163,7 +165,6 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
             pass
 
     finish = None
-    evictor: Evictor | None = None
     if live:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -175,9 +176,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
             raise
         os.close(out_w)
         os.close(err_w)
-        evictor = Evictor(env, say)
         finish = output.forward(out_r, err_r, sys.stdout, sys.stderr,
-                                requests=(LAUNCHER_REQUEST.encode(), evictor.request))
+                                requests=(LAUNCHER_REQUEST.encode(), requests.handle) if requests else None)
     else:
         proc = subprocess.Popen(argv, env=env)
     received: list[int] = []
@@ -258,8 +258,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
             # has gone; a stray child of a rank may keep them open longer.
             finish(5.0)
     finally:
-        if evictor is not None:
-            evictor.close()
+        if requests is not None:
+            requests.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
