@@ -352,6 +352,10 @@ bool World::Dismiss(const std::vector<int>& leaving) {
   int rank = 0;
   MPI_Comm_rank(base_, &rank);
   const bool leaves = std::binary_search(leaving.begin(), leaving.end(), rank);
+  return Rebase([&] { return SplitWorld(base_, leaves); });
+}
+
+bool World::Rebase(const std::function<MPI_Comm()>& next) {
   DropProcessSets(/*revoke=*/false);
   std::shared_ptr<Engine> old = TakeEngine();
   Parameters params = Parameters::FromEnvironment();
@@ -362,10 +366,10 @@ bool World::Dismiss(const std::vector<int>& leaving) {
     old->Stop();
     old.reset();
     try {
-      MPI_Comm rest = SplitWorld(base_, leaves);
-      if (leaves) return false;
+      MPI_Comm comm = next();
+      if (comm == MPI_COMM_NULL) return false;  // this process leaves the world
       RetireBase();
-      base_ = rest;
+      base_ = comm;
     } catch (const std::exception& ex) {
       error = ex.what();
     }
@@ -399,27 +403,8 @@ void World::Grow(const std::string& command, const std::vector<std::string>& arg
   RaiseIfForkedCopy();
   // The engine may have stopped already: the first rank here stops every rank's.
   if (!engine_) throw std::runtime_error("hvdlite has not been initialized; call hvd.init() first");
-  DropProcessSets(/*revoke=*/false);
-  std::shared_ptr<Engine> old = TakeEngine();
-  Parameters params = Parameters::FromEnvironment();
-  std::shared_ptr<Engine> engine;
-  std::string error;
-  {
-    auto unlocked = Unlocked();
-    old->Stop();
-    old.reset();
-    SpawnRequest request{command, args, hosts, wdir, oversubscribe};
-    try {
-      MPI_Comm merged = SpawnAndMerge(base_, request);
-      RetireBase();
-      base_ = merged;
-    } catch (const std::exception& ex) {
-      error = ex.what();
-    }
-    engine = std::make_shared<Engine>(base_, params, &handles_);
-  }
-  Install(std::move(engine));
-  if (!error.empty()) throw WorldError("hvdlite: " + error);
+  SpawnRequest request{command, args, hosts, wdir, oversubscribe};
+  Rebase([&] { return SpawnAndMerge(base_, request); });
 }
 
 bool World::Shutdown() {

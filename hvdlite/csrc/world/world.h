@@ -143,6 +143,11 @@ class World {
   void DropProcessSets(bool revoke);
   void FreeBase();
   void RetireBase();
+  // Dismiss and Grow: the engine stops (collective), `next` makes the next base
+  // communicator (MPI_COMM_NULL: this process leaves, and false is returned), and a new
+  // engine starts on it. If `next` throws, the engine restarts on the old base and
+  // WorldError is thrown.
+  bool Rebase(const std::function<MPI_Comm()>& next);
   // Called on the global engine's thread, on every rank, when it applies tuned
   // settings: each process set's rank 0 sends them on in its own order.
   void ForwardTunablesToSets(const Tunables& t);
