@@ -22,15 +22,14 @@ This module is pure Python and imports nothing of hvdlite's compiled core.
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
 
 from hvdlite.runner.hosts import is_local_host
+from hvdlite.runner.processes import kill_processes, process_tree
 
 __all__ = ["Evictor", "Requests", "parse_request", "remote_command"]
 
@@ -44,12 +43,6 @@ def parse_request(text: str) -> tuple[int, str, int, str] | None:
     if match is None:
         return None
     return int(match.group(1)), match.group(2), int(match.group(3)), match.group(4)
-
-
-def _start_time(stat: str) -> str | None:
-    """The start time (22nd field) in the text of ``/proc/PID/stat``."""
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else None
 
 
 def remote_command(pid: int, start: str) -> str:
@@ -108,14 +101,11 @@ class Evictor:
 
     @staticmethod
     def _kill_here(pid: int, start: str) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if _start_time(f.read()) != start:
-                    return False
-            os.kill(pid, signal.SIGKILL)
-            return True
-        except OSError:
-            return False
+        noted = {pid: int(start)}
+        if not process_tree(pid, only=noted):
+            return False  # gone, or its pid is another process's now
+        kill_processes(noted)
+        return True
 
     def _kill_there(self, host: str, pid: int, start: str) -> bool:
         with self._lock:

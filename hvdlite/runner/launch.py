@@ -29,6 +29,7 @@ from hvdlite.runner.command import build_mpirun_command, live_output
 from hvdlite.runner.config import LaunchConfig, program_name
 from hvdlite.runner.hosts import elastic_settings, given_hosts, is_local_host, wait_for_slots
 from hvdlite.runner.mpirun import find_mpirun, mpirun_version
+from hvdlite.runner.processes import kill_processes, process_tree
 
 __all__ = [
     "launch",
@@ -186,7 +187,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
     finished_at: list[float] = []  # when training was seen finished (time.monotonic())
 
     def kill_job() -> None:
-        _kill_processes(job)
+        kill_processes(job)
         try:
             proc.kill()  # where /proc could not list the job's processes
         except OSError:
@@ -194,7 +195,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
-        job.update(_process_tree(proc.pid))
+        job.update(process_tree(proc.pid))
         if len(received) == 1:
             asked_at.append(time.monotonic())
             if signum == signal.SIGINT:
@@ -233,7 +234,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
                 pass
             if asked_at and not killed and time.monotonic() - asked_at[0] > STOP_GRACE_SECONDS:
                 say(f"the job did not stop within {STOP_GRACE_SECONDS:g} s; killing it")
-                job.update(_process_tree(proc.pid))
+                job.update(process_tree(proc.pid))
                 kill_job()
                 killed = True
             if finished is not None and not received and not asked_at:
@@ -246,13 +247,13 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
                     say(f"training finished, but mpirun has not ended {FINISH_GRACE_SECONDS:g} s later "
                         "(it waits for workers the job went on without); stopping it")
                     asked_at.append(time.monotonic())
-                    job.update(_process_tree(proc.pid))
+                    job.update(process_tree(proc.pid))
                     try:
                         proc.send_signal(signal.SIGTERM)
                     except ProcessLookupError:
                         pass
         if asked_at:
-            _kill_processes(job)  # whatever outlived mpirun (a rank's own children)
+            kill_processes(job)  # whatever outlived mpirun (a rank's own children)
         if finish is not None:
             # The pipes end when the last process holding them (mpirun, its daemons)
             # has gone; a stray child of a rank may keep them open longer.
@@ -270,49 +271,3 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
         return 128 - returncode
     return returncode
 
-
-def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:
-    """Every process's children and start time, from ``/proc`` (empty without it)."""
-    children: dict[int, list[int]] = {}
-    started: dict[int, int] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return children, started
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            parent, start = int(fields[1]), int(fields[19])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-        started[int(entry)] = start
-    return children, started
-
-
-def _process_tree(*roots: int, only: Mapping[int, int] | None = None) -> dict[int, int]:
-    """The ``roots`` and every process below them, each with its start time (so that a
-    pid used again later is not taken for it). With ``only`` (pid -> start time), a root
-    counts only while it is still the process noted there."""
-    children, started = _process_table()
-    tree: dict[int, int] = {}
-    todo = [r for r in roots if r in started and (only is None or only.get(r) == started[r])]
-    while todo:
-        pid = todo.pop()
-        if pid in started and pid not in tree:
-            tree[pid] = started[pid]
-            todo.extend(children.get(pid, []))
-    return tree
-
-
-def _kill_processes(processes: Mapping[int, int]) -> None:
-    """SIGKILL each noted process that is still the one noted, and everything now below
-    it."""
-    for pid in _process_tree(*processes, only=processes):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
