@@ -44,7 +44,9 @@ def engine_suffixes() -> set[str]:
     """The ``<NAME>`` of every ``HVDLITE_<NAME>``/``HOROVOD_<NAME>`` the engine reads."""
     source = (CSRC / "common" / "parameters.cc").read_text()
     words = set(re.findall(r'"([A-Z][A-Z0-9_]*)"', source))
-    return {w for w in words if not w.endswith("_") and w not in ENGINE_VALUE_WORDS}
+    # A whole name (read as it is, not by suffix) is found by the scan of C++ sources.
+    return {w for w in words if not w.endswith("_") and w not in ENGINE_VALUE_WORDS
+            and not w.startswith(("HVDLITE_", "HOROVOD_"))}
 
 
 def names_read() -> dict[str, str]:

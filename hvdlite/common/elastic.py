@@ -172,6 +172,7 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
         global _sync_root
         settings = membership.settings()
         membership.watch_for_suspension()
+        membership.watch_for_stalls()
         reset_limit = getattr(settings, "reset_limit", None)
         resets = 0
         skip_sync = False

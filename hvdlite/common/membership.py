@@ -166,6 +166,45 @@ def watch_for_suspension() -> None:
         _core().start_suspension_watch(0.7 * timeout, text)
 
 
+# ------------------------------------------------------------------ a rank that misses its collectives
+
+_stall_watch: threading.Thread | None = None
+_STALL_WATCH_PERIOD_S = 0.5
+
+
+def watch_for_stalls() -> None:
+    """In an elastic job whose launcher ends processes on request: a thread that, while
+    this process is rank 0, asks ``hvdlite-run`` to end the workers that the core found
+    missing their collectives past the stall shutdown time (a deadlock in the training
+    script, with hvdlite's own thread still answering, so no failure detector sees it).
+    Their deaths then reach the others as failures, and the others go on. Rank 0 may
+    ask for its own end: the new rank 0 takes over."""
+    global _stall_watch
+    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS
+    if settings() is None or os.environ.get(ENV_LAUNCHER_REQUESTS) != "1" or _stall_watch is not None:
+        return
+    _stall_watch = threading.Thread(target=_watch_stalls, name="hvdlite-stall-watch", daemon=True)
+    _stall_watch.start()
+
+
+def _watch_stalls() -> None:
+    asked: set[tuple[int, str]] = set()
+    while True:
+        time.sleep(_STALL_WATCH_PERIOD_S)
+        try:
+            ranks = _core().stalled_ranks()
+        except Exception:  # noqa: BLE001 - the interpreter is going away
+            return
+        procs = _world.procs or []
+        new = [r for r in ranks if r < len(procs) and procs[r] is not None and procs[r] not in asked]
+        if new:
+            asked.update(procs[r] for r in new)
+            try:
+                _request_eviction(new)
+            except Exception:  # noqa: BLE001 - the world is being rebuilt: the next look
+                asked.difference_update(procs[r] for r in new)
+
+
 # ------------------------------------------------------------------ discovery
 
 
@@ -434,12 +473,13 @@ def _own_job_lost(lost: list[int]) -> bool:
 
 
 def _request_eviction(lost: list[int]) -> None:
-    """New rank 0: ask ``hvdlite-run`` to end the processes of the workers ``lost``
-    (old numbering), in case they still run: a stopped process (SIGSTOP, a swap storm)
-    that resumed would run its own failure detector, count the others failed, and
-    tell them so. One line per worker on stdout, which the launcher reads and keeps
-    from the screen; a process that is gone, or whose pid now belongs to another
-    process, is left alone (``hvdlite.runner.evict``)."""
+    """Rank 0: ask ``hvdlite-run`` to end the processes of the workers ``lost``: after a
+    shrink (old numbering), in case they still run, as a stopped process (SIGSTOP, a
+    swap storm) that resumed would run its own failure detector, count the others
+    failed, and tell them so; or workers that miss their collectives (the stall
+    watch). One line per worker on stdout, which the launcher reads and keeps from the
+    screen; a process that is gone, or whose pid now belongs to another process, is
+    left alone (``hvdlite.runner.evict``)."""
     from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS, LAUNCHER_REQUEST
     if os.environ.get(ENV_LAUNCHER_REQUESTS) != "1" or basics.rank() != 0:
         return

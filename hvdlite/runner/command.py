@@ -327,7 +327,7 @@ def build_mpirun_command(
             env[discovery.ENV_STATUS_FILE] = status_file
         if live_output(config, ompi_major, environ):
             # hvdlite-run reads the ranks' output and ends, on rank 0's request, the
-            # process of a worker the others counted failed (hvdlite.runner.evict).
+            # process of a worker rank 0 counted lost (hvdlite.runner.evict).
             env[discovery.ENV_LAUNCHER_REQUESTS] = "1"
         if local_only and not user_oversubscribes:
             env[discovery.ENV_OVERSUBSCRIBED] = "1"

@@ -96,8 +96,7 @@ class Evictor:
         else:
             killed = self._kill_there(host, pid, start)
         if killed:
-            self._say(f"ended the process of lost rank {rank} on {host} (pid {pid}), which the other "
-                      "workers counted failed")
+            self._say(f"ended the process of rank {rank} on {host} (pid {pid}), which rank 0 counted lost")
 
     @staticmethod
     def _kill_here(pid: int, start: str) -> bool:

@@ -121,6 +121,24 @@ def test_a_job_whose_every_worker_fails_ends_with_an_error(tmp_path: Path) -> No
     assert "the elastic job ended without finishing its training" in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("hung", [1, 0])
+@pytest.mark.timeout(300)
+def test_a_rank_deadlocked_in_the_script_is_evicted_past_the_stall_limit(tmp_path: Path, hung: int) -> None:
+    """A rank whose training script deadlocks (hvdlite's own thread goes on answering,
+    so no failure detector sees it) misses its collectives: past the stall shutdown
+    time rank 0 asks hvdlite-run to end its process, and the others go on from the last
+    commit. Rank 0 itself may be the one: it asks for its own end."""
+    stall = ["--stall-check-warning-time-seconds", "1", "--stall-check-shutdown-time-seconds", "4"]
+    proc, results = _run(tmp_path, 3, f"{hung}:20", launcher=["--min-np", "2", "--max-np", "3", *stall],
+                         env={"HVDLITE_TEST_KILL_BY": "hang"})
+    _check_survivors(proc, results, 3, {hung})
+    said = f"ranks [{hung} ("
+    assert said in proc.stderr and "missed collectives for longer than the stall shutdown time" in proc.stderr, \
+        proc.stderr[-4000:]
+    assert f"rank {hung} of 3 failed; continuing with 2 workers" in proc.stderr, proc.stderr[-4000:]
+    assert "[hvdlite-run request]" not in proc.stdout
+
+
 @pytest.mark.timeout(300)
 def test_zero_optimizer_reshards_when_a_rank_dies(tmp_path: Path) -> None:
     """ZeroRedundancyOptimizer(Adam) in a TorchState: rank 1 dies with its share of the

@@ -12,6 +12,8 @@ three hosts:
 * h2's worker is stopped for less than the failure timeout, or h3's link flaps: all
   three go on; h2's worker is stopped for longer: the launcher ends its process once
   the others count it failed;
+* h2's training script deadlocks while hvdlite's thread goes on: past the stall
+  shutdown time rank 0 has the launcher end it, and the others go on;
 * h3's worker leaks memory under a cgroup limit: the kernel's OOM killer ends it, and
   the others go on;
 * h3 appears in the discovery output of a job started on h1 and h2: reported once, and
@@ -38,7 +40,7 @@ FAILURE_TIMEOUT_S = 10.0
 
 
 def _elastic_job(hosts: EmulatedHosts, tmp_path: Path, listed_hosts: list[str] | None = None,
-                 **env: str) -> tuple[FaultJob, Path]:
+                 launcher_args: tuple[str, ...] = (), **env: str) -> tuple[FaultJob, Path]:
     """The job, one worker per listed host (every host by default), and its output
     folder; its discovery script prints ``tmp_path/hosts.txt`` (the listed hosts, one
     slot each, until a test rewrites it)."""
@@ -52,7 +54,7 @@ def _elastic_job(hosts: EmulatedHosts, tmp_path: Path, listed_hosts: list[str] |
     script.chmod(0o755)
     job = FaultJob(hosts, len(listed_hosts), TRAIN, args=["--out", str(out), "--epochs", "12", "--step-sleep", "0.05"],
                    launcher_args=["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
-                                  "--failure-timeout", f"{FAILURE_TIMEOUT_S:g}"],
+                                  "--failure-timeout", f"{FAILURE_TIMEOUT_S:g}", *launcher_args],
                    env={"HVDLITE_TEST_PRINT_STEPS": "1", **env})
     return job, out
 
@@ -189,7 +191,7 @@ def test_a_stopped_worker_is_ended_through_the_launcher(hosts: EmulatedHosts, tm
         t_on = time.time()
         assert job.wait_for(lambda j: not _alive(frozen[0]), 10), job.output(300)
         print(f"stopped worker: ended {time.time() - t_on:+.1f} s from the others' going on")
-        ended = f"ended the process of lost rank 1 on h2 (pid {frozen[0]})"
+        ended = f"ended the process of rank 1 on h2 (pid {frozen[0]})"
         assert any(ended in line for _, line in job.lines), job.output(300)
         assert not any("[hvdlite-run request]" in line for _, line in job.lines), "a request reached the screen"
         job.thaw("h2")
@@ -199,6 +201,28 @@ def test_a_stopped_worker_is_ended_through_the_launcher(hosts: EmulatedHosts, tm
         assert job.wait_for_no_leftovers(60) == {}
     finally:
         job.thaw("h2")
+        job.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_deadlocked_in_its_script_is_evicted(hosts: EmulatedHosts, tmp_path: Path) -> None:
+    """h2's training script deadlocks at step 20 while hvdlite's thread goes on, so no
+    failure detector sees it: it misses its collectives, and past the stall shutdown
+    time (5 s) rank 0 asks hvdlite-run to end it; the others go on without it."""
+    stall_s = 5.0
+    job, out = _elastic_job(hosts, tmp_path, launcher_args=(
+        "--stall-check-warning-time-seconds", "1", "--stall-check-shutdown-time-seconds", f"{stall_s:g}"),
+        HVDLITE_TEST_KILL="1:20", HVDLITE_TEST_KILL_BY="hang")
+    job.start()
+    try:
+        rc = job.wait(timeout=240)
+        assert rc is not None, f"the job did not end\n{job.output(300)}"
+        figures = _check_survivors(job, out, {"h1", "h3"}, rc)
+        print(f"deadlocked worker: longest gap between two steps {figures['longest gap']:.1f} s")
+        assert figures["longest gap"] <= stall_s + 5, figures
+        assert any("ended the process of rank 1 on h2" in line for _, line in job.lines), job.output(300)
+        assert job.wait_for_no_leftovers(60) == {}
+    finally:
         job.stop()
 
 

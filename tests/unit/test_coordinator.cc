@@ -417,6 +417,24 @@ TEST(coordinator_stall_warning_names_missing_ranks) {
   CHECK_CONTAINS(reason, "missing ranks [1, 3]");
 }
 
+TEST(coordinator_stall_names_overdue_ranks_only_past_the_limit) {
+  SetLogContext(0, 3);
+  Parameters p;
+  p.stall_check_seconds = 1.0;
+  p.stall_shutdown_seconds = 3.0;
+  Rank0 c(4, Limits(1 << 20), p);
+  c.Submit(Allreduce("x", {4}), {0, 1, 2}, kT0);
+  c.Submit(Allreduce("y", {4}), {0, 2, 3}, kT0 + kSecond);
+  std::vector<int> overdue;
+  StderrOf([&] { c.coordinator.CheckStalls(kT0 + 2 * kSecond, &overdue); });
+  CHECK(overdue.empty());  // warned of, not yet overdue
+  StderrOf([&] { c.coordinator.CheckStalls(kT0 + 7 * kSecond / 2, &overdue); });
+  CHECK_EQ(overdue, std::vector<int>{3});  // 'y' has waited 2.5 s only
+  overdue.clear();
+  StderrOf([&] { c.coordinator.CheckStalls(kT0 + 9 * kSecond / 2, &overdue); });
+  CHECK_EQ(overdue, (std::vector<int>{1, 3}));
+}
+
 TEST(coordinator_stall_check_off) {
   Parameters p;
   p.stall_check_seconds = 0.0;

@@ -520,6 +520,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("oversubscribe") = false);
   m.def("joined", [] { return TheWorld().joined(); });
   m.def("peer_failed", [] { return TheWorld().current() && TheWorld().current()->PeerFailed(); });
+  m.def("stalled_ranks", [] { return TheWorld().current() ? TheWorld().current()->StalledRanks() : std::vector<int>(); });
   m.def("is_initialized",
         [] { return TheWorld().current() && !TheWorld().forked() && TheWorld().current()->Running(); });
   m.def("has_world", [] { return TheWorld().current() != nullptr; });

@@ -135,6 +135,7 @@ Parameters Parameters::FromEnvironment() {
   ReadReal("STALL_CHECK_TIME_SECONDS", &p.stall_check_seconds);
   if (Truthy(GetEnv("STALL_CHECK_DISABLE"))) p.stall_check_seconds = 0;
   ReadReal("STALL_SHUTDOWN_TIME_SECONDS", &p.stall_shutdown_seconds);
+  p.stall_evicts = Truthy(std::getenv("HVDLITE_LAUNCHER_REQUESTS"));
   ReadInt("HOST_CHUNK_BYTES", &p.host_chunk_bytes);
   ReadInt("FUSION_DIRECT_BYTES", &p.fusion_direct_bytes);
   ReadInt("RING_MIN_SEGMENT_BYTES", &p.ring_min_segment_bytes);

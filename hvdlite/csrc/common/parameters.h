@@ -47,6 +47,11 @@ struct Parameters {
   std::vector<int> thread_affinity;
   double stall_check_seconds = 60.0;  // 0 disables the stall inspector
   double stall_shutdown_seconds = 0.0;  // 0: never shut down for a stall
+  // An elastic job whose launcher ends processes on request (hvdlite-run sets
+  // HVDLITE_LAUNCHER_REQUESTS=1): a minority of ranks that miss their collectives past
+  // the stall shutdown time is evicted (rank 0 asks for their end) rather than the
+  // whole job shut down; the survivors then go on without them.
+  bool stall_evicts = false;
   // Size of the pieces a fused set (or a large tensor) is reduced in on host memory,
   // chosen to stay in the last-level cache (see docs/architecture.md).
   int64_t host_chunk_bytes = 4LL * 1024 * 1024;

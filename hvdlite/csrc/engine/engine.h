@@ -72,6 +72,9 @@ class Engine {
   // It stopped because ranks stopped answering (a stall past the shutdown limit, or a
   // silent rank 0): MPI_Finalize would wait for them for ever.
   bool PeerUnresponsive() const { return !running_ && peer_unresponsive_; }
+  // Rank 0 of an elastic job: the ranks to evict for missing collectives past the stall
+  // shutdown time (Negotiator::EvictInstead), while this engine runs.
+  std::vector<int> StalledRanks() const { return running_ ? negotiator_->StalledRanks() : std::vector<int>(); }
 
   // Queues one request; returns its handle at once (already failed on bad input).
   // Throws DuplicateName if a request of that name is in flight here.

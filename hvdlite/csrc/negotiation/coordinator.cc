@@ -513,17 +513,22 @@ ResponseList Coordinator::Order(Round round) {
   return out;
 }
 
-std::string Coordinator::CheckStalls(int64_t now_us) {
+std::string Coordinator::CheckStalls(int64_t now_us, std::vector<int>* overdue) {
   if (params_.stall_check_seconds <= 0) return "";
   std::string reason;
+  std::vector<char> late(static_cast<size_t>(size_), 0);
   for (auto& [name, p] : table_)
-    ReportStall(p.requests[FirstRank(p.have)].type, name, p.have, p.first_us, &p.last_warn_us, now_us, &reason);
+    ReportStall(p.requests[FirstRank(p.have)].type, name, p.have, p.first_us, &p.last_warn_us, now_us, &reason,
+                &late);
   for (auto& [id, w] : cached_waits_) {
     int64_t first_us = now_us;
     for (int r = 0; r < size_; ++r)
       if (w.have[r]) first_us = std::min(first_us, w.since_us[r]);
-    ReportStall(w.type, w.name, w.have, first_us, &w.last_warn_us, now_us, &reason);
+    ReportStall(w.type, w.name, w.have, first_us, &w.last_warn_us, now_us, &reason, &late);
   }
+  if (overdue)
+    for (int r = 0; r < size_; ++r)
+      if (late[static_cast<size_t>(r)]) overdue->push_back(r);
   // Members of a grouped allreduce that every rank submitted, held for the rest of
   // their group: a member no rank has submitted is in no table, so say it here.
   for (auto& [gid, members] : groups_) {
@@ -540,23 +545,26 @@ std::string Coordinator::CheckStalls(int64_t now_us) {
   return reason;
 }
 
-void Coordinator::WarnOfStall(const std::string& what, int64_t waited_us, int64_t* last_warn_us, int64_t now_us,
+bool Coordinator::WarnOfStall(const std::string& what, int64_t waited_us, int64_t* last_warn_us, int64_t now_us,
                               std::string* reason) const {
   const int64_t check_us = static_cast<int64_t>(params_.stall_check_seconds * 1e6);
   const int64_t shutdown_us = static_cast<int64_t>(params_.stall_shutdown_seconds * 1e6);
-  if (waited_us < check_us) return;
+  if (waited_us < check_us) return false;
   if (now_us - *last_warn_us >= check_us) {  // warn once per check interval
     HVD_WARN("stall detected: " << what);
     *last_warn_us = now_us;
   }
-  if (shutdown_us > 0 && waited_us >= shutdown_us && reason->empty())
+  if (shutdown_us <= 0 || waited_us < shutdown_us) return false;
+  if (reason->empty())
     *reason = "hvdlite shut down after a stall of " + std::to_string(waited_us / 1000000) + " s: " + what;
+  return true;
 }
 
 // Warns (once per check interval) about a tensor that some ranks submitted long ago
 // and others not; sets `reason` when the stall has lasted past the shutdown limit.
 void Coordinator::ReportStall(RequestType type, const std::string& name, const std::vector<char>& have,
-                              int64_t first_us, int64_t* last_warn_us, int64_t now_us, std::string* reason) const {
+                              int64_t first_us, int64_t* last_warn_us, int64_t now_us, std::string* reason,
+                              std::vector<char>* overdue) const {
   const int64_t waited = now_us - first_us;
   if (waited < static_cast<int64_t>(params_.stall_check_seconds * 1e6)) return;
   std::vector<int> present, missing;
@@ -570,7 +578,8 @@ void Coordinator::ReportStall(RequestType type, const std::string& name, const s
      << ". One or more ranks did not submit this tensor: check that every rank runs the same "
         "collectives with the same names (a rank that is stopped, hung or cut off from the network "
         "submits nothing)";
-  WarnOfStall(os.str(), waited, last_warn_us, now_us, reason);
+  if (WarnOfStall(os.str(), waited, last_warn_us, now_us, reason))
+    for (int r : missing) (*overdue)[static_cast<size_t>(r)] = 1;
 }
 
 }  // namespace hvdlite

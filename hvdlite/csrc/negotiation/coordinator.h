@@ -44,8 +44,9 @@ class Coordinator {
   ResponseList TakeReady(bool hold_device = false);
 
   // Warns about tensors some ranks submitted and others did not; returns a non-empty
-  // reason when the stall has lasted past the shutdown limit.
-  std::string CheckStalls(int64_t now_us);
+  // reason when the stall has lasted past the shutdown limit. `overdue` (if given)
+  // receives the ranks that were missing from those stalls, in order.
+  std::string CheckStalls(int64_t now_us, std::vector<int>* overdue = nullptr);
 
  private:
   struct Pending {
@@ -102,11 +103,12 @@ class Coordinator {
   Response MakeResponse(const std::string& name, const Pending& p, const std::string& error) const;
   void RecordNegotiation(const std::string& name, RequestType type, const std::vector<char>& have,
                          const std::vector<int64_t>& arrival_us, int64_t first_us, int64_t now_us);
-  // Warns of `what` once per check interval, and sets `reason` past the shutdown limit.
-  void WarnOfStall(const std::string& what, int64_t waited_us, int64_t* last_warn_us, int64_t now_us,
+  // Warns of `what` once per check interval, and sets `reason` past the shutdown limit;
+  // returns whether it is past that limit.
+  bool WarnOfStall(const std::string& what, int64_t waited_us, int64_t* last_warn_us, int64_t now_us,
                    std::string* reason) const;
   void ReportStall(RequestType type, const std::string& name, const std::vector<char>& have, int64_t first_us,
-                   int64_t* last_warn_us, int64_t now_us, std::string* reason) const;
+                   int64_t* last_warn_us, int64_t now_us, std::string* reason, std::vector<char>* overdue) const;
 
   int size_;
   const Config* config_;

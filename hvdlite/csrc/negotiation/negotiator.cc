@@ -284,7 +284,9 @@ bool Negotiator::CoordinatorStep(bool stop_requested) {
       last_stall_check_us_ = t;
       SendStallReports(t);
       FlushHeldGroups(t, nullptr);
-      std::string reason = coordinator_->CheckStalls(t);
+      std::vector<int> overdue;
+      std::string reason = coordinator_->CheckStalls(t, &overdue);
+      if (!reason.empty() && EvictInstead(overdue)) reason.clear();
       if (!reason.empty()) {
         HVD_ERROR(reason);
         // A worker that is only late acknowledges at once; one that is stopped, hung or
@@ -360,6 +362,31 @@ bool Negotiator::WorkerStep(bool stop_requested) {
   return progress;
 }
 
+// Rank 0 of an elastic job whose launcher ends processes on request: the ranks that
+// missed a collective past the stall shutdown time are evicted rather than the job shut
+// down, if they are fewer than half (a majority missing is more likely the others'
+// mistake, and the job could not go on without it). Python's stall watch
+// (hvdlite.common.membership) reads them and asks the launcher to end their processes;
+// their deaths then reach every survivor as a peer failure.
+bool Negotiator::EvictInstead(const std::vector<int>& overdue) {
+  if (!config_->job().stall_evicts || overdue.empty() || 2 * overdue.size() >= static_cast<size_t>(size_))
+    return false;
+  std::lock_guard<std::mutex> lock(stalled_mu_);
+  if (stalled_ != overdue)
+    HVD_WARN("ranks " << config_->RankNames(overdue)
+             << " missed collectives for longer than the stall shutdown time (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS "
+             << Seconds(config_->job().stall_shutdown_seconds) << "); asking the launcher to end "
+             << (overdue.size() == 1 ? "it" : "them") << ", and the others go on without "
+             << (overdue.size() == 1 ? "it" : "them"));
+  stalled_ = overdue;
+  return true;
+}
+
+std::vector<int> Negotiator::StalledRanks() const {
+  std::lock_guard<std::mutex> lock(stalled_mu_);
+  return stalled_;
+}
+
 // A worker's own stall limit. Rank 0 ends the job with the stall's reason once a tensor
 // has waited past the stall shutdown time (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), and
 // tells every rank. A worker whose work has waited that long and a moment more, with no
@@ -374,7 +401,10 @@ bool Negotiator::CoordinatorSilent(int64_t now) {
   // grouped allreduce's partial group for up to kGroupHoldMicros and sends it at its
   // next check (a second later at most), rank 0 checks its stalls once a second, and
   // its word takes a moment: 3 s, and half a second to spare.
-  const int64_t grace_us = kGroupHoldMicros + 5 * kStallCheckEveryMicros / 2;
+  // Where rank 0 evicts ranks that stall, the launcher's kill and the failure's news
+  // take a moment more: 10 s.
+  const int64_t grace_us = kGroupHoldMicros + 5 * kStallCheckEveryMicros / 2 +
+                           (config_->job().stall_evicts ? 10 * kStallCheckEveryMicros : 0);
   const int64_t limit_us = static_cast<int64_t>(limit_s * 1e6) + grace_us;
   if (oldest == INT64_MAX || now - oldest < limit_us) return false;
   const std::string reason = "hvdlite shut down: " + config_->RankName(0) +

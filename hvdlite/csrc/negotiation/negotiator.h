@@ -59,6 +59,9 @@ class Negotiator {
   void Reap() { control_->Reap(false); }
 
   const ShutdownState& shutdown() const { return shutdown_; }
+  // Rank 0: the ranks to evict for missing collectives past the stall shutdown time
+  // (EvictInstead); empty elsewhere. Any thread.
+  std::vector<int> StalledRanks() const;
   // Rank 0 announced the shutdown and every worker acknowledged it.
   bool Finished() { return rank_ == 0 && shutdown_.Finished(size_, NowMicros()); }
   bool CycleInFlight() const { return cycle_->InFlight(); }
@@ -126,6 +129,8 @@ class Negotiator {
   // A worker: true when rank 0 has stayed silent past the stall limit (this rank then
   // stopped).
   bool CoordinatorSilent(int64_t now);
+  // Rank 0: whether the ranks `overdue` are to be evicted instead of a shutdown.
+  bool EvictInstead(const std::vector<int>& overdue);
   // Rank 0: the job shuts down (shutdown.h, Begin).
   void BeginShutdown(const std::string& reason, bool failure, bool hold = false);
   void AnnounceShutdown();  // rank 0: tells every worker
@@ -186,6 +191,8 @@ class Negotiator {
   std::function<void(const Tunables&)> on_tunables_;
 
   int64_t last_stall_check_us_ = 0;
+  mutable std::mutex stalled_mu_;
+  std::vector<int> stalled_;  // EvictInstead's ranks, under stalled_mu_
   int64_t last_relay_us_ = 0;  // when this rank last sent rank 0 relayed timeline records
   std::atomic<int64_t> requests_in_full_{0}, requests_as_ids_{0};
 };

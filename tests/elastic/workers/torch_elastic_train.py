@@ -7,7 +7,9 @@ writes it. What it adds for the tests:
 * ``HVDLITE_TEST_KILL="R:S[,R:S...]"``: the process that started as rank R kills itself
   (SIGKILL, no clean-up) just before its step S (counted over the whole run); workers
   that joined later never do; with ``HVDLITE_TEST_KILL_BY=raise`` it raises an
-  exception that nothing catches instead, as a failing training script does;
+  exception that nothing catches instead, as a failing training script does; with
+  ``HVDLITE_TEST_KILL_BY=hang`` it deadlocks (a lock taken twice) while hvdlite's own
+  thread goes on;
 * ``HVDLITE_TEST_CHAIN="K:E"``: K kills in a row, the k-th at step k*E, by the process
   that is then rank k % size (joined workers too); each kill leaves a file
   ``OUT/kill-k`` first, so that a step redone after the rollback kills no one again;
@@ -38,6 +40,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 
 import torch
@@ -134,6 +137,10 @@ def main() -> None:
                 if my_kill is not None and state.steps == my_kill:
                     if os.environ.get("HVDLITE_TEST_KILL_BY") == "raise":
                         raise RuntimeError(f"the test's failure at step {state.steps}")
+                    if os.environ.get("HVDLITE_TEST_KILL_BY") == "hang":
+                        lock = threading.Lock()
+                        lock.acquire()
+                        lock.acquire()
                     os.kill(os.getpid(), signal.SIGKILL)
                 chain_kill(state.steps)
                 leak()
