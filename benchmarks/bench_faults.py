@@ -12,7 +12,10 @@ Between steps 10 and 40 one fault is injected:
 * ``resume worker``: SIGSTOP to a worker's process, and SIGCONT once the others went on
   without it (it must end itself, and the others carry on);
 * ``host leaves``: a worker's host dropped from the discovery script's output (its
-  worker is stopped at the next commit).
+  worker is stopped at the next commit);
+* ``hang worker``: a worker's training script deadlocks (a lock taken twice) while
+  hvdlite's thread goes on; that run sets the stall shutdown time to 5 s, past which
+  rank 0 has the launcher end it.
 
 A run passes when the job ends by itself with status 0 (a hang is a run still going
 ``--run-timeout`` s after the fault), the survivors hold the same parameters, every
@@ -45,7 +48,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
 
-FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host", "resume worker", "host leaves")
+FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host", "resume worker", "host leaves", "hang worker")
+STALL_SHUTDOWN_S = 5
 SAMPLES = 480
 
 
@@ -63,10 +67,15 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
         script = Path(tmp) / "discover.sh"
         script.write_text(f"#!/bin/sh\ncat {listed}\n")
         script.chmod(0o755)
+        launcher_args = ["--min-np", "2", "--max-np", str(n), "--host-discovery-script", str(script),
+                         "--failure-timeout", f"{failure_timeout:g}"]
+        env = {"HVDLITE_TEST_PRINT_STEPS": "1"}
+        if fault == "hang worker":  # the victim (on the last host: rank n-1) deadlocks after that step
+            launcher_args += ["--stall-check-warning-time-seconds", "1",
+                              "--stall-check-shutdown-time-seconds", str(STALL_SHUTDOWN_S)]
+            env.update(HVDLITE_TEST_KILL=f"{n - 1}:{step}", HVDLITE_TEST_KILL_BY="hang")
         job = FaultJob(hosts, n, TRAIN, args=["--out", str(out), "--epochs", "8", "--step-sleep", "0.05"],
-                       launcher_args=["--min-np", "2", "--max-np", str(n), "--host-discovery-script",
-                                      str(script), "--failure-timeout", f"{failure_timeout:g}"],
-                       env={"HVDLITE_TEST_PRINT_STEPS": "1"})
+                       launcher_args=launcher_args, env=env)
         row = {"fault": fault, "step": step, "host": victim_host}
         job.start()
         try:
@@ -85,8 +94,9 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
                     job.thaw(victim_host)
             elif fault == "host leaves":
                 listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts if h != victim_host))
-            else:
+            elif fault == "cut host":
                 job.cut(victim_host)
+            # "hang worker": the victim deadlocks by itself, once this step is done
             rc = job.wait(timeout=run_timeout)
             going_on = [t for t, line in job.lines if "; continuing with" in line and t >= t_fault]
             row["detection_s"] = round(going_on[0] - t_fault, 3) if going_on else None

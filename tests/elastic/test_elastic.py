@@ -121,6 +121,40 @@ def test_a_job_whose_every_worker_fails_ends_with_an_error(tmp_path: Path) -> No
     assert "the elastic job ended without finishing its training" in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.timeout(300)
+def test_a_full_disk_while_rank_0_saves_a_checkpoint(tmp_path: Path) -> None:
+    """Rank 0 saves a checkpoint every 10 steps (a temporary file, then a rename) to a
+    1 MiB tmpfs, which fills up before step 20: its save fails with the disk's error,
+    which nothing in the script catches, so rank 0 leaves like a failed worker and the
+    others go on from the last commit, the new rank 0 saving to its own disk. The
+    checkpoint saved before the disk filled up is intact."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (mounts a tmpfs)")
+    checkpoints = tmp_path / "checkpoints"
+    small = checkpoints / "w0"
+    small.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        proc, results = _run(tmp_path, 3, "", "--checkpoint", str(checkpoints),
+                             launcher=["--min-np", "2", "--max-np", "3"], env={"HVDLITE_TEST_FILL_DISK": "15"})
+        _check_survivors(proc, results, 3, {0})
+        # torch.save's error on a full disk (its wording varies), then rank 0 leaves.
+        assert "in save_checkpoint" in proc.stderr, proc.stderr[-4000:]
+        assert "rank 0 leaves the elastic job on the uncaught" in proc.stderr, proc.stderr[-4000:]
+        assert "rank 0 of 3 failed; continuing with 2 workers" in proc.stderr, proc.stderr[-4000:]
+        import torch
+        kept = torch.load(small / "checkpoint.pt")
+        assert kept["steps"] == 10, kept["steps"]
+        last = torch.load(checkpoints / "w1" / "checkpoint.pt")
+        assert last["steps"] == max(s for s in range(0, results[0]["steps"] + 1, 10)), \
+            (last["steps"], results[0]["steps"])
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
 @pytest.mark.parametrize("hung", [1, 0])
 @pytest.mark.timeout(300)
 def test_a_rank_deadlocked_in_the_script_is_evicted_past_the_stall_limit(tmp_path: Path, hung: int) -> None:

@@ -20,6 +20,11 @@ writes it. What it adds for the tests:
 * ``HVDLITE_TEST_BALLOON=FILE``: once ``FILE.<hostname>`` exists, the worker on that
   host allocates 64 MiB more at every step (up to 4 GiB): a leak, for the kernel's OOM
   killer to stop under a memory limit;
+* ``--checkpoint DIR``: at every commit of a step that is a multiple of 10, rank 0
+  saves the model, optimizer and step count to ``DIR/w<first rank>/checkpoint.pt`` as a
+  careful script does (a temporary file, then a rename); ``HVDLITE_TEST_FILL_DISK=S``:
+  just before step S the process that started as rank 0 fills the disk under its
+  checkpoint folder (a file written until the disk is full), as another program would;
 * ``HVDLITE_TEST_PRINT_STEPS=1``: every completed step prints ``STEP <steps> <time>
   <rank> <host>`` (the fault tests inject their faults at a step);
 * ``--optimizer zero``: ``ZeroRedundancyOptimizer(Adam)`` instead of
@@ -59,6 +64,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--commit-every", type=int, default=2)
     ap.add_argument("--step-sleep", type=float, default=0.01)
+    ap.add_argument("--checkpoint", default=None, help="a folder: rank 0 saves a checkpoint every 10 steps")
     ap.add_argument("--device", default="cpu", help="cuda: the model and batches on GPU local_rank % count")
     ap.add_argument("--optimizer", choices=["sgd", "zero", "onebit"], default="sgd",
                     help="zero: hvd.ZeroRedundancyOptimizer(Adam), its state sharded over the ranks; "
@@ -128,6 +134,25 @@ def main() -> None:
     epoch_samples: dict[int, list[int]] = {}
     epoch_trained: dict[int, list[int]] = {}
 
+    fill_at = int(os.environ["HVDLITE_TEST_FILL_DISK"]) if os.environ.get("HVDLITE_TEST_FILL_DISK") else None
+    my_checkpoints = os.path.join(args.checkpoint, f"w{first_rank}") if args.checkpoint else None
+
+    def fill_disk() -> None:
+        try:
+            with open(os.path.join(my_checkpoints, "filler"), "wb") as f:
+                while True:
+                    f.write(b"\0" * (64 << 10))
+                    f.flush()
+        except OSError:
+            pass
+
+    def save_checkpoint(state) -> None:
+        os.makedirs(my_checkpoints, exist_ok=True)
+        path = os.path.join(my_checkpoints, "checkpoint.pt")
+        torch.save({"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
+                    "steps": state.steps}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
     @hvd.elastic.run
     def train(state):
         while state.epoch < args.epochs:
@@ -144,6 +169,8 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 chain_kill(state.steps)
                 leak()
+                if fill_at is not None and state.steps == fill_at and first_rank == 0 and not joined:
+                    fill_disk()
                 if len(offer) == 3 and hvd.rank() == 0 and state.steps == int(offer[0]):
                     with open(offer[1], "w") as f:
                         f.write(offer[2].replace(";", "\n") + "\n")
@@ -163,6 +190,8 @@ def main() -> None:
                 if state.steps % args.commit_every == 0:
                     state.batch += idx + 1
                     state.commit()
+                    if args.checkpoint and hvd.rank() == 0 and state.steps % 10 == 0:
+                        save_checkpoint(state)
             state.batch = 0
             state.commit()  # the epoch's processed samples, every rank's, are in the commit
             epoch_samples[state.epoch] = hvd.allgather_object(sorted(state.sampler.processed_indices))
