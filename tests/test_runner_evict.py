@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.runner.evict import Evictor, parse_request
+from hvdlite.runner.evict import Evictor, Requests, parse_request
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads processes from /proc")
 
@@ -67,3 +67,17 @@ def test_only_the_process_with_that_pid_and_start_time_is_killed(tmp_path: Path,
         for p in (keep, victim):
             p.kill()
             p.wait()
+
+
+def test_a_request_to_start_again_on_more_hosts_is_kept_for_the_launcher() -> None:
+    said: list[str] = []
+    requests = Requests({}, said.append)
+    try:
+        requests.handle("relaunch hosts=h1:1,h2:2 resume=h1:/tmp/hvdlite-commit-x.pickle\n")
+        assert requests.relaunch == ([("h1", 1), ("h2", 2)], "h1:/tmp/hvdlite-commit-x.pickle")
+        assert not requests.finished
+        requests.handle("relaunch hosts=h1 resume=h1:/tmp/x")  # no slots: refused, the first kept
+        assert requests.relaunch[0] == [("h1", 1), ("h2", 2)]
+        assert said and "ignored a request to start the job again" in said[0], said
+    finally:
+        requests.close()

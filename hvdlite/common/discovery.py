@@ -80,11 +80,15 @@ ENV_FAILURE_TIMEOUT = "HVDLITE_FAILURE_TIMEOUT"
 #: process that may still run.
 ENV_LAUNCHER_REQUESTS = "HVDLITE_LAUNCHER_REQUESTS"
 LAUNCHER_REQUEST = "[hvdlite-run request] "
+#: Set when hvdlite-run starts an elastic job again on more hosts (a host joined the
+#: discovery output): ``HOST:PATH``, the file on HOST where the last rank 0 left the
+#: last commit; the new rank 0, started on HOST, resumes from it.
+ENV_RESUME = "HVDLITE_ELASTIC_RESUME"
 #: Every variable :meth:`ElasticSettings.to_environ` may set.
 ENV_NAMES: tuple[str, ...] = (
     ENV_ELASTIC, ENV_HOROVOD_ELASTIC, ENV_MIN_NP, ENV_MAX_NP, ENV_DISCOVERY_SCRIPT,
     ENV_SLOTS, ENV_TIMEOUT, ENV_RESET_LIMIT, ENV_COOLDOWN, ENV_HOSTS, ENV_ALLOCATION,
-    ENV_OVERSUBSCRIBED, ENV_STATUS_FILE, ENV_LAUNCHER_REQUESTS,
+    ENV_OVERSUBSCRIBED, ENV_STATUS_FILE, ENV_LAUNCHER_REQUESTS, ENV_RESUME,
 )
 
 

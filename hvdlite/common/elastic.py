@@ -85,6 +85,26 @@ class State:
     def sync(self) -> None:
         raise NotImplementedError
 
+    def snapshot(self) -> Any:
+        """The last commit as picklable values, for a job that starts again on more
+        hosts (a host joined the discovery output): rank 0 leaves it in a file, and the
+        new rank 0 loads it (``load_snapshot``) before the first sync. A state class
+        that does not provide both keeps such hosts unused."""
+        raise NotImplementedError
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        raise NotImplementedError
+
+
+def can_snapshot(state: State) -> bool:
+    """Whether ``state`` can be carried over a start on more hosts: the class that
+    defines its ``save`` also defines ``snapshot`` (a subclass that saves more than its
+    parent knows of cannot)."""
+    for cls in type(state).__mro__:
+        if "save" in cls.__dict__:
+            return "snapshot" in cls.__dict__ and "load_snapshot" in cls.__dict__
+    return False
+
 
 class ObjectState(State):
     """State made of plain Python values, given as keyword arguments and kept as
@@ -109,6 +129,13 @@ class ObjectState(State):
         if self._saved_state:  # the last saved values, the sync root's (as in Horovod)
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
+
+    def snapshot(self) -> Any:
+        return {"values": dict(self._saved_state)}
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        self._saved_state = dict(snapshot["values"])
+        self._set_attrs()
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():
@@ -137,7 +164,8 @@ def _report_recovery(state: State) -> None:
     output, and the survivors synced: one line, from the new rank 0, saying what
     happened and what training goes on with."""
     losses, dismissed, added = membership.take_changes()
-    if not (losses or dismissed) or rank() != 0 or not _warnings_shown():
+    if not (losses or dismissed or membership.resumed_pending()) or rank() != 0 or not _warnings_shown():
+        membership.take_resumed()
         return
 
     def ranks_text(ranks: list[int], before: int) -> str:
@@ -147,6 +175,9 @@ def _report_recovery(state: State) -> None:
               else f"{len(ranks)} worker{'s' * (len(ranks) > 1)} failed" for ranks, before in losses]
     events += [f"{ranks_text(ranks, before)} stopped (the discovery output no longer lists their slot"
                f"{'s' * (len(ranks) > 1)} on {', '.join(hosts)})" for ranks, before, hosts in dismissed]
+    joined = membership.take_resumed()
+    if joined:
+        events.append(f"the job started again on more hosts ({', '.join(joined)} joined)")
     commits = getattr(state, "_commits", 0)
     where = f"commit {commits}" if commits else "the start (nothing was committed yet)"
     progress = ", ".join(f"{k}={v}" for k, v in (getattr(state, "_saved_state", None) or {}).items()
@@ -173,6 +204,8 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
         settings = membership.settings()
         membership.watch_for_suspension()
         membership.watch_for_stalls()
+        membership.set_relaunchable(can_snapshot(state))
+        membership.resume(state)
         reset_limit = getattr(settings, "reset_limit", None)
         resets = 0
         skip_sync = False
@@ -188,6 +221,11 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
                 after_failure = False
+                if membership.relaunch_agreed():
+                    # A host joined: every worker leaves here (SystemExit), and the
+                    # launcher starts the job again on more hosts from this commit;
+                    # back here when the offer went away meanwhile.
+                    membership.relaunch(state)
             except Exception:  # noqa: BLE001 - HorovodInternalError, or a framework's wrapper of it
                 # A collective inside a tf.function fails as a tf.errors type, and a
                 # framework may wrap the error on its way out; what counts is why the

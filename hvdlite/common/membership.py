@@ -24,10 +24,15 @@ on every rank.
 * **Too few workers.** Below ``--min-np`` the survivors wait for the discovery script
   to offer slots for up to ``--elastic-timeout``; past it, or past ``--reset-limit``
   resets, the job ends on every rank with :class:`ElasticJobError`.
-
-Open MPI cannot reliably add a host that was not in the launch to a running job, so
-new workers start only on hosts the launcher gave mpirun (its discovery script's
-output at launch, or ``-H``); a host that appears later is reported and ignored.
+* **A new host.** Open MPI cannot add a host that was not in the launch to a running
+  job, so new workers start this way only on hosts the launcher gave mpirun (its
+  discovery script's output at launch, or ``-H``). When the script offers a new host,
+  the job starts again instead: at a commit rank 0 leaves that commit in a file on its
+  host and asks ``hvdlite-run`` (in its output) to start the job again on the hosts on
+  offer, its own first; every worker leaves, and the new rank 0 loads the commit
+  (:func:`resume`) before the first sync gives it to every rank. This needs a state
+  that can be saved to a file (``State.snapshot``) and the launcher's live output;
+  without them the host is reported once and not used.
 
 Without fault tolerance (a job not started by ``hvdlite-run``'s elastic options or
 ``mpirun --with-ft ulfm``) no failure is survivable: the launcher ends the job.
@@ -110,6 +115,15 @@ class _World:
         # A process started in this process's own Open MPI job died: MPI_Finalize could
         # wait for it for ever (see leave_without_finalize).
         self.peer_lost = False
+        # Starting the job again on more hosts: whether the state can be carried over
+        # (State.snapshot), whether the last commit's agreement asked for it, whether
+        # this process is leaving for it, and (new rank 0) the hosts that joined, until
+        # reported.
+        self.relaunchable = False
+        self.relaunch_agreed = False
+        self.relaunching = False
+        self.resume_checked = False
+        self.resumed: list[str] | None = None
 
 
 _world = _World()
@@ -296,11 +310,12 @@ def plan_new_workers(s: Any, size: int) -> list[str]:
             continue
         launch = next((h for h in allocation if _same_host(h, host)), None)
         if launch is None:
-            if host not in _world.ignored:
+            if host not in _world.ignored and not _can_relaunch():
                 _world.ignored.add(host)
                 sys.stderr.write(f"hvdlite: the discovery script offers host {host!r}, which was not among "
-                                 "the hosts of the launch; Open MPI cannot add a host to a running job "
-                                 "reliably, so no worker starts there (list it when the job starts)\n")
+                                 "the hosts of the launch; Open MPI cannot add a host to a running job, and "
+                                 f"starting the job again there needs {_relaunch_needs()}, so no worker "
+                                 "starts there (list it when the job starts)\n")
             continue
         running = sum(1 for h in _world.hosts if _same_host(h, host))
         dead = sum(n for h, n in _world.dead.items() if _same_host(h, host))
@@ -309,6 +324,48 @@ def plan_new_workers(s: Any, size: int) -> list[str]:
             room = min(room, allocation[launch] - running - dead)
         plan += [launch] * max(0, room)
     return plan[:max(0, s.max_np - size)]
+
+
+def _can_relaunch() -> bool:
+    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS
+    return _world.relaunchable and os.environ.get(ENV_LAUNCHER_REQUESTS) == "1"
+
+
+def _relaunch_needs() -> str:
+    if not _world.relaunchable:
+        return "a state that can be saved to a file (hvd.elastic.ObjectState or TorchState)"
+    return "hvdlite-run reading the ranks' output (not with HVDLITE_LIVE_OUTPUT=0 or --output-filename)"
+
+
+def plan_relaunch(s: Any, size: int) -> list[tuple[str, int]] | None:
+    """Rank 0: when the discovery script offers a host that was not in the launch (Open
+    MPI cannot add a host to a running job), the hosts and slots to start the job
+    again on: the script's offer, this rank's host first (where the last commit will
+    wait in a file), blacklisted hosts left out, up to ``--max-np`` workers. None when
+    no such host is offered, when that would not add workers, or where it cannot be
+    done (see :func:`_relaunch_needs`)."""
+    if not _can_relaunch() or _world.hosts is None:
+        return None
+    offered = _discovered(s)
+    if not offered:
+        return None
+    allocation = _allocation()
+    now = time.monotonic()
+    usable = [(h, n) for h, n in offered
+              if n > 0 and not any(until > now and _same_host(b, h) for b, until in _world.blacklist.items())]
+    if all(any(_same_host(a, h) for a in allocation) or h in _world.ignored for h, _ in usable):
+        return None
+    home = next((e for e in usable if _same_host(e[0], _world.hosts[0])), None)
+    if home is None:
+        return None
+    plan, total = [], 0
+    for host, slots in [home] + [e for e in usable if e is not home]:
+        take = min(slots, s.max_np - total)
+        if take <= 0:
+            break
+        plan.append((host, take))
+        total += take
+    return plan if total > size else None
 
 
 def plan_leaving(s: Any) -> list[int]:
@@ -336,8 +393,10 @@ def plan_leaving(s: Any) -> list[int]:
 # ------------------------------------------------------------------ at a commit
 
 # Rank 0's value in the agreement at a commit: the number of workers to add, and this
-# bit when workers are to leave.
+# bit when workers are to leave; or the other bit alone when the job is to start again on
+# more hosts.
 _LEAVING_BIT = 1 << 20
+_RELAUNCH_BIT = 1 << 21
 
 
 def check_for_new_workers() -> bool:
@@ -350,10 +409,116 @@ def check_for_new_workers() -> bool:
         return False
     value = _ALL_ONES
     if basics.rank() == 0:
-        value = min(len(plan_new_workers(s, basics.size())), _LEAVING_BIT - 1)
-        if plan_leaving(s):
-            value |= _LEAVING_BIT
-    return _core().agree(value) > 0
+        if plan_relaunch(s, basics.size()):
+            value = _RELAUNCH_BIT
+        else:
+            value = min(len(plan_new_workers(s, basics.size())), _LEAVING_BIT - 1)
+            if plan_leaving(s):
+                value |= _LEAVING_BIT
+    agreed = _core().agree(value)
+    _world.relaunch_agreed = bool(agreed & _RELAUNCH_BIT)
+    return agreed > 0
+
+
+# ------------------------------------------------------------------ starting again on more hosts
+
+
+def set_relaunchable(relaunchable: bool) -> None:
+    """Whether the training function's state can be carried over a start on more hosts."""
+    _world.relaunchable = relaunchable
+
+
+def relaunch_agreed() -> bool:
+    """The last commit's agreement asked for the job to start again on more hosts."""
+    return _world.relaunch_agreed
+
+
+def relaunch(state: Any) -> None:
+    """Collective, after a commit whose agreement asked for it: rank 0 leaves the commit
+    in a file on its host and asks ``hvdlite-run`` to start the job again on the hosts
+    it plans (its own first); then every worker leaves (SystemExit, status 0, MPI
+    finalized), and the launcher starts the job again, whose rank 0 loads the commit
+    (:func:`resume`). Returns, doing nothing, when the offer went away meanwhile."""
+    import pickle
+    import tempfile
+    from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts
+    _world.relaunch_agreed = False
+    s = settings()
+    plan = _shared(lambda s: plan_relaunch(s, basics.size()), s, "hvdlite.elastic.relaunch")
+    if not plan:
+        return
+    ok = True
+    if basics.rank() == 0:
+        joined = [h for h, _ in plan if not any(_same_host(h, a) for a in _allocation())]
+        commits = getattr(state, "_commits", 0)
+        fd, path = tempfile.mkstemp(prefix="hvdlite-commit-", suffix=".pickle")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump({"commits": commits, "joined": joined, "state": state.snapshot()}, f,
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - a full disk, say: go on as we are
+            ok = False
+            sys.stderr.write(f"hvdlite: cannot keep the last commit in {path} to start again on more hosts "
+                             f"({exc}); going on without {', '.join(joined)}\n")
+            _world.ignored.update(joined)  # not tried again
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        else:
+            n = sum(slots for _, slots in plan)
+            sys.stderr.write(f"hvdlite: the discovery script offers {', '.join(joined)}; the job starts again "
+                             f"on {n} workers from commit {commits}\n")
+            sys.stderr.flush()
+            sys.stdout.write(f"{LAUNCHER_REQUEST}relaunch hosts={format_hosts(plan)} resume={hostname()}:{path}\n")
+            sys.stdout.flush()
+    if basics.size() > 1:
+        from hvdlite.common.objects import broadcast_object
+        ok = broadcast_object(ok, root_rank=0, name="hvdlite.elastic.relaunch.ok")
+    if not ok:
+        return
+    _world.relaunching = True
+    raise SystemExit(0)
+
+
+def resume(state: Any) -> None:
+    """Collective, once per process, before the first sync of a job that ``hvdlite-run``
+    started again on more hosts: rank 0 (on the host where the last rank 0 left it)
+    loads the last commit into ``state``; the sync that follows gives it to every rank.
+    Every rank raises :class:`ElasticJobError` if it cannot be loaded."""
+    import pickle
+    from hvdlite.common.discovery import ENV_RESUME
+    spec = os.environ.get(ENV_RESUME)
+    if not spec or _world.resume_checked:
+        return
+    _world.resume_checked = True
+    error = None
+    if basics.rank() == 0:
+        host, _, path = spec.partition(":")
+        try:
+            with open(path, "rb") as f:
+                saved = pickle.load(f)
+            state.load_snapshot(saved["state"])
+            state._commits = saved["commits"]
+            _world.resumed = list(saved["joined"])
+            os.unlink(path)
+        except Exception as exc:  # noqa: BLE001 - said on every rank
+            error = f"cannot load the last commit from {path} on {host} (this rank 0 runs on {hostname()}): {exc}"
+    if basics.size() > 1:
+        from hvdlite.common.objects import broadcast_object
+        error = broadcast_object(error, root_rank=0, name="hvdlite.elastic.resume")
+    if error:
+        raise ElasticJobError(f"elastic training cannot start again on more hosts: {error}")
+
+
+def resumed_pending() -> bool:
+    return _world.resumed is not None
+
+
+def take_resumed() -> list[str]:
+    """New rank 0, once: the hosts that joined when the job started again."""
+    joined, _world.resumed = _world.resumed, None
+    return joined or []
 
 
 # ------------------------------------------------------------------ between two worlds
@@ -615,7 +780,7 @@ def note_finished() -> None:
     0, whatever workers were lost)."""
     from hvdlite.common.discovery import ENV_STATUS_FILE
     path = os.environ.get(ENV_STATUS_FILE)
-    if not path:
+    if not path or _world.relaunching:
         return
     if getattr(sys, "last_value", None) is not None:
         return  # leaving on an exception nothing caught (ElasticJobError, say): not finished

@@ -115,6 +115,7 @@ def build_mpirun_command(
     is_root: bool | None = None,
     host_list: Sequence[tuple[str, int | None]] | None = None,
     status_file: str | None = None,
+    resume: str | None = None,
     notes: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Build the ``mpirun`` argv and the environment to run it with.
@@ -136,7 +137,9 @@ def build_mpirun_command(
     every host with its slots, which must add up to ``-np`` at least.  With a
     discovery script, ``host_list`` must be the hosts it printed (:func:`launch`
     runs it, this function does not).  ``status_file`` is where the last world's
-    rank 0 writes ``finished`` (``HVDLITE_ELASTIC_STATUS_FILE``).  Stale
+    rank 0 writes ``finished`` (``HVDLITE_ELASTIC_STATUS_FILE``); ``resume``, when the
+    job starts again on more hosts, where rank 0 finds the last commit
+    (``HVDLITE_ELASTIC_RESUME``, ``HOST:PATH``).  Stale
     ``HVDLITE_ELASTIC*`` and ``HOROVOD_ELASTIC`` variables in ``environ`` are dropped
     in either mode.
 
@@ -325,6 +328,8 @@ def build_mpirun_command(
         env[discovery.ENV_ALLOCATION] = discovery.format_hosts(host_list or [])
         if status_file is not None:
             env[discovery.ENV_STATUS_FILE] = status_file
+        if resume is not None:
+            env[discovery.ENV_RESUME] = resume
         if live_output(config, ompi_major, environ):
             # hvdlite-run reads the ranks' output and ends, on rank 0's request, the
             # process of a worker rank 0 counted lost (hvdlite.runner.evict).

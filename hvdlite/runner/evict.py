@@ -28,6 +28,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 
+from hvdlite.common.discovery import parse_host_slots
 from hvdlite.runner.hosts import is_local_host
 from hvdlite.runner.processes import kill_processes, process_tree
 
@@ -128,19 +129,32 @@ class Evictor:
         return "killed" in out
 
 
+_RELAUNCH = re.compile(r"relaunch hosts=(\S+) resume=(\S+)")
+
+
 class Requests:
-    """What rank 0 asks of ``hvdlite-run`` in its output: ``evict ...`` (above), and
+    """What rank 0 asks of ``hvdlite-run`` in its output: ``evict ...`` (above);
     ``finished`` when the training of an elastic job ended well, which reaches the
-    launcher from any host (a note in a file could only from this one)."""
+    launcher from any host (a note in a file could only from this one); and
+    ``relaunch hosts=H1:S1,H2:S2 resume=HOST:PATH`` when a host joined the discovery
+    output: every worker then leaves, and the launcher starts the job again on those
+    hosts (:attr:`relaunch`), the first being HOST, where the last commit waits."""
 
     def __init__(self, environ: Mapping[str, str], say: Callable[[str], None]) -> None:
         self.evictor = Evictor(environ, say)
         self.finished = False
+        self.relaunch: tuple[list[tuple[str, int]], str] | None = None
         self._say = say
 
     def handle(self, text: str) -> None:
+        relaunch = _RELAUNCH.fullmatch(text.strip())
         if text.strip() == "finished":
             self.finished = True
+        elif relaunch is not None:
+            try:
+                self.relaunch = (parse_host_slots(relaunch.group(1)), relaunch.group(2))
+            except ValueError as exc:
+                self._say(f"ignored a request to start the job again: {exc}")
         else:
             self.evictor.request(text)
 

@@ -12,6 +12,7 @@ This module must stay importable without hvdlite's compiled core.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -22,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 
-from hvdlite.common.discovery import LAUNCHER_REQUEST
+from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts
 from hvdlite.runner import output
 from hvdlite.runner.evict import Requests
 from hvdlite.runner.command import build_mpirun_command, live_output
@@ -74,31 +75,40 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     # mpirun's own status cannot tell: it counts workers lost along the way (137 for a
     # killed one that joined), and under fault tolerance it is 0 when every worker died.
     status_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-") if config.elastic else None
-    notes: list[str] = []
+    status_path = os.path.join(status_dir, "status") if status_dir else None
+    resume: str | None = None  # where the last commit waits, when the job starts again
     try:
-        argv, env = build_mpirun_command(
-            config, mpirun, env_in, ompi_major=major, host_list=host_list,
-            status_file=os.path.join(status_dir, "status") if status_dir else None,
-            notes=notes)
-    except BaseException:
-        _read_status(status_dir)  # removes the folder
-        raise
-    for note in notes:
-        print(f"{program_name()}: {note}", file=sys.stderr, flush=True)
-    if config.verbose:
-        set_vars = {k: v for k, v in env.items() if env_in.get(k) != v}
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
-        print(f"{program_name()}: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
+        while True:
+            notes: list[str] = []
+            argv, env = build_mpirun_command(
+                config, mpirun, env_in, ompi_major=major, host_list=host_list,
+                status_file=status_path, resume=resume, notes=notes)
+            if resume is None:
+                for note in notes:
+                    print(f"{program_name()}: {note}", file=sys.stderr, flush=True)
+            if config.verbose:
+                set_vars = {k: v for k, v in env.items() if env_in.get(k) != v}
+                prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
+                print(f"{program_name()}: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
-    live = live_output(config, major, env_in)
-    requests = Requests(env, lambda text: print(f"{program_name()}: {text}", file=sys.stderr, flush=True))
-    try:
-        status_path = os.path.join(status_dir, "status") if status_dir else None
-        returncode = _run_mpirun(
-            argv, env, live=live, requests=requests,
-            finished=(lambda: requests.finished or _finished(status_path)) if status_path else None)
+            live = live_output(config, major, env_in)
+            requests = Requests(env, lambda text: print(f"{program_name()}: {text}", file=sys.stderr, flush=True))
+            try:
+                returncode = _run_mpirun(
+                    argv, env, live=live, requests=requests,
+                    finished=(lambda: requests.finished or _finished(status_path)) if status_path else None)
+            finally:
+                finished = (status_path is not None and _finished(status_path)) or requests.finished
+            if requests.relaunch is None or finished or returncode >= 128:
+                break
+            # A host joined the discovery output: every worker left at a commit, and the
+            # job starts again on the hosts rank 0 asked for, from that commit.
+            host_list, resume = list(requests.relaunch[0]), requests.relaunch[1]
+            config = dataclasses.replace(config, num_proc=sum(n for _, n in host_list))
+            print(f"{program_name()}: starting the job again on {format_hosts(host_list)} "
+                  f"({config.num_proc} workers) from its last commit", file=sys.stderr, flush=True)
     finally:
-        finished = _read_status(status_dir) or requests.finished
+        _read_status(status_dir)  # removes the folder
     if returncode != 0 and finished:
         print(f"{program_name()}: the elastic job finished its training (mpirun reported status "
               f"{returncode} for workers lost on the way)", file=sys.stderr, flush=True)

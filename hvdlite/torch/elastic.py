@@ -335,3 +335,16 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def snapshot(self) -> Any:
+        return {**super().snapshot(), "objects": {name: h._saved for name, h in self._handlers.items()}}
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        objects = snapshot["objects"]
+        if set(objects) != set(self._handlers):
+            raise ValueError(f"the last commit holds {sorted(objects)}, this TorchState "
+                             f"{sorted(self._handlers)}: the script must build the same state")
+        for name, handler in self._handlers.items():
+            handler._saved = objects[name]
+            handler.restore()
+        super().load_snapshot(snapshot)

@@ -54,3 +54,67 @@ def test_host_names_compare_without_their_domain_but_addresses_whole(world) -> N
     assert membership._same_host("10.0.1.5", "10.0.1.5")
     s = world(["node1", "node2"], [("node1.cluster", 1), ("10.0.0.2", 1)])
     assert membership.plan_leaving(s) == [1]
+
+
+@pytest.fixture
+def relaunchable(monkeypatch: pytest.MonkeyPatch, world):
+    """A world whose state can be saved, under a launcher that reads the ranks' output,
+    started on ``allocation``; returns settings with ``--max-np`` ``max_np``."""
+    def make(hosts: list[str], offered: list[tuple[str, int]], allocation: str, max_np: int = 8):
+        s = world(hosts, offered)
+        s.max_np = max_np
+        monkeypatch.setenv("HVDLITE_LAUNCHER_REQUESTS", "1")
+        monkeypatch.setenv("HVDLITE_ELASTIC_ALLOCATION", allocation)
+        monkeypatch.setattr(membership._world, "relaunchable", True)
+        monkeypatch.setattr(membership._world, "blacklist", {})
+        monkeypatch.setattr(membership._world, "ignored", set())
+        return s
+    return make
+
+
+def test_a_new_host_starts_the_job_again_with_rank_0s_host_first(relaunchable) -> None:
+    s = relaunchable(["b", "a"], [("a", 2), ("b", 1), ("c", 2)], "a:2,b:1")
+    assert membership.plan_relaunch(s, 2) == [("b", 1), ("a", 2), ("c", 2)]
+
+
+def test_the_new_job_is_cut_at_max_np_and_needs_more_workers(relaunchable) -> None:
+    s = relaunchable(["a", "b"], [("a", 1), ("b", 1), ("c", 4)], "a:1,b:1", max_np=3)
+    assert membership.plan_relaunch(s, 2) == [("a", 1), ("b", 1), ("c", 1)]
+    s = relaunchable(["a", "b"], [("a", 1), ("b", 1), ("c", 4)], "a:1,b:1", max_np=2)
+    assert membership.plan_relaunch(s, 2) is None
+
+
+def test_no_start_again_without_a_new_host_or_where_it_cannot_be_done(relaunchable, monkeypatch) -> None:
+    s = relaunchable(["a", "b"], [("a", 4), ("b", 4)], "a:1,b:1")
+    assert membership.plan_relaunch(s, 2) is None  # more slots on known hosts: they grow in place
+    s = relaunchable(["a", "b"], [("b", 1), ("c", 1)], "a:1,b:1")
+    assert membership.plan_relaunch(s, 2) is None  # rank 0's host is no longer offered
+    s = relaunchable(["a", "b"], [("a", 1), ("b", 1), ("c", 1)], "a:1,b:1")
+    membership._world.blacklist["c"] = float("inf")
+    assert membership.plan_relaunch(s, 2) is None
+    s = relaunchable(["a", "b"], [("a", 1), ("b", 1), ("c", 1)], "a:1,b:1")
+    monkeypatch.setattr(membership._world, "relaunchable", False)  # a state that cannot be saved
+    assert membership.plan_relaunch(s, 2) is None
+    monkeypatch.setattr(membership._world, "relaunchable", True)
+    monkeypatch.delenv("HVDLITE_LAUNCHER_REQUESTS")  # the launcher does not read the output
+    assert membership.plan_relaunch(s, 2) is None
+
+
+def test_only_states_that_save_what_they_snapshot_can_start_again() -> None:
+    from hvdlite.common.elastic import ObjectState, can_snapshot
+
+    class Counts(ObjectState):
+        pass
+
+    class Extra(ObjectState):
+        def save(self) -> None:
+            super().save()
+
+    bcast = lambda obj: obj  # noqa: E731
+    assert can_snapshot(ObjectState(bcast, lambda: 0, epoch=1))
+    assert can_snapshot(Counts(bcast, lambda: 0, epoch=1))
+    assert not can_snapshot(Extra(bcast, lambda: 0, epoch=1))
+    state = ObjectState(bcast, lambda: 0, epoch=3, batch=5)
+    other = ObjectState(bcast, lambda: 0, epoch=0, batch=0)
+    other.load_snapshot(state.snapshot())
+    assert (other.epoch, other.batch) == (3, 5)

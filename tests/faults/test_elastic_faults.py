@@ -16,8 +16,9 @@ three hosts:
   shutdown time rank 0 has the launcher end it, and the others go on;
 * h3's worker leaks memory under a cgroup limit: the kernel's OOM killer ends it, and
   the others go on;
-* h3 appears in the discovery output of a job started on h1 and h2: reported once, and
-  not used (Open MPI cannot add a host to a running job reliably).
+* h3 appears in the discovery output of a job started on h1 and h2: the job starts
+  again on all three from its last commit (Open MPI cannot add a host to a running
+  job).
 
 Each time the job ends with status 0, the survivors hold the same parameters, every
 sample of every epoch was trained exactly once, and nothing of the job is left on any
@@ -27,6 +28,7 @@ Needs root (network namespaces); skipped with the reason otherwise."""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -254,11 +256,12 @@ def test_a_link_that_flaps_within_the_failure_timeout_loses_nobody(hosts: Emulat
 
 
 @pytest.mark.timeout(300)
-def test_a_host_added_to_the_discovery_output_after_the_launch_is_reported_once(hosts: EmulatedHosts,
-                                                                                 tmp_path: Path) -> None:
+def test_a_host_added_to_the_discovery_output_gets_a_worker(hosts: EmulatedHosts, tmp_path: Path) -> None:
     """Started on h1 and h2; h3 appears in the discovery output during the job. Open MPI
-    cannot add a host to a running job reliably, so h3 gets no worker: one line says so
-    and why, and the two finish as they started."""
+    cannot add a host to a running job, so at the next commit rank 0 leaves the commit
+    in a file on h1, every worker leaves, and hvdlite-run starts the job again on h1, h2
+    and h3, whose rank 0 (on h1) loads the commit: three workers finish, every sample
+    trained once, within 10 s of the last step before."""
     job, out = _elastic_job(hosts, tmp_path, listed_hosts=["h1", "h2"])
     job.start()
     try:
@@ -266,11 +269,17 @@ def test_a_host_added_to_the_discovery_output_after_the_launch_is_reported_once(
         (tmp_path / "hosts.txt").write_text("h1:1\nh2:1\nh3:1\n")
         rc = job.wait(timeout=240)
         assert rc is not None, f"the job did not end\n{job.output(300)}"
-        _check_survivors(job, out, {"h1", "h2"}, rc)
-        said = [line for _, line in job.lines if "offers host 'h3', which was not among the hosts of the launch" in line]
-        assert len(said) == 1, job.output(300)
-        assert not [s for s in job.steps if s.host == "h3"]
+        _check_survivors(job, out, {"h1", "h2", "h3"}, rc)
+        for said in ("hvdlite: the discovery script offers h3; the job starts again on 3 workers from commit",
+                     "hvdlite-run: starting the job again on h1:1,h2:1,h3:1 (3 workers) from its last commit",
+                     "the job started again on more hosts (h3 joined); continuing with 3 workers from commit"):
+            assert len([line for _, line in job.lines if said in line]) == 1, (said, job.output(300))
+        assert [s for s in job.steps if s.host == "h3"], job.output(300)
+        gap = _longest_gap(sorted(s.t for s in job.steps if s.host == "h1"))
+        print(f"joining host: longest gap between two steps {gap:.1f} s")
+        assert gap <= 10, gap
         assert job.wait_for_no_leftovers(60) == {}
+        assert not list(Path(tempfile.gettempdir()).glob("hvdlite-commit-*")), "the commit's file was left"
     finally:
         job.stop()
 
