@@ -15,7 +15,9 @@ Between steps 10 and 40 one fault is injected:
   worker is stopped at the next commit);
 * ``hang worker``: a worker's training script deadlocks (a lock taken twice) while
   hvdlite's thread goes on; that run sets the stall shutdown time to 5 s, past which
-  rank 0 has the launcher end it.
+  rank 0 has the launcher end it;
+* ``host joins``: the job starts on every host but the last, which then appears in the
+  discovery script's output (the job starts again on every host from its last commit).
 
 A run passes when the job ends by itself with status 0 (a hang is a run still going
 ``--run-timeout`` s after the fault), the survivors hold the same parameters, every
@@ -48,7 +50,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
 
-FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host", "resume worker", "host leaves", "hang worker")
+FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host", "resume worker", "host leaves", "hang worker",
+          "host joins")
 STALL_SHUTDOWN_S = 5
 SAMPLES = 480
 
@@ -63,7 +66,8 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
         out = Path(tmp) / "out"
         out.mkdir()
         listed = Path(tmp) / "hosts.txt"
-        listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts))
+        started = hosts.hosts[:-1] if fault == "host joins" else hosts.hosts
+        listed.write_text("".join(f"{h}:1\n" for h in started))
         script = Path(tmp) / "discover.sh"
         script.write_text(f"#!/bin/sh\ncat {listed}\n")
         script.chmod(0o755)
@@ -74,7 +78,7 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
             launcher_args += ["--stall-check-warning-time-seconds", "1",
                               "--stall-check-shutdown-time-seconds", str(STALL_SHUTDOWN_S)]
             env.update(HVDLITE_TEST_KILL=f"{n - 1}:{step}", HVDLITE_TEST_KILL_BY="hang")
-        job = FaultJob(hosts, n, TRAIN, args=["--out", str(out), "--epochs", "8", "--step-sleep", "0.05"],
+        job = FaultJob(hosts, len(started), TRAIN, args=["--out", str(out), "--epochs", "8", "--step-sleep", "0.05"],
                        launcher_args=launcher_args, env=env)
         row = {"fault": fault, "step": step, "host": victim_host}
         job.start()
@@ -94,6 +98,8 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
                     job.thaw(victim_host)
             elif fault == "host leaves":
                 listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts if h != victim_host))
+            elif fault == "host joins":
+                listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts))
             elif fault == "cut host":
                 job.cut(victim_host)
             # "hang worker": the victim deadlocks by itself, once this step is done
@@ -108,8 +114,9 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
             problems = []
             if rc != 0:
                 problems.append(f"exit status {rc}")
-            if len(results) != n - 1:
-                problems.append(f"{len(results)} workers finished, not {n - 1}")
+            expected = n if fault == "host joins" else n - 1
+            if len(results) != expected:
+                problems.append(f"{len(results)} workers finished, not {expected}")
             if len({r["params_sha"] for r in results}) > 1:
                 problems.append("parameters differ")
             if results:
@@ -117,8 +124,12 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
                     _check_each_sample_trained_once(results[0], SAMPLES)
                 except AssertionError as exc:
                     problems.append(f"samples: {exc}")
-                row["longest_gap_s"] = round(max(max((b - a for a, b in zip(r["completed"], r["completed"][1:])),
-                                                     default=0.0) for r in results), 3)
+                if fault == "host joins":  # new processes: the first host's steps, from the output
+                    times = sorted(st.t for st in job.steps if st.host == hosts.hosts[0])
+                    row["longest_gap_s"] = round(max((b - a for a, b in zip(times, times[1:])), default=0.0), 3)
+                else:
+                    row["longest_gap_s"] = round(max(max((b - a for a, b in zip(r["completed"], r["completed"][1:])),
+                                                         default=0.0) for r in results), 3)
             left = job.wait_for_no_leftovers(60)
             row["left_behind"] = sum(len(v) for v in left.values())
             if left:
