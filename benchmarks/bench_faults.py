@@ -107,7 +107,7 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
             going_on = [t for t, line in job.lines if "; continuing with" in line and t >= t_fault]
             row["detection_s"] = round(going_on[0] - t_fault, 3) if going_on else None
             if rc is None:
-                row.update(outcome="hang", output=job.output(40))
+                row.update(outcome="hang", output=job.output(40) + "\n" + _stacks(job, hosts.hosts))
                 return row
             row["rc"] = rc
             results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
@@ -143,6 +143,25 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
             if fault == "cut host":
                 job.mend(victim_host)
             job.stop()
+
+
+def _stacks(job, host_names: list[str]) -> str:
+    """Where each worker of a job that hangs is: every thread's native stack (gdb)."""
+    import shutil
+    import subprocess
+    if shutil.which("gdb") is None:
+        return "(gdb is not installed: no stacks)"
+    parts = []
+    for host in host_names:
+        for pid in job.rank_pids(host):
+            try:
+                bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
+                                    capture_output=True, text=True, timeout=60).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            lines = [ln for ln in bt.splitlines() if ln.startswith(("#", "Thread"))]
+            parts.append(f"--- {host} pid {pid}\n" + "\n".join(lines))
+    return "\n".join(parts)
 
 
 def summarize(rows: list[dict]) -> list[dict]:
