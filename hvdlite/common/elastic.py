@@ -205,9 +205,10 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
         membership.watch_for_suspension()
         membership.watch_for_stalls()
         membership.set_relaunchable(can_snapshot(state))
-        membership.resume(state)
+        # The times the world changed before this process (in the job that started
+        # again on more hosts), the start itself included.
+        resets = membership.resume(state)
         reset_limit = getattr(settings, "reset_limit", None)
-        resets = 0
         skip_sync = False
         _sync_root = 0
         while True:
@@ -221,11 +222,6 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
                 after_failure = False
-                if membership.relaunch_agreed():
-                    # A host joined: every worker leaves here (SystemExit), and the
-                    # launcher starts the job again on more hosts from this commit;
-                    # back here when the offer went away meanwhile.
-                    membership.relaunch(state)
             except Exception:  # noqa: BLE001 - HorovodInternalError, or a framework's wrapper of it
                 # A collective inside a tf.function fails as a tf.errors type, and a
                 # framework may wrap the error on its way out; what counts is why the
@@ -240,6 +236,11 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise membership.ElasticJobError(
                     f"elastic training stops: the world changed {resets} times, more than "
                     f"--reset-limit {reset_limit}")
+            if not after_failure and membership.relaunch_agreed():
+                # A host joined: every worker leaves here (SystemExit), and the launcher
+                # starts the job again on more hosts from this commit; on here when the
+                # offer went away meanwhile.
+                membership.relaunch(state, resets)
             while True:
                 try:
                     if membership.reset(after_failure):

@@ -433,12 +433,14 @@ def relaunch_agreed() -> bool:
     return _world.relaunch_agreed
 
 
-def relaunch(state: Any) -> None:
+def relaunch(state: Any, resets: int) -> None:
     """Collective, after a commit whose agreement asked for it: rank 0 leaves the commit
     in a file on its host and asks ``hvdlite-run`` to start the job again on the hosts
     it plans (its own first); then every worker leaves (SystemExit, status 0, MPI
     finalized), and the launcher starts the job again, whose rank 0 loads the commit
-    (:func:`resume`). Returns, doing nothing, when the offer went away meanwhile."""
+    (:func:`resume`), with ``resets``, the times the world changed so far (this one
+    included), for ``--reset-limit``. Returns, doing nothing, when the offer went away
+    meanwhile."""
     import pickle
     import tempfile
     from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts
@@ -453,9 +455,13 @@ def relaunch(state: Any) -> None:
         commits = getattr(state, "_commits", 0)
         fd, path = tempfile.mkstemp(prefix="hvdlite-commit-", suffix=".pickle")
         try:
+            now = time.monotonic()
+            # The blacklist goes along (seconds left; inf for good): a failed host that the
+            # script still lists must not come back with the next start.
+            kept = {"commits": commits, "joined": joined, "state": state.snapshot(), "resets": resets,
+                    "blacklist": {h: until - now for h, until in _world.blacklist.items() if until > now}}
             with os.fdopen(fd, "wb") as f:
-                pickle.dump({"commits": commits, "joined": joined, "state": state.snapshot()}, f,
-                            protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - a full disk, say: go on as we are
             ok = False
             sys.stderr.write(f"hvdlite: cannot keep the last commit in {path} to start again on more hosts "
@@ -481,18 +487,20 @@ def relaunch(state: Any) -> None:
     raise SystemExit(0)
 
 
-def resume(state: Any) -> None:
+def resume(state: Any) -> int:
     """Collective, once per process, before the first sync of a job that ``hvdlite-run``
     started again on more hosts: rank 0 (on the host where the last rank 0 left it)
     loads the last commit into ``state``; the sync that follows gives it to every rank.
-    Every rank raises :class:`ElasticJobError` if it cannot be loaded."""
+    Returns the times the world changed before (0 in a job that did not start again),
+    the same on every rank. Every rank raises :class:`ElasticJobError` if it cannot be
+    loaded."""
     import pickle
     from hvdlite.common.discovery import ENV_RESUME
     spec = os.environ.get(ENV_RESUME)
     if not spec or _world.resume_checked:
-        return
+        return 0
     _world.resume_checked = True
-    error = None
+    error, resets = None, 0
     if basics.rank() == 0:
         host, _, path = spec.partition(":")
         try:
@@ -501,14 +509,18 @@ def resume(state: Any) -> None:
             state.load_snapshot(saved["state"])
             state._commits = saved["commits"]
             _world.resumed = list(saved["joined"])
+            resets = int(saved["resets"])
+            now = time.monotonic()
+            _world.blacklist.update({h: now + left for h, left in saved["blacklist"].items()})
             os.unlink(path)
         except Exception as exc:  # noqa: BLE001 - said on every rank
             error = f"cannot load the last commit from {path} on {host} (this rank 0 runs on {hostname()}): {exc}"
     if basics.size() > 1:
         from hvdlite.common.objects import broadcast_object
-        error = broadcast_object(error, root_rank=0, name="hvdlite.elastic.resume")
+        error, resets = broadcast_object((error, resets), root_rank=0, name="hvdlite.elastic.resume")
     if error:
         raise ElasticJobError(f"elastic training cannot start again on more hosts: {error}")
+    return resets
 
 
 def resumed_pending() -> bool:

@@ -118,3 +118,43 @@ def test_only_states_that_save_what_they_snapshot_can_start_again() -> None:
     other = ObjectState(bcast, lambda: 0, epoch=0, batch=0)
     other.load_snapshot(state.snapshot())
     assert (other.epoch, other.batch) == (3, 5)
+
+
+def test_the_new_rank_0_takes_the_commit_and_the_blacklist(tmp_path, monkeypatch) -> None:
+    """What the last rank 0 left in its file: the state of its last commit, and the
+    hosts still blacklisted (a failed host that the script lists must not come back)."""
+    import pickle
+    import time
+
+    from hvdlite.common import basics
+    from hvdlite.common.elastic import ObjectState
+
+    saved = ObjectState(lambda obj: obj, lambda: 0, epoch=4, batch=16)
+    path = tmp_path / "commit.pickle"
+    path.write_bytes(pickle.dumps({"commits": 9, "joined": ["h3"], "state": saved.snapshot(), "resets": 2,
+                                   "blacklist": {"h2": float("inf"), "h4": 30.0}}))
+    monkeypatch.setenv("HVDLITE_ELASTIC_RESUME", f"h1:{path}")
+    monkeypatch.setattr(basics, "rank", lambda: 0)
+    monkeypatch.setattr(basics, "size", lambda: 1)
+    monkeypatch.setattr(membership._world, "resume_checked", False)
+    monkeypatch.setattr(membership._world, "blacklist", {})
+    state = ObjectState(lambda obj: obj, lambda: 0, epoch=0, batch=0)
+    assert membership.resume(state) == 2
+    assert (state.epoch, state.batch, state._commits) == (4, 16, 9)
+    assert membership.take_resumed() == ["h3"]
+    assert membership._world.blacklist["h2"] == float("inf")
+    assert 25 < membership._world.blacklist["h4"] - time.monotonic() <= 30
+    assert not path.exists()
+    assert membership.resume(state) == 0  # once per process: nothing more to load
+
+
+def test_a_commit_that_cannot_be_loaded_ends_the_job(tmp_path, monkeypatch) -> None:
+    from hvdlite.common import basics
+    from hvdlite.common.elastic import ObjectState
+
+    monkeypatch.setenv("HVDLITE_ELASTIC_RESUME", f"h1:{tmp_path / 'gone.pickle'}")
+    monkeypatch.setattr(basics, "rank", lambda: 0)
+    monkeypatch.setattr(basics, "size", lambda: 1)
+    monkeypatch.setattr(membership._world, "resume_checked", False)
+    with pytest.raises(membership.ElasticJobError, match="cannot load the last commit from .*gone.pickle on h1"):
+        membership.resume(ObjectState(lambda obj: obj, lambda: 0, epoch=0))
