@@ -147,21 +147,8 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
 
 def _stacks(job, host_names: list[str]) -> str:
     """Where each worker of a job that hangs is: every thread's native stack (gdb)."""
-    import shutil
-    import subprocess
-    if shutil.which("gdb") is None:
-        return "(gdb is not installed: no stacks)"
-    parts = []
-    for host in host_names:
-        for pid in job.rank_pids(host):
-            try:
-                bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
-                                    capture_output=True, text=True, timeout=60).stdout
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            lines = [ln for ln in bt.splitlines() if ln.startswith(("#", "Thread"))]
-            parts.append(f"--- {host} pid {pid}\n" + "\n".join(lines))
-    return "\n".join(parts)
+    from tests.launch import stacks_of
+    return stacks_of([pid for host in host_names for pid in job.rank_pids(host)], frames=12)
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,10 +79,15 @@ def _tree(pid: int) -> list[int]:
 def stacks_of_tree(pid: int, frames: int = 14) -> str:
     """The native stack of every thread of every process of a job, as gdb prints it,
     so that a job which timed out says where it was stuck. Empty without gdb."""
+    return stacks_of(_tree(pid), frames)
+
+
+def stacks_of(pids: Iterable[int], frames: int = 14) -> str:
+    """The native stack of every thread of each process ``pids``, as gdb prints it."""
     if shutil.which("gdb") is None:
         return "(gdb is not installed: no stacks)"
     parts = []
-    for p in _tree(pid):
+    for p in pids:
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
                 name = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
