@@ -14,15 +14,17 @@ three hosts:
   the others count it failed;
 * h2's training script deadlocks while hvdlite's thread goes on: past the stall
   shutdown time rank 0 has the launcher end it, and the others go on;
+* every process on h3 is killed (the host dies): mpirun ends the job at once, with an
+  error status, and nothing is left behind (Open MPI 5.0 does not survive a lost daemon);
 * h3's worker leaks memory under a cgroup limit: the kernel's OOM killer ends it, and
   the others go on;
 * h3 appears in the discovery output of a job started on h1 and h2: the job starts
   again on all three from its last commit (Open MPI cannot add a host to a running
   job).
 
-Each time the job ends with status 0, the survivors hold the same parameters, every
-sample of every epoch was trained exactly once, and nothing of the job is left on any
-host a minute after the launcher exits.
+Each time (but the host that dies) the job ends with status 0, the survivors hold the
+same parameters, every sample of every epoch was trained exactly once, and nothing of
+the job is left on any host a minute after the launcher exits.
 
 Needs root (network namespaces); skipped with the reason otherwise."""
 from __future__ import annotations
@@ -280,6 +282,30 @@ def test_a_host_added_to_the_discovery_output_gets_a_worker(hosts: EmulatedHosts
         assert gap <= 10, gap
         assert job.wait_for_no_leftovers(60) == {}
         assert not list(Path(tempfile.gettempdir()).glob("hvdlite-commit-*")), "the commit's file was left"
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_host_that_dies_ends_the_job_with_an_error_and_leaves_nothing(hosts: EmulatedHosts,
+                                                                        tmp_path: Path) -> None:
+    """Every process on h3 is killed, Open MPI's daemon included (the host dies). Open
+    MPI 5.0's mpirun ends the whole job when it loses a daemon: not survived (see the
+    limits in docs/elastic.md), but the job ends by itself at once, with mpirun's error
+    and status (137 here), and nothing is left on any host."""
+    job, out = _elastic_job(hosts, tmp_path)
+    job.start()
+    try:
+        assert job.wait_for_step(30), job.output()
+        t_kill = time.time()
+        job.kill_host("h3")
+        rc = job.wait(timeout=120)
+        assert rc is not None, f"the job did not end\n{job.output(300)}"
+        print(f"host died: the launcher exited {time.time() - t_kill:.1f} s after, status {rc}")
+        assert rc != 0, job.output(300)
+        assert time.time() - t_kill < 30, job.output(300)
+        assert not list(out.glob("*.json")), "a worker reported a finished training"
+        assert job.wait_for_no_leftovers(60) == {}
     finally:
         job.stop()
 
