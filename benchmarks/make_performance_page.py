@@ -207,7 +207,7 @@ class Context:
                 f"{m.get('cores', '?')} cores), {date_of(doc)}, commit {commit_of(doc)}{seconds}{load} "
                 f"(`benchmarks/results/{doc['_file']}`).")
         if doc.get("notes"):
-            line += f" Note: {doc['notes']}"
+            line += f" Note: {doc['notes'].rstrip('.')}."
         return line
 
 
