@@ -118,3 +118,40 @@ def test_handle_raises_the_first_failure_after_waiting_for_the_rest() -> None:
     with pytest.raises(KeyError):
         h.wait()
     assert part.waited == 1 and h.submit_error is None
+
+
+def test_a_request_dropped_while_dropped_requests_are_reaped_does_not_deadlock() -> None:
+    """The cyclic garbage collector runs finalizers at any allocation, also while
+    dropped requests are being reaped before a submission (after a failed step, whose
+    requests nothing waited for, sit in reference cycles): a request finalized there
+    waits for the next reap, where it used to wait for ever on a lock its own thread
+    held, and that worker stopped submitting."""
+    import threading
+
+    from hvdlite.common import handles
+
+    released: list[int] = []
+
+    class Core:
+        def poll(self, hid: int) -> bool:
+            if hid == 1:
+                late = handles.Request(2, 0, "late", keepalive=b"x")
+                del late  # finalized here, as by the garbage collector
+            return True
+
+        def release(self, hid: int) -> None:
+            released.append(hid)
+
+    saved = list(handles._orphans)
+    handles._orphans[:] = [(1, b"y")]
+    try:
+        reaper = threading.Thread(target=handles._reap_orphans, args=(Core(),), daemon=True)
+        reaper.start()
+        reaper.join(10)
+        assert not reaper.is_alive(), "the reap deadlocked"
+        assert released == [1]
+        assert handles._orphans == [(2, b"x")]
+        handles._reap_orphans(Core())
+        assert released == [1, 2] and handles._orphans == []
+    finally:
+        handles._orphans[:] = saved

@@ -100,9 +100,11 @@ class Request:
     def __del__(self) -> None:
         # Dropped before completion: the engine may still write into the memory, so
         # keep it alive until the operation finishes (checked on later submissions).
+        # No lock here: the cyclic garbage collector runs finalizers at any allocation,
+        # in the middle of _reap_orphans too, and a lock taken there would be taken
+        # twice by one thread. One append is atomic under the GIL.
         if not self._done and self._keepalive is not None:
-            with _orphan_lock:
-                _orphans.append((self._id, self._keepalive))
+            _orphans.append((self._id, self._keepalive))
 
 
 def _set_note(process_set: int) -> str:
@@ -145,24 +147,33 @@ class Refusal(Request):
             raise self.error_type(str(exc)) from None
 
 
+# One reaper at a time; finalizers only append (see Request.__del__).
 _orphan_lock = threading.Lock()
 # Changed in place only: the engine's direct path holds this list (see mpi_ops._direct_run).
 _orphans: list[tuple[int, Any]] = []
 
 
 def _reap_orphans(core: Any) -> None:
+    """Release the dropped requests that have finished; keep the others' memory."""
     if not _orphans:  # the common case, checked without the lock
         return
-    with _orphan_lock:
-        if not _orphans:
-            return
+    if not _orphan_lock.acquire(blocking=False):
+        return  # another thread reaps them now (or this one, from a finalizer)
+    try:
+        # Handles dropped meanwhile (a finalizer can run at any allocation here) are
+        # appended behind the ones taken, and wait for the next reap.
+        n = len(_orphans)
+        taken = _orphans[:n]
+        del _orphans[:n]
         keep = []
-        for hid, ka in _orphans:
+        for hid, ka in taken:
             if core.poll(hid):
                 core.release(hid)
             else:
                 keep.append((hid, ka))
-        _orphans[:] = keep
+        _orphans.extend(keep)
+    finally:
+        _orphan_lock.release()
 
 
 class Handle:
