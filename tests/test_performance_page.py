@@ -103,7 +103,7 @@ def test_generator_writes_the_rows_of_its_input(synthetic: Path) -> None:
     # Every table is preceded by its run: command, machine, date, commit, load, file, notes.
     assert ("Measured by `python benchmarks/bench_torch_training.py --rounds 3` on M1 (Test CPU 9000, 2 cores), "
             "2030-01-02 03:04 UTC, commit `abcdef1234`, 42 s, load average 0.50 before and 0.70 after "
-            "(`benchmarks/results/bench_torch_training.json`). Note: load 3: other jobs running") in lines
+            "(`benchmarks/results/bench_torch_training.json`). Note: load 3: other jobs running.") in lines
     assert ("| M1 | Test CPU 9000 | 2 | 8.0 GiB | TestOS 1, kernel 6.0 | 3.11.0 | 2.13.0 | 2.21.0 | 5.0.11 | 4.1.2 |"
             in rows)
     assert "2-core machine shared with other work" in text and "noisy" in text
