@@ -146,9 +146,23 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
 
 
 def _stacks(job, host_names: list[str]) -> str:
-    """Where each worker of a job that hangs is: every thread's native stack (gdb)."""
+    """Where each worker of a job that hangs is: its Python stacks with ``py-spy`` (on
+    PATH, or in $PY_SPY), else every thread's native stack (gdb)."""
+    import shutil
+    import subprocess
     from tests.launch import stacks_of
-    return stacks_of([pid for host in host_names for pid in job.rank_pids(host)], frames=12)
+    pids = [pid for host in host_names for pid in job.rank_pids(host)]
+    spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if spy is None:
+        return stacks_of(pids, frames=12)
+    parts = []
+    for pid in pids:
+        try:
+            parts.append(subprocess.run([spy, "dump", "--locals", "--pid", str(pid)], capture_output=True,
+                                        text=True, timeout=60).stdout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            parts.append(f"--- pid {pid}: py-spy failed: {exc}")
+    return "\n".join(parts)
 
 
 def summarize(rows: list[dict]) -> list[dict]:
