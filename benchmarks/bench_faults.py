@@ -58,6 +58,7 @@ SAMPLES = 480
 
 def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: float) -> dict:
     from tests.elastic.test_elastic import TRAIN, _check_each_sample_trained_once
+    from tests.faults.test_elastic_faults import _longest_gap
     from tests.faults.harness import FaultJob
 
     n = len(hosts.hosts)
@@ -125,11 +126,10 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
                 except AssertionError as exc:
                     problems.append(f"samples: {exc}")
                 if fault == "host joins":  # new processes: the first host's steps, from the output
-                    times = sorted(st.t for st in job.steps if st.host == hosts.hosts[0])
-                    row["longest_gap_s"] = round(max((b - a for a, b in zip(times, times[1:])), default=0.0), 3)
+                    gap = _longest_gap(sorted(st.t for st in job.steps if st.host == hosts.hosts[0]))
                 else:
-                    row["longest_gap_s"] = round(max(max((b - a for a, b in zip(r["completed"], r["completed"][1:])),
-                                                         default=0.0) for r in results), 3)
+                    gap = max(_longest_gap(r["completed"]) for r in results)
+                row["longest_gap_s"] = round(gap, 3)
             left = job.wait_for_no_leftovers(60)
             row["left_behind"] = sum(len(v) for v in left.values())
             if left:

@@ -164,8 +164,8 @@ def _report_recovery(state: State) -> None:
     output, and the survivors synced: one line, from the new rank 0, saying what
     happened and what training goes on with."""
     losses, dismissed, added = membership.take_changes()
-    if not (losses or dismissed or membership.resumed_pending()) or rank() != 0 or not _warnings_shown():
-        membership.take_resumed()
+    joined = membership.take_resumed()
+    if not (losses or dismissed or joined) or rank() != 0 or not _warnings_shown():
         return
 
     def ranks_text(ranks: list[int], before: int) -> str:
@@ -175,7 +175,6 @@ def _report_recovery(state: State) -> None:
               else f"{len(ranks)} worker{'s' * (len(ranks) > 1)} failed" for ranks, before in losses]
     events += [f"{ranks_text(ranks, before)} stopped (the discovery output no longer lists their slot"
                f"{'s' * (len(ranks) > 1)} on {', '.join(hosts)})" for ranks, before, hosts in dismissed]
-    joined = membership.take_resumed()
     if joined:
         events.append(f"the job started again on more hosts ({', '.join(joined)} joined)")
     commits = getattr(state, "_commits", 0)

@@ -194,8 +194,7 @@ def watch_for_stalls() -> None:
     Their deaths then reach the others as failures, and the others go on. Rank 0 may
     ask for its own end: the new rank 0 takes over."""
     global _stall_watch
-    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS
-    if settings() is None or os.environ.get(ENV_LAUNCHER_REQUESTS) != "1" or _stall_watch is not None:
+    if settings() is None or not _launcher_takes_requests() or _stall_watch is not None:
         return
     _stall_watch = threading.Thread(target=_watch_stalls, name="hvdlite-stall-watch", daemon=True)
     _stall_watch.start()
@@ -327,8 +326,7 @@ def plan_new_workers(s: Any, size: int) -> list[str]:
 
 
 def _can_relaunch() -> bool:
-    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS
-    return _world.relaunchable and os.environ.get(ENV_LAUNCHER_REQUESTS) == "1"
+    return _world.relaunchable and _launcher_takes_requests()
 
 
 def _relaunch_needs() -> str:
@@ -443,7 +441,7 @@ def relaunch(state: Any, resets: int) -> None:
     meanwhile."""
     import pickle
     import tempfile
-    from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts
+    from hvdlite.common.discovery import format_hosts
     _world.relaunch_agreed = False
     s = settings()
     plan = _shared(lambda s: plan_relaunch(s, basics.size()), s, "hvdlite.elastic.relaunch")
@@ -476,8 +474,7 @@ def relaunch(state: Any, resets: int) -> None:
             sys.stderr.write(f"hvdlite: the discovery script offers {', '.join(joined)}; the job starts again "
                              f"on {n} workers from commit {commits}\n")
             sys.stderr.flush()
-            sys.stdout.write(f"{LAUNCHER_REQUEST}relaunch hosts={format_hosts(plan)} resume={hostname()}:{path}\n")
-            sys.stdout.flush()
+            _ask_launcher([f"relaunch hosts={format_hosts(plan)} resume={hostname()}:{path}"])
     if basics.size() > 1:
         from hvdlite.common.objects import broadcast_object
         ok = broadcast_object(ok, root_rank=0, name="hvdlite.elastic.relaunch.ok")
@@ -521,10 +518,6 @@ def resume(state: Any) -> int:
     if error:
         raise ElasticJobError(f"elastic training cannot start again on more hosts: {error}")
     return resets
-
-
-def resumed_pending() -> bool:
-    return _world.resumed is not None
 
 
 def take_resumed() -> list[str]:
@@ -657,14 +650,24 @@ def _request_eviction(lost: list[int]) -> None:
     watch). One line per worker on stdout, which the launcher reads and keeps from the
     screen; a process that is gone, or whose pid now belongs to another process, is
     left alone (``hvdlite.runner.evict``)."""
-    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS, LAUNCHER_REQUEST
-    if os.environ.get(ENV_LAUNCHER_REQUESTS) != "1" or basics.rank() != 0:
+    if not _launcher_takes_requests() or basics.rank() != 0:
         return
     hosts, procs = _world.hosts or [], _world.procs or []
-    for r in lost:
-        if r < len(hosts) and r < len(procs) and procs[r] is not None:
-            pid, start = procs[r]
-            sys.stdout.write(f"{LAUNCHER_REQUEST}evict rank={r} host={hosts[r]} pid={pid} start={start}\n")
+    _ask_launcher([f"evict rank={r} host={hosts[r]} pid={procs[r][0]} start={procs[r][1]}"
+                   for r in lost if r < len(hosts) and r < len(procs) and procs[r] is not None])
+
+
+def _launcher_takes_requests() -> bool:
+    """Whether ``hvdlite-run`` reads the ranks' output and acts on rank 0's requests."""
+    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS
+    return os.environ.get(ENV_LAUNCHER_REQUESTS) == "1"
+
+
+def _ask_launcher(requests: list[str]) -> None:
+    """Rank 0: ``requests`` to ``hvdlite-run``, a line each on stdout, which the launcher
+    reads from any host and keeps from the screen (``hvdlite.runner.evict.Requests``)."""
+    from hvdlite.common.discovery import LAUNCHER_REQUEST
+    sys.stdout.write("".join(f"{LAUNCHER_REQUEST}{r}\n" for r in requests))
     sys.stdout.flush()
 
 
@@ -802,11 +805,9 @@ def note_finished() -> None:
     rank = c.rank() if c.is_initialized() else basics.rank_when_shut_down()
     if rank != 0:
         return
-    from hvdlite.common.discovery import ENV_LAUNCHER_REQUESTS, LAUNCHER_REQUEST
-    if os.environ.get(ENV_LAUNCHER_REQUESTS) == "1":
+    if _launcher_takes_requests():
         try:  # reaches hvdlite-run from any host, in the output it reads
-            sys.stdout.write(f"{LAUNCHER_REQUEST}finished\n")
-            sys.stdout.flush()
+            _ask_launcher(["finished"])
         except (OSError, ValueError):
             pass
     try:

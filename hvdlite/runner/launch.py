@@ -70,13 +70,14 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         settings = elastic_settings(config, env_in)
         host_list = list(wait_for_slots(
             settings, config.num_proc,
-            log=lambda line: print(f"{program_name()}: {line}", file=sys.stderr, flush=True)))
+            log=_say))
     # The last world's rank 0 of an elastic job writes here when training ended well.
     # mpirun's own status cannot tell: it counts workers lost along the way (137 for a
     # killed one that joined), and under fault tolerance it is 0 when every worker died.
     status_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-") if config.elastic else None
     status_path = os.path.join(status_dir, "status") if status_dir else None
     resume: str | None = None  # where the last commit waits, when the job starts again
+    live = live_output(config, major, env_in)
     try:
         while True:
             notes: list[str] = []
@@ -85,14 +86,13 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
                 status_file=status_path, resume=resume, notes=notes)
             if resume is None:
                 for note in notes:
-                    print(f"{program_name()}: {note}", file=sys.stderr, flush=True)
+                    _say(note)
             if config.verbose:
                 set_vars = {k: v for k, v in env.items() if env_in.get(k) != v}
                 prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
                 print(f"{program_name()}: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
-            live = live_output(config, major, env_in)
-            requests = Requests(env, lambda text: print(f"{program_name()}: {text}", file=sys.stderr, flush=True))
+            requests = Requests(env, _say)
             try:
                 returncode = _run_mpirun(
                     argv, env, live=live, requests=requests,
@@ -105,21 +105,30 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
             # job starts again on the hosts rank 0 asked for, from that commit.
             host_list, resume = list(requests.relaunch[0]), requests.relaunch[1]
             config = dataclasses.replace(config, num_proc=sum(n for _, n in host_list))
-            print(f"{program_name()}: starting the job again on {format_hosts(host_list)} "
-                  f"({config.num_proc} workers) from its last commit", file=sys.stderr, flush=True)
+            _say(f"starting the job again on {format_hosts(host_list)} ({config.num_proc} workers) "
+                 "from its last commit")
     finally:
-        _read_status(status_dir)  # removes the folder
+        if status_dir is not None:
+            shutil.rmtree(status_dir, ignore_errors=True)
     if returncode != 0 and finished:
-        print(f"{program_name()}: the elastic job finished its training (mpirun reported status "
-              f"{returncode} for workers lost on the way)", file=sys.stderr, flush=True)
+        _say(f"the elastic job finished its training (mpirun reported status {returncode} for workers "
+             "lost on the way)")
         return 0
     if returncode == 0 and config.elastic and not finished and (live or _status_visible(config, env_in, host_list)):
         # Under fault tolerance mpirun reports 0 for workers that died, and for a job
         # it ended itself (a lost daemon): nobody said training finished.
-        print(f"{program_name()}: the elastic job ended without finishing its training: no "
-              "worker reached the end (see the output above)", file=sys.stderr, flush=True)
+        _say("the elastic job ended without finishing its training: no worker reached the end (see "
+             "the output above)")
         return 1
     return returncode
+
+
+def _say(text: str) -> None:
+    """One line from the launcher on stderr (not at all where stderr is gone)."""
+    try:
+        print(f"{program_name()}: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _status_visible(config: LaunchConfig, env: Mapping[str, str],
@@ -137,17 +146,6 @@ def _finished(status_path: str) -> bool:
             return f.read().strip() == "finished"
     except OSError:
         return False
-
-
-def _read_status(status_dir: str | None) -> bool:
-    """Whether an elastic job's last rank 0 wrote that training finished; removes the
-    folder."""
-    if status_dir is None:
-        return False
-    try:
-        return _finished(os.path.join(status_dir, "status"))
-    finally:
-        shutil.rmtree(status_dir, ignore_errors=True)
 
 
 def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
@@ -169,12 +167,6 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
     ``finished``: says whether an elastic job's training finished; mpirun still running
     :data:`FINISH_GRACE_SECONDS` after it does is ended, and the job counts as a success
     (exit status 0)."""
-    def say(text: str) -> None:
-        try:
-            print(f"{program_name()}: {text}", file=sys.stderr, flush=True)
-        except (OSError, ValueError):
-            pass
-
     finish = None
     if live:
         out_r, out_w = os.pipe()
@@ -209,11 +201,11 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
         if len(received) == 1:
             asked_at.append(time.monotonic())
             if signum == signal.SIGINT:
-                say("interrupted, stopping the job (Ctrl-C again to kill it at once)")
+                _say("interrupted, stopping the job (Ctrl-C again to kill it at once)")
             else:
-                say(f"got {signal.Signals(signum).name}, stopping the job")
+                _say(f"got {signal.Signals(signum).name}, stopping the job")
         elif signum == signal.SIGINT:
-            say("killing the job")
+            _say("killing the job")
             kill_job()
             return
         try:
@@ -243,7 +235,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
             except subprocess.TimeoutExpired:
                 pass
             if asked_at and not killed and time.monotonic() - asked_at[0] > STOP_GRACE_SECONDS:
-                say(f"the job did not stop within {STOP_GRACE_SECONDS:g} s; killing it")
+                _say(f"the job did not stop within {STOP_GRACE_SECONDS:g} s; killing it")
                 job.update(process_tree(proc.pid))
                 kill_job()
                 killed = True
@@ -254,7 +246,7 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
                     # A worker the others left behind (stopped, or on a host cut off)
                     # keeps mpirun waiting: stop the job as on SIGTERM, which ends it on
                     # every host mpirun reaches, and kill what is left here after that.
-                    say(f"training finished, but mpirun has not ended {FINISH_GRACE_SECONDS:g} s later "
+                    _say(f"training finished, but mpirun has not ended {FINISH_GRACE_SECONDS:g} s later "
                         "(it waits for workers the job went on without); stopping it")
                     asked_at.append(time.monotonic())
                     job.update(process_tree(proc.pid))
