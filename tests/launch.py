@@ -110,27 +110,18 @@ def run_job(n: int, script: str | Path, *args: str, env: dict[str, str | None] |
     seconds."""
     cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(n), *launcher_args,
            sys.executable, str(script), *args]
-    for attempt in range(2):
-        proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stacks = stacks_of_tree(proc.pid)
-            kill_tree(proc.pid)
-            out, err = proc.communicate()
-            raise AssertionError(f"job timed out after {timeout} s: {' '.join(cmd)}\n"
-                                 f"stdout:\n{out[-6000:]}\nstderr:\n{err[-6000:]}\n"
-                                 f"where each process was:\n{stacks}") from None
-        # Open MPI's launcher occasionally fails to start its own PMIx server (seen once
-        # in CI): no rank ran, so the job is started once more rather than failed.
-        if attempt == 0 and _PMIX_START_FAILED in out + err and not out.strip().startswith(("PASS", "OK")):
-            continue
-        break
+    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stacks = stacks_of_tree(proc.pid)
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"job timed out after {timeout} s: {' '.join(cmd)}\n"
+                             f"stdout:\n{out[-6000:]}\nstderr:\n{err[-6000:]}\n"
+                             f"where each process was:\n{stacks}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-_PMIX_START_FAILED = "The PMIx server's listener thread failed to start"
 
 
 def run_ok(n: int, script: str | Path, *args: str, **kw) -> str:

@@ -31,6 +31,7 @@ from hvdlite.runner.config import LaunchConfig, program_name
 from hvdlite.runner.hosts import elastic_settings, given_hosts, is_local_host, wait_for_slots
 from hvdlite.runner.mpirun import find_mpirun, mpirun_version
 from hvdlite.runner.processes import kill_processes, process_tree
+from hvdlite.runner.session_dirs import remove_stale_session_dirs, session_tmpdir
 
 __all__ = [
     "launch",
@@ -92,6 +93,12 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
                 prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_vars.items()))
                 print(f"{program_name()}: {prefix + ' ' if prefix else ''}{shlex.join(argv)}", flush=True)
 
+            # A killed job's session folder would make the mpirun that gets its process
+            # id fail at start.
+            stale = remove_stale_session_dirs(env)
+            if stale and config.verbose:
+                _say(f"removed {len(stale)} session folder(s) that killed Open MPI processes left in "
+                     f"{session_tmpdir(env)}")
             requests = Requests(env, _say)
             try:
                 returncode = _run_mpirun(
