@@ -199,8 +199,9 @@ def test_a_stopped_worker_is_ended_through_the_launcher(hosts: EmulatedHosts, tm
         t_on = time.time()
         assert job.wait_for(lambda j: not _alive(frozen[0]), 10), job.output(300)
         print(f"stopped worker: ended {time.time() - t_on:+.1f} s from the others' going on")
+        # The launcher says so once the hosts' agent that killed it has returned.
         ended = f"ended the process of rank 1 on h2 (pid {frozen[0]})"
-        assert any(ended in line for _, line in job.lines), job.output(300)
+        assert job.wait_for(lambda j: any(ended in line for _, line in j.lines), 10), job.output(300)
         assert not any("[hvdlite-run request]" in line for _, line in job.lines), "a request reached the screen"
         job.thaw("h2")
         rc = _ended(job)
