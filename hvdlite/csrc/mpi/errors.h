@@ -38,5 +38,12 @@ void CheckMpi(int rc, const std::string& what);
 void Revoke(MPI_Comm comm);
 // The ranks of `comm` known to have failed, in `comm`'s numbering (empty without ULFM).
 std::vector<int> FailedRanks(MPI_Comm comm);
+// Frees `*comm` and sets it to MPI_COMM_NULL; nothing once MPI is finalized. A revoked
+// communicator is kept instead, for the life of the process: freed, its context id
+// would be given to the next communicator made, and a message a peer sent on it just
+// before the failure, still on its way, would be taken in by that new communicator
+// (Open MPI queues messages for a context id it does not know yet), where it uses up
+// the sequence number of the sender's next real message, which is then never received.
+void FreeCommunicator(MPI_Comm* comm);
 
 }  // namespace hvdlite

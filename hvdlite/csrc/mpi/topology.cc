@@ -48,8 +48,7 @@ Topology::~Topology() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // a waiting thread outlived MPI itself; nothing left to free
-  for (MPI_Comm* c : {&cross_, &local_, &world_})
-    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  for (MPI_Comm* c : {&cross_, &local_, &world_}) FreeCommunicator(c);
 }
 
 }  // namespace hvdlite

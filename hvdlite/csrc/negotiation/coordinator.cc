@@ -80,7 +80,10 @@ void Coordinator::AddRequest(const Request& r, int64_t now_us) {
     p.first_us = now_us;
     p.last_warn_us = now_us;
   }
-  if (p.have[r.rank]) return;  // a rank cannot have the same name twice in flight
+  if (p.have[r.rank]) {  // a rank cannot have the same name twice in flight
+    HVD_DEBUG("rank " << r.rank << " sent " << r.name << " again while it was in flight; dropped");
+    return;
+  }
   p.requests[r.rank] = r;
   p.have[r.rank] = 1;
   p.arrival_us[r.rank] = now_us;

@@ -65,7 +65,19 @@ void Negotiator::Close() {
   control_->Reap(true);
 }
 
-void Negotiator::Send(const RequestList& list) { control_->SendToCoordinator(Bytes(Serialize(list))); }
+namespace {
+// The names of a list's requests, for debug logs.
+std::string NamesOf(const std::vector<Request>& requests) {
+  std::string out;
+  for (const Request& r : requests) out += (out.empty() ? "" : ", ") + r.name;
+  return out;
+}
+}  // namespace
+
+void Negotiator::Send(const RequestList& list) {
+  if (!list.requests.empty()) HVD_DEBUG("requests to rank 0: " << NamesOf(list.requests));
+  control_->SendToCoordinator(Bytes(Serialize(list)));
+}
 
 bool Negotiator::Step(bool stop_requested) {
   if (shutdown_.Stopped()) return false;
@@ -232,6 +244,7 @@ bool Negotiator::CoordinatorStep(bool stop_requested) {
     }
     if (shutdown_.Begun()) continue;
     const int64_t t = NowMicros();
+    if (!list.requests.empty()) HVD_DEBUG("requests from rank " << from << ": " << NamesOf(list.requests));
     for (Request& r : list.requests) coordinator_->AddRequest(r, t);
     for (size_t i = 0; i < list.waiting_ids.size(); ++i)
       if (cache_.Has(list.waiting_ids[i]))

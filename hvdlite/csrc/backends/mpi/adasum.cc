@@ -40,8 +40,7 @@ AdasumAllreduce::~AdasumAllreduce() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm& c : levels_)
-    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  for (MPI_Comm& c : levels_) FreeCommunicator(&c);
 }
 
 MPI_Comm AdasumAllreduce::LevelComm(int level) {

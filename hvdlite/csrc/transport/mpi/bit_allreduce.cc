@@ -63,7 +63,7 @@ BitAllreduce::~BitAllreduce() {
     for (MPI_Request& r : s.requests)
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // small: they leave on their own
   sends_.clear();
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  FreeCommunicator(&comm_);
 }
 
 void BitAllreduce::Start(const uint64_t* mine, uint64_t key, const void* payload, int64_t count, DataType dtype) {

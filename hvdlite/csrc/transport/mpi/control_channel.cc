@@ -34,7 +34,7 @@ ControlChannel::~ControlChannel() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   Reap(true);
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  FreeCommunicator(&comm_);
 }
 
 void ControlChannel::Send(int dest, int tag, const Bytes& bytes) {
