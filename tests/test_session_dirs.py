@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -19,10 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _leave_session_dir(base: Path, name: str, pid: int) -> Path:
-    """A session folder as a killed mpirun leaves it: its PMIx rendezvous files."""
+    """A session folder as a killed mpirun leaves it: its PMIx rendezvous files, named
+    after this host."""
     folder = base / f"{name}.{pid}"
     folder.mkdir(exist_ok=True)
-    for file in ("pmix.vm.tool", f"pmix.vm.tool.{pid}", f"pmix.vm.tool.prterun-vm-{pid}@0"):
+    host = socket.gethostname()
+    for file in (f"pmix.{host}.tool", f"pmix.{host}.tool.{pid}", f"pmix.{host}.tool.prterun-{host}-{pid}@0"):
         (folder / file).write_text(f"tcp4://127.0.0.1:1\n5.0\n{pid}\n0:0\nthen\n")
     return folder
 
@@ -78,10 +81,11 @@ def test_another_users_folder_is_left_alone(tmp_path: Path) -> None:
 
 
 def _leave_session_dirs_for_next_pids(base: Path, count: int) -> None:
-    """Stale folders under the next ``count`` process ids (wrapping as the kernel does),
-    so that the next mpirun started gets one of them."""
+    """Stale folders under the next ``count`` process ids the kernel will give (after
+    the last one it gave, wrapping as it does), so that the next mpirun started gets
+    one of them."""
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    pid = os.getpid()
+    pid = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
     for _ in range(count):
         pid = pid + 1 if pid + 1 < pid_max else 300
         _leave_session_dir(base, "ompi", pid)
