@@ -1,5 +1,5 @@
-"""Optimizer-state sharding (ZeRO stage 1): hvdlite's ZeroRedundancyOptimizer against
-PyTorch's own on gloo and against hvdlite's DistributedOptimizer, side by side.
+"""ZeRO: hvdlite's ZeroRedundancyOptimizer at stages 1, 2 and 3 against PyTorch's own
+(stage 1) on gloo and against hvdlite's DistributedOptimizer, side by side.
 
     python benchmarks/bench_zero.py [--ranks 2] [--model mlp] [--rounds 3] [--steps 10]
                                     [--windows 5] [--warmup 5] [--quick] [--json-out F]
@@ -11,6 +11,7 @@ configurations run in the same processes, in turn, ``--rounds`` times (the order
 by one each round, so drift hits all alike):
 
 * ``hvd_zero``: ``hvdlite.torch.ZeroRedundancyOptimizer(params, optimizer_class=Adam)``;
+* ``hvd_zero2``, ``hvd_zero3``: the same at ``stage=2`` and at ``stage=3, model=model``;
 * ``hvd_dist``: ``hvdlite.torch.DistributedOptimizer(Adam)`` (full state on every rank);
 * ``torch_zero``: ``DistributedDataParallel`` (gloo) with
   ``torch.distributed.optim.ZeroRedundancyOptimizer(optimizer_class=Adam)``, PyTorch's
@@ -46,14 +47,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REPO, ResultsRun, add_results_options, load_synthetic_models,  # noqa: E402
                      results_path, run_job_for_result)
 
 BATCH = 64
-CONFIGS = ["hvd_zero", "hvd_dist", "torch_zero", "ddp_adam"]
+CONFIGS = ["hvd_zero", "hvd_zero2", "hvd_zero3", "hvd_dist", "torch_zero", "ddp_adam"]
 
 
 def state_bytes(opt: Any) -> int:
@@ -87,6 +88,12 @@ def worker(args: argparse.Namespace) -> None:
         model = fresh()
         if config == "hvd_zero":
             return model, hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
+        if config == "hvd_zero2":
+            return model, hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4,
+                                                      stage=2)
+        if config == "hvd_zero3":
+            return model, hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4,
+                                                      stage=3, model=model)
         if config == "hvd_dist":
             return model, hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
                                                    named_parameters=model.named_parameters())
@@ -117,6 +124,10 @@ def worker(args: argparse.Namespace) -> None:
     grad_bytes = sum(p.numel() * p.element_size() for p in md.parameters())
     figures["bytes_per_step"] = {
         "hvd_zero": max(hvd.allgather_object(oz.bytes_per_step())),
+        "hvd_zero2": max(hvd.allgather_object(oz.bytes_per_step())),
+        # Stage 3 gathers every parameter twice (forward and backward) instead of once.
+        "hvd_zero3": max(hvd.allgather_object(oz.bytes_per_step() + sum(
+            f.shard * (n - 1) * f.master.element_size() for fs in oz._flats for f in fs))),
         "hvd_dist": int(2 * (n - 1) / n * grad_bytes),
         "ddp_adam": int(2 * (n - 1) / n * grad_bytes),
     }
@@ -157,7 +168,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     f, sps = res["figures"], res["steps_per_s"]
     med = {c: statistics.median(v) for c, v in sps.items()}
     paired = {c: statistics.median(a / b for a, b in zip(sps["hvd_zero"], sps[c])) for c in CONFIGS}
-    print(f"\nZeRO stage 1, {args.ranks} ranks, model {args.model}, Adam, {args.rounds} rounds\n")
+    print(f"\nZeRO, {args.ranks} ranks, model {args.model}, Adam, {args.rounds} rounds\n")
     print("| optimizer | steps/s (median) | rounds | hvd_zero ÷ it (paired) | bytes sent per rank per step |")
     print("| --- | --- | --- | --- | --- |")
     for c in CONFIGS:

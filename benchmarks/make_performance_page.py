@@ -552,8 +552,9 @@ def hosts_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
 
 
 def zero_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
-    out = ["ZeRO stage 1 with Adam on the PyTorch MLP, 2 ranks, all four in the same processes, "
-           "interleaved in rounds: hvdlite's `ZeroRedundancyOptimizer` (`hvd_zero`), "
+    out = ["ZeRO with Adam on the PyTorch MLP, 2 ranks, all six in the same processes, "
+           "interleaved in rounds: hvdlite's `ZeroRedundancyOptimizer` at stage 1 (`hvd_zero`), "
+           "stage 2 (`hvd_zero2`) and stage 3 (`hvd_zero3`), "
            "`DistributedOptimizer(Adam)` with the whole state on every rank (`hvd_dist`), "
            "`DistributedDataParallel` with PyTorch's own `ZeroRedundancyOptimizer` on gloo "
            "(`torch_zero`) and DDP with plain Adam (`ddp_adam`). Steps per second of the median "
@@ -744,7 +745,7 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_torch_training", "PyTorch training against DistributedDataParallel {#pytorch}", torch_section),
     ("bench_tf_training", "TensorFlow training against MultiWorkerMirroredStrategy {#tensorflow}", tf_section),
     ("bench_hosts", "Many hosts, emulated {#many-hosts}", hosts_section),
-    ("bench_zero", "ZeRO stage 1 {#zero}", zero_section),
+    ("bench_zero", "ZeRO stages 1 to 3 {#zero}", zero_section),
     ("bench_onebit", "1-bit Adam and top-k compression {#onebit}", onebit_section),
     ("bench_autotune", "Autotune {#autotune}", autotune_section),
     ("bench_elastic", "Elastic training: time lost when a worker dies or joins {#elastic}", elastic_section),

@@ -221,6 +221,9 @@ class _ZeroHandler(_Handler):
     the new world and loads that state into it."""
 
     def set_value(self, value: Any) -> None:
+        if value.stage == 3:
+            raise ValueError("a ZeroRedundancyOptimizer at stage 3 cannot be kept in a TorchState yet (its "
+                             "parameters are sharded too): use stage 1 or 2 in an elastic job")
         # Not a collective (a joining worker builds its state alone): until the first
         # sync, only this rank's share.
         self.value = value

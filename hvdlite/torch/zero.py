@@ -1,46 +1,50 @@
-"""ZeRO stage 1 on hvdlite's collectives: each rank keeps the optimizer state of a share
-of the parameters (DeepSpeed's optimizer-state sharding), under PyTorch's name and API::
+"""ZeRO stages 1 to 3 on hvdlite's collectives: each rank keeps the optimizer state (at
+stage 2 also the reduced gradients, at stage 3 also the parameters) of one equal shard
+of the parameters, as DeepSpeed does, under PyTorch's name and API::
 
     opt = hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
     loss.backward()
-    opt.step()        # gradients reduced to their owners, owners step, parameters shared
+    opt.step()        # gradients reduced to the shards, each rank steps its shard, parameters shared
 
 It replaces ``DistributedOptimizer`` (it reduces the gradients itself); it is not wrapped
 in one, and no DDP is needed.
 
 How a step runs (``docs/zero.md``):
 
-- *Ownership.* Every parameter belongs to one rank, assigned as PyTorch's
-  ``ZeroRedundancyOptimizer`` does: largest first, each to the rank that owns the fewest
-  elements so far. The local optimizer (:attr:`optim`) holds only the owned parameters,
-  so each rank keeps about 1/N of the optimizer state.
-- *Buckets.* The parameters are cut into buckets of about ``bucket_cap_mb`` (one dtype
-  and device each) in reverse registration order, the order backward produces their
-  gradients. A bucket's flat buffer is laid out by owner: rank 0's parameters, then rank
-  1's, and so on.
+- *Shards.* Each parameter group's trainable parameters of one dtype and device are laid
+  end to end, in the order backward produces their gradients, and the flat buffer is cut
+  into N equal shards (padded to a multiple of :data:`ALIGN` elements); a parameter may
+  span two shards. Rank r's pieces of parameters are views into its shard, and the local
+  optimizer (:attr:`optim`) steps them, so no rank holds more than 1/N of the optimizer
+  state and one alignment unit, however the model's size is spread over its parameters.
+- *Buckets.* Each flat buffer is cut into buckets of about ``bucket_cap_mb``.
 - *Gradients.* When backward has produced every gradient of a bucket (a post-accumulate
-  hook per parameter), the bucket is reduce-scattered to the owners with uneven shares:
-  one alltoall sends each owner its part of the buffer, and the owner sums the N parts
-  it receives (hvdlite's reducescatter, like Horovod's, divides the rows evenly, and
-  owners' shares are not even). This overlaps the rest of backward.
-- *Step.* ``step()`` waits for the buckets, gives the owned parameters their reduced
-  gradients, steps :attr:`optim`, and allgathers each bucket's owned parameters so that
-  every rank has every parameter again.
+  hook per parameter), the bucket is reduce-scattered to the shards: one alltoall sends
+  each rank the part of the bucket in its shard (uneven: a bucket crosses shards
+  anywhere), and the rank sums the N parts it receives. This overlaps the rest of
+  backward. At stage 2 the bucket's full gradients are freed once sent.
+- *Step.* ``step()`` waits for the buckets, gives the pieces their reduced gradients,
+  steps :attr:`optim`, and allgathers each flat buffer's shards so that every rank has
+  every parameter again.
+- *Stage 3.* The parameters are freed once sharded; hooks on each module that holds
+  parameters gather them just before it runs, forward and backward (prefetching the
+  next module), and free them after, as FSDP does; the step updates the shards only.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 import weakref
 from collections import defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import ProcessSet, global_process_set
 from hvdlite.torch.functions import allgather_object, broadcast_object
-from hvdlite.torch.mpi_ops import (Average, Max, Sum, allgather_async, allreduce, allreduce_async,
-                                   alltoall_async, synchronize)
+from hvdlite.torch.mpi_ops import Average, Max, Sum, allgather_async, allreduce, alltoall_async, synchronize
 
 DEFAULT_BUCKET_CAP_MB = 4.0
 _instances: dict[int, int] = defaultdict(int)   # by process set id
@@ -54,48 +58,134 @@ def _next_index(process_set_id: int) -> int:
     return _instances[process_set_id]
 
 
-class _Bucket:
-    """Parameters whose gradients are reduced together, laid out by owner."""
+#: Shards begin at multiples of this many elements.
+ALIGN = 16
+#: Optimizer state that is one number for a whole parameter, never cut into shards.
+_SCALAR_STATE = frozenset({"step", "eta", "mu", "mu_product"})
+#: Optimizers that need whole parameters (or a closure), which shards cannot give them.
+_WHOLE_PARAMETER_OPTIMIZERS = ("LBFGS", "Adafactor", "SparseAdam")
 
-    def __init__(self, params: list[torch.Tensor], owner: dict[torch.Tensor, int], size: int,
-                 name: str) -> None:
+
+class _Piece:
+    """The part of one parameter that falls in this rank's shard of its flat buffer:
+    ``param.view(-1)[lo:hi]``. :attr:`tensor` is a view into the shard, and the local
+    optimizer's parameter."""
+
+    def __init__(self, param: torch.Tensor, lo: int, hi: int, tensor: torch.Tensor) -> None:
+        self.param, self.lo, self.hi, self.tensor = param, lo, hi, tensor
+
+
+class _Flat:
+    """One parameter group's trainable parameters of one dtype and device, laid end to
+    end in backward's order (reverse registration) and cut into ``size`` equal shards of
+    :attr:`shard` elements (a multiple of :data:`ALIGN`; the last shard is padded). A
+    parameter may span two or more shards. :attr:`master` is this rank's shard, in
+    ``master_dtype`` (the parameters' own, or float32 for 16-bit ones at stage 3)."""
+
+    def __init__(self, params: list[torch.Tensor], size: int, rank: int, name: str,
+                 master_dtype: torch.dtype | None = None) -> None:
+        self.params = params
         self.name = name
-        by_rank: list[list[torch.Tensor]] = [[] for _ in range(size)]
+        self.offset: dict[torch.Tensor, int] = {}
+        self.size: dict[torch.Tensor, int] = {}     # elements (the parameter may be freed later)
+        at = 0
         for p in params:
-            by_rank[owner[p]].append(p)
-        self.by_rank = by_rank
-        self.order = [p for ps in by_rank for p in ps]           # the flat buffer's layout
-        self.splits = [sum(p.numel() for p in ps) for ps in by_rank]
-        self.numel = sum(self.splits)
-        self.params = set(params)
+            self.offset[p] = at
+            self.size[p] = p.numel()
+            at += p.numel()
+        self.numel = at
+        self.shard = -(-at // (size * ALIGN)) * ALIGN
         self.dtype, self.device = params[0].dtype, params[0].device
+        self.lo = rank * self.shard                      # this rank's range of the flat buffer
+        self.hi = min(self.lo + self.shard, self.numel)
+        self.master_dtype = master_dtype or self.dtype
+        self.master = torch.zeros(self.shard, dtype=self.master_dtype, device=self.device)
+        self.grad = torch.zeros(self.shard, dtype=self.master_dtype, device=self.device)
+        self.pieces: list[_Piece] = []
+        with torch.no_grad():
+            for p in params:
+                o = self.offset[p]
+                lo, hi = max(o, self.lo), min(o + p.numel(), self.hi)
+                if lo >= hi:
+                    continue
+                t = self.master[lo - self.lo:hi - self.lo]
+                t.copy_(p.detach().reshape(-1)[lo - o:hi - o])
+                t.requires_grad_(True)
+                self.pieces.append(_Piece(p, lo - o, hi - o, t))
+
+    def range_of(self, rank: int) -> tuple[int, int]:
+        lo = rank * self.shard
+        return lo, max(lo, min(lo + self.shard, self.numel))
+
+    def part_of(self, p: torch.Tensor, rank: int) -> tuple[int, int]:
+        """The elements ``[a, b)`` of ``p`` (flattened) in ``rank``'s shard (a == b: none)."""
+        lo, hi = self.range_of(rank)
+        o = self.offset[p]
+        a, b = max(o, lo) - o, min(o + self.size[p], hi) - o
+        return (a, b) if a < b else (0, 0)
+
+
+class _Unit:
+    """Stage 3: the parameters a module holds itself (not its children's), gathered from
+    the shards just before the module runs, forward or backward, and freed after."""
+
+    def __init__(self, module: torch.nn.Module, params: list[torch.Tensor], name: str) -> None:
+        self.module, self.params, self.name = module, params, name
+        self.held = False              # this unit keeps its parameters gathered
+        self.pending: list[Any] = []   # gathers in flight: (flat, params, handle)
+        self.accumulated: set[torch.Tensor] = set()   # gradients produced in this backward
+
+
+class _Bucket:
+    """A run of one flat buffer's parameters whose gradients are reduced together: the
+    elements ``[lo, hi)`` of the flat buffer, split by the shard each falls in."""
+
+    def __init__(self, flat: _Flat, params: list[torch.Tensor], size: int, name: str) -> None:
+        self.flat, self.order, self.name = flat, params, name
+        self.lo = flat.offset[params[0]]
+        self.hi = flat.offset[params[-1]] + flat.size[params[-1]]
+        self.splits = []
+        for r in range(size):
+            a, b = flat.range_of(r)
+            self.splits.append(max(0, min(b, self.hi) - max(a, self.lo)))
+        self.params = set(params)
         self.passes: dict[torch.Tensor, int] = {}   # backward passes seen per parameter
+        self.present: list[bool] | None = None      # which gradients there were, when sent
         self.handle: Any = None
 
 
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):
-    """Optimizer-state sharding (ZeRO stage 1) with PyTorch's API.
+    """Optimizer-state sharding (ZeRO stages 1 to 3) with PyTorch's API.
 
     ``params`` and ``**defaults`` are what ``optimizer_class`` takes; every rank must pass
     the same parameters in the same order. :attr:`optim` is the local optimizer over this
-    rank's share. ``op`` (hvdlite's addition) is ``hvd.Average`` (the default, as
-    ``DistributedOptimizer``) or ``hvd.Sum``. ``bucket_cap_mb`` bounds a bucket's size.
-    ``backward_passes_per_step`` (as ``DistributedOptimizer``'s): the number of backward
-    passes whose gradients are summed locally before they are reduced; a bucket leaves
-    once the last pass has produced its gradients.
+    rank's shard. ``stage`` (hvdlite's addition, DeepSpeed's meaning): 1 shards the
+    optimizer state; 2 also frees each bucket's full gradients once they are sent, so
+    that a rank keeps only its shard's reduced gradients; 3 also shards the parameters of
+    ``model`` (required then), gathering each module's just before it runs (see
+    :meth:`gathered_parameters` for saving them). ``op`` (hvdlite's addition) is
+    ``hvd.Average`` (the default, as ``DistributedOptimizer``) or ``hvd.Sum``.
+    ``bucket_cap_mb`` bounds a bucket's size. ``backward_passes_per_step`` (as
+    ``DistributedOptimizer``'s): the number of backward passes whose gradients are summed
+    locally before they are reduced; a bucket leaves once the last pass has produced its
+    gradients.
     ``process_group`` (or ``process_set``, Horovod's name) is ``None`` for the whole world
     or an hvdlite :class:`~hvdlite.ProcessSet` registered on every rank: the optimizer
     then shards over the set's ranks only, and is built only on them; ``rank``,
     ``world_size`` and the ``to`` of :meth:`consolidate_state_dict` count within the set,
     as PyTorch's do within a process group. ``overlap_with_ddp`` is refused: without DDP
     the gradient reduction already overlaps backward.
-    ``parameters_as_bucket_view`` is accepted and changes nothing."""
+    ``parameters_as_bucket_view`` is accepted and changes nothing.
+
+    The local optimizer steps pieces of parameters, so it must treat each element on its
+    own, as the optimizers of ``torch.optim`` do but ``LBFGS``, ``Adafactor`` and
+    ``SparseAdam`` (refused)."""
 
     def __init__(self, params: Iterable[Any], optimizer_class: type[torch.optim.Optimizer],
                  process_group: Any = None, parameters_as_bucket_view: bool = False,
-                 overlap_with_ddp: bool = False, *, op: int = Average,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, backward_passes_per_step: int = 1,
-                 process_set: Any = None, **defaults: Any) -> None:
+                 overlap_with_ddp: bool = False, *, stage: int = 1, model: torch.nn.Module | None = None,
+                 op: int = Average, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+                 backward_passes_per_step: int = 1, process_set: Any = None, **defaults: Any) -> None:
         if process_group is not None and process_set is not None:
             raise ValueError("pass the ranks to shard over as process_group or as process_set, not both")
         process_set = process_group if process_group is not None else process_set
@@ -114,6 +204,19 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                              "overlaps backward, so no DDP is needed")
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError(f"optimizer_class must be a torch.optim.Optimizer class, not {optimizer_class!r}")
+        if optimizer_class.__name__ in _WHOLE_PARAMETER_OPTIMIZERS:
+            raise ValueError(f"ZeroRedundancyOptimizer cannot shard {optimizer_class.__name__}: it needs whole "
+                             f"parameters (or a closure), and each rank steps pieces of them; use an "
+                             f"optimizer that treats each element on its own (SGD, Adam, AdamW, ...)")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"stage must be 1 (optimizer state sharded), 2 (gradients too) or 3 "
+                             f"(parameters too), not {stage!r}")
+        if stage == 3 and not isinstance(model, torch.nn.Module):
+            raise ValueError("stage 3 gathers each module's parameters just before it runs: pass the "
+                             "model as model=, the torch.nn.Module whose parameters these are")
+        if stage != 3 and model is not None:
+            raise ValueError(f"model= is for stage 3, which shards the parameters; stage {stage} leaves "
+                             f"them whole and needs no model")
         if op not in (Average, Sum):
             raise ValueError("ZeroRedundancyOptimizer reduces gradients with hvd.Average or hvd.Sum")
         if bucket_cap_mb <= 0:
@@ -123,6 +226,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.optimizer_class = optimizer_class
         self.parameters_as_bucket_view = parameters_as_bucket_view
+        self.stage = stage
         self.op = op
         self.bucket_bytes = int(bucket_cap_mb * 1024 * 1024)
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -132,73 +236,77 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         # World ranks of the ranks it shards over (roots of broadcasts are world ranks).
         self._world_ranks = list(process_set.ranks) if process_set is not None else list(range(self.world_size))
         self._index = _next_index(process_set.process_set_id if process_set is not None else 0)
-        self._owner: dict[torch.Tensor, int] = {}
-        self._loads = [0] * self.world_size       # elements owned per rank
         self._hooks: dict[torch.Tensor, Any] = {}
         weakref.finalize(self, lambda hooks: [h.remove() for h in hooks.values()], self._hooks)
+        self._flats: list[list[_Flat]] = []           # per parameter group
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[torch.Tensor, _Bucket] = {}
         self._consolidated: dict[str, Any] | None = None
-        self._reduced = False                     # this step's gradients are with their owners
+        self._reduced = False                     # this step's gradients are in the shards
         self.optim: torch.optim.Optimizer | None = None
-        self._partition(self._all_params())
+        self._flats = [self._flats_of(i) for i in range(len(self.param_groups))]
         self.optim = optimizer_class(self._local_groups(), **defaults)
         self._build_buckets()
+        self._units: list[_Unit] = []
+        if stage == 3:
+            self._shard_model(model)
 
     def _scope(self) -> Any:
         """Inside, ``_ops.current_rank()``/``current_size()`` count within this
         optimizer's ranks (its collectives take ``process_set=`` themselves)."""
         return _ops.process_set_scope(self.process_set)
 
-    # -- partition and buckets -----------------------------------------------------------
+    # -- shards and buckets --------------------------------------------------------------
 
     def _all_params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 
-    def _partition(self, params: list[torch.Tensor]) -> None:
-        """Give each new parameter an owner: largest first, to the least-loaded rank (ties
-        to the lower rank), as PyTorch's ZeroRedundancyOptimizer partitions."""
-        for p in sorted((p for p in params if p not in self._owner), key=lambda p: -p.numel()):
-            r = min(range(self.world_size), key=lambda k: (self._loads[k], k))
-            self._owner[p] = r
-            self._loads[r] += p.numel()
+    def _flats_of(self, group: int) -> list[_Flat]:
+        """Group ``group``'s trainable parameters, one flat buffer per dtype and device,
+        each cut into this optimizer's shards."""
+        by_key: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = defaultdict(list)
+        for p in reversed(self.param_groups[group]["params"]):
+            if p.requires_grad:
+                by_key[(p.dtype, p.device)].append(p)
+        sixteen = (torch.float16, torch.bfloat16)
+        return [_Flat(ps, self.world_size, self.rank, f"zero.{self._index}.flat.{group}.{k}",
+                      torch.float32 if self.stage == 3 and ps[0].dtype in sixteen else None)
+                for k, ps in enumerate(by_key.values())]
 
     def _local_groups(self) -> list[dict[str, Any]]:
-        """Every group of :attr:`param_groups` with only this rank's parameters (a group
-        may be empty here), so that group i of :attr:`optim` is group i of this one."""
+        """Every group of :attr:`param_groups` with this rank's pieces of its parameters
+        (a group may have none here), so that group i of :attr:`optim` is group i of this
+        one."""
         return [{**{k: v for k, v in g.items() if k != "params"},
-                 "params": [p for p in g["params"] if self._owner[p] == self.rank]}
-                for g in self.param_groups]
+                 "params": [piece.tensor for f in flats for piece in f.pieces]}
+                for g, flats in zip(self.param_groups, self._flats)]
+
+    def _pieces(self) -> list[_Piece]:
+        return [piece for flats in self._flats for f in flats for piece in f.pieces]
 
     def _build_buckets(self) -> None:
-        """Buckets of trainable parameters in reverse registration order, one dtype and
-        device each, of at most ``bucket_cap_mb`` (a larger parameter alone)."""
+        """Buckets of at most ``bucket_cap_mb`` (a larger parameter alone), each a run of
+        one flat buffer in backward's order."""
         for b in self._buckets:
             if b.handle is not None:
                 raise RuntimeError("ZeroRedundancyOptimizer: parameter groups changed while gradients "
                                    "were in flight; call step() first")
         self._buckets, self._bucket_of = [], {}
-        open_: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = defaultdict(list)
-        sizes: dict[tuple[torch.dtype, torch.device], int] = defaultdict(int)
-
-        def close(key: tuple[torch.dtype, torch.device]) -> None:
-            if open_[key]:
-                b = _Bucket(open_[key], self._owner, self.world_size,
-                            f"zero.{self._index}.bucket.{len(self._buckets)}")
-                self._buckets.append(b)
-                for p in b.order:   # a list: the same order on every rank (not the set)
-                    self._bucket_of[p] = b
-            open_[key], sizes[key] = [], 0
-
-        for p in reversed([p for p in self._all_params() if p.requires_grad]):
-            key = (p.dtype, p.device)
-            nbytes = p.numel() * p.element_size()
-            if open_[key] and sizes[key] + nbytes > self.bucket_bytes:
-                close(key)
-            open_[key].append(p)
-            sizes[key] += nbytes
-        for key in list(open_):
-            close(key)
+        for flats in self._flats:
+            for f in flats:
+                run: list[torch.Tensor] = []
+                size = 0
+                for p in f.params + [None]:
+                    nbytes = 0 if p is None else f.size[p] * p.element_size()
+                    if run and (p is None or size + nbytes > self.bucket_bytes):
+                        b = _Bucket(f, run, self.world_size, f"zero.{self._index}.bucket.{len(self._buckets)}")
+                        self._buckets.append(b)
+                        for q in run:
+                            self._bucket_of[q] = b
+                        run, size = [], 0
+                    if p is not None:
+                        run.append(p)
+                        size += nbytes
         ref = weakref.ref(self)
         for p in self._bucket_of:
             if p not in self._hooks:
@@ -212,7 +320,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         b = self._bucket_of.get(p)
-        if b is None or self.world_size == 1:
+        if b is None:
             return
         seen = b.passes.get(p, 0) + 1
         if b.handle is not None or self._reduced or seen > self.backward_passes_per_step:
@@ -223,23 +331,31 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         b.passes[p] = seen
         if len(b.passes) == len(b.params) and all(k == self.backward_passes_per_step for k in b.passes.values()):
             self._submit(b)
+        if self.stage == 3:
+            self._gradient_produced(p)
 
     def _submit(self, b: _Bucket) -> None:
-        flat = torch.empty(b.numel, dtype=b.dtype, device=b.device)
-        at = 0
+        flat = torch.empty(b.hi - b.lo, dtype=b.flat.dtype, device=b.flat.device)
         for p in b.order:
-            n = p.numel()
+            at, n = b.flat.offset[p] - b.lo, b.flat.size[p]
             if p.grad is None:      # another rank may have a gradient for it: send zeros
                 flat[at:at + n].zero_()
             else:
                 flat[at:at + n].copy_(p.grad.reshape(-1))
-            at += n
-        b.handle = alltoall_async(flat, splits=b.splits, name=b.name, process_set=self.process_set)
+        b.present = [p.grad is not None for p in b.order]
+        if self.stage >= 2:         # sent: this rank keeps only its shard's reduced gradients
+            for p in b.order:
+                p.grad = None
+        if self.world_size == 1:
+            b.handle = flat
+        else:
+            b.handle = alltoall_async(flat, splits=b.splits, name=b.name, process_set=self.process_set)
 
     def reduce_gradients(self) -> None:
-        """Finish the gradient reduction of this step: afterwards each parameter this rank
-        owns has the average (or sum) over ranks of its gradient. ``step()`` calls it
-        (once a step: after :meth:`clip_grad_norm_` it does nothing)."""
+        """Finish the gradient reduction of this step: afterwards this rank's shard has
+        the average (or sum) over ranks of its elements' gradients, which its pieces of
+        parameters hold as ``.grad``. ``step()`` calls it (once a step: after
+        :meth:`clip_grad_norm_` it does nothing)."""
         if not self._fits_world():
             with self._scope():
                 now = _ops.current_rank(), _ops.current_size()
@@ -247,33 +363,35 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                                f"but this is now rank {now[0]} of {now[1]} (an elastic reset?): its shards "
                                f"no longer fit; in an elastic job keep it in hvd.elastic.TorchState, which "
                                f"shards it again after a reset, or build it again")
-        if self.world_size == 1 or self._reduced:
+        if self._reduced:
             return
-        # As DistributedOptimizer: a parameter no rank has a gradient for keeps grad None
-        # (so the optimizer leaves it alone); every rank says which gradients it has.
-        params = list(self._bucket_of)
-        flags = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8)
-        flag_handle = allreduce_async(flags, name=f"zero.{self._index}.has_grad.{len(params)}", op=Max,
-                                      process_set=self.process_set)
         for b in self._buckets:
             if b.handle is None:    # some gradient never came (an unused parameter): the rest now
                 self._submit(b)
-        present = {p for p, f in zip(params, synchronize(flag_handle).tolist()) if f}
-        mine = self.rank
+        # As DistributedOptimizer: a parameter no rank has a gradient for keeps grad None
+        # (so the optimizer leaves it alone); every rank says which gradients it had.
+        params = [p for b in self._buckets for p in b.order]
+        mine = torch.tensor([f for b in self._buckets for f in b.present], dtype=torch.uint8)
+        if self.world_size > 1:
+            mine = allreduce(mine, name=f"zero.{self._index}.has_grad.{len(params)}", op=Max,
+                             process_set=self.process_set)
+        present = {p for p, f in zip(params, mine.tolist()) if f}
         for b in self._buckets:
-            out, _ = synchronize(b.handle)
-            b.handle, b.passes = None, {}
-            n = b.splits[mine]
+            out = b.handle if self.world_size == 1 else synchronize(b.handle)[0]
+            b.handle, b.passes, b.present = None, {}, None
+            n = b.splits[self.rank]
             if n == 0:
                 continue
-            reduced = out.view(self.world_size, n).sum(0)
-            if self.op == Average:
+            reduced = out.view(self.world_size, n).sum(0) if self.world_size > 1 else out
+            if self.op == Average and self.world_size > 1:
                 reduced.div_(self.world_size)
-            at = 0
-            for p in b.by_rank[mine]:
-                k = p.numel()
-                p.grad = reduced[at:at + k].view_as(p) if p in present else None
-                at += k
+            start = max(b.lo, b.flat.lo)
+            b.flat.grad[start - b.flat.lo:start - b.flat.lo + n].copy_(reduced)
+        for f in (f for flats in self._flats for f in flats):
+            for piece in f.pieces:
+                o = f.offset[piece.param] + piece.lo - f.lo
+                piece.tensor.grad = (f.grad[o:o + piece.hi - piece.lo]
+                                     if piece.param in present else None)
         self._reduced = True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
@@ -281,16 +399,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """Clip the gradients by their norm over the whole model, as
         ``torch.nn.utils.clip_grad_norm_(model.parameters(), ...)`` would on the averaged
         gradients (FairScale's sharded optimizer has the same method). Call it between
-        backward and ``step()`` on every rank. It reduces the gradients to their owners
-        first (``step()`` then does not again); each rank takes the norm of its own
-        parameters' gradients, one allreduce combines the ranks' parts, and the owned
-        gradients are scaled. Returns the total norm, the same on every rank.
+        backward and ``step()`` on every rank. It reduces the gradients to the shards
+        first (``step()`` then does not again); each rank takes the norm of its shard's
+        gradients, one allreduce combines the ranks' parts, and the shards' gradients are
+        scaled. Returns the total norm, the same on every rank.
 
-        ``torch.nn.utils.clip_grad_norm_`` itself would see other owners' gradients
-        unreduced: use this method instead."""
+        ``torch.nn.utils.clip_grad_norm_`` itself would see the local, unreduced
+        gradients (or none, at stage 2): use this method instead."""
         self.reduce_gradients()
         norm_type = float(norm_type)
-        grads = [p.grad for p in self._all_params() if self._owner[p] == self.rank and p.grad is not None]
+        grads = [piece.tensor.grad for piece in self._pieces() if piece.tensor.grad is not None]
         if norm_type == float("inf"):
             local = max((g.detach().abs().max().double() for g in grads), default=torch.zeros((), dtype=torch.float64))
             total = allreduce(local.reshape(1).cpu(), op=Max, name=f"zero.{self._index}.grad_norm",
@@ -307,7 +425,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         coef = min(1.0, float(max_norm) / (float(total) + 1e-6))
         for g in grads:
             g.detach().mul_(coef)
-        return total.to(grads[0].dtype if grads else torch.float32)
+        dtypes = [f.dtype for flats in self._flats for f in flats]
+        return total.to(dtypes[0] if dtypes else torch.float32)
 
     # -- step ----------------------------------------------------------------------------
 
@@ -318,40 +437,49 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                     d[k] = v
 
     @torch.no_grad()
-    def _share_parameters(self) -> None:
-        """Allgather each bucket's owned parameters so every rank has all of them."""
-        if self.world_size == 1:
+    def _take_parameters(self) -> None:
+        """Copy the parameters' current values into this rank's pieces: what the model
+        holds may have changed since the last step (a broadcast from rank 0, a loaded
+        checkpoint). Not at stage 3, where the shards are the parameters."""
+        if self.stage == 3:
             return
-        pending = []
-        for b in self._buckets:
-            mine = b.by_rank[self.rank]
-            part = (torch.cat([p.detach().reshape(-1) for p in mine]) if mine
-                    else torch.empty(0, dtype=b.dtype, device=b.device))
-            pending.append((b, allgather_async(part, name=b.name + ".params", process_set=self.process_set)))
-        for b, h in pending:
-            full = synchronize(h)
-            at = 0
-            for r, ps in enumerate(b.by_rank):
-                for p in ps:
-                    k = p.numel()
-                    if r != self.rank:
-                        p.copy_(full[at:at + k].view_as(p))
-                    at += k
+        for piece in self._pieces():
+            piece.tensor.copy_(piece.param.detach().reshape(-1)[piece.lo:piece.hi])
+
+    @torch.no_grad()
+    def _share_parameters(self) -> None:
+        """Allgather every flat buffer's shards so every rank has all the parameters (not
+        at stage 3: each module gathers its own when it runs)."""
+        if self.stage == 3:
+            return
+        flats = [f for fs in self._flats for f in fs]
+        pending = [(f, f.master if self.world_size == 1 else
+                    allgather_async(f.master, name=f.name + ".params", process_set=self.process_set))
+                   for f in flats]
+        for f, h in pending:
+            full = h if self.world_size == 1 else synchronize(h)
+            for p in f.params:
+                o = f.offset[p]
+                p.copy_(full[o:o + p.numel()].view_as(p))
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Reduce the gradients to their owners, step :attr:`optim` on this rank's share,
+        """Reduce the gradients to the shards, step :attr:`optim` on this rank's shard,
         and share the updated parameters with every rank. A ``closure`` is evaluated once,
-        before the reduction (so optimizers that re-evaluate it, such as LBFGS, are not
-        supported)."""
+        before the reduction."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self.reduce_gradients()
+        if self.stage == 3:
+            self._drop_prefetched()
+        self._take_parameters()
         self._sync_groups(self.param_groups, self.optim.param_groups)  # e.g. an LR scheduler's lr
         self.optim.step()
         self._sync_groups(self.optim.param_groups, self.param_groups)
         self._share_parameters()
+        for piece in self._pieces():
+            piece.tensor.grad = None
         self._reduced = False
         return loss
 
@@ -367,33 +495,67 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 p.grad.zero_()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group (on every rank alike): its parameters get owners, this rank's share
-        joins :attr:`optim`, and the buckets are laid out again."""
+        """Add a group (on every rank alike): its parameters get flat buffers cut into
+        shards, this rank's pieces join :attr:`optim`, and the buckets are laid out again."""
+        if getattr(self, "optim", None) is not None and self.stage == 3:
+            raise ValueError("stage 3 shards the model's parameters when the optimizer is made: give every "
+                             "parameter group to the constructor")
         super().add_param_group(param_group)
         if getattr(self, "optim", None) is None:  # from Optimizer.__init__: set up later
             return
-        self._partition(self.param_groups[-1]["params"])
+        self._flats.append(self._flats_of(len(self.param_groups) - 1))
         self.optim.add_param_group(self._local_groups()[-1])
         self._build_buckets()
 
     # -- state ---------------------------------------------------------------------------
+    #
+    # A state dict is always the whole optimizer's, in ``optimizer_class``'s own format
+    # (the state of each parameter, numbered over all groups), whatever the shards: each
+    # rank's share is its pieces' state, and a piece's elementwise state is the slice of
+    # the whole parameter's.
+
+    def _full_shape(self, p: torch.Tensor) -> torch.Size:
+        """``p``'s shape, also while stage 3 has freed it."""
+        return self._shapes[p] if self.stage == 3 and p in self._shapes else p.shape
 
     def _global_index(self) -> dict[torch.Tensor, int]:
         return {p: i for i, p in enumerate(self._all_params())}
 
-    def _my_share(self) -> tuple[dict[int, Any], list[dict[str, Any]]]:
-        """This rank's state by global parameter number, and :attr:`optim`'s groups."""
+    def _my_share(self) -> tuple[dict[int, list[tuple[int, int, dict[str, Any]]]], list[dict[str, Any]]]:
+        """This rank's state by global parameter number: ``(lo, hi, state)`` per piece;
+        and :attr:`optim`'s groups."""
         index = self._global_index()
         local = self.optim.state_dict()
-        local_params = [p for g in self.optim.param_groups for p in g["params"]]
-        return {index[local_params[k]]: v for k, v in local["state"].items()}, local["param_groups"]
+        pieces = self._pieces()
+        share: dict[int, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+        for k, st in local["state"].items():
+            piece = pieces[k]
+            share[index[piece.param]].append((piece.lo, piece.hi, st))
+        return dict(share), local["param_groups"]
 
-    def _whole(self, state: dict[int, Any], local_groups: list[dict[str, Any]]) -> dict[str, Any]:
-        """A whole state dict from every share's state and this rank's groups."""
+    def _whole(self, shares: list[dict[int, list[tuple[int, int, dict[str, Any]]]]],
+               local_groups: list[dict[str, Any]]) -> dict[str, Any]:
+        """A whole state dict from every rank's share and this rank's groups."""
+        params = self._all_params()
+        pieces: dict[int, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+        for share in shares:
+            for i, ps in share.items():
+                pieces[i].extend(ps)
+        state: dict[int, Any] = {}
+        for i, ps in sorted(pieces.items()):
+            ps.sort(key=lambda t: t[0])
+            p = params[i]
+            whole: dict[str, Any] = {}
+            for key, v in ps[0][2].items():
+                if key not in _SCALAR_STATE and torch.is_tensor(v) and v.dim() == 1 and v.numel() == ps[0][1] - ps[0][0]:
+                    whole[key] = torch.cat([st[key].reshape(-1) for _, _, st in ps]).view(self._full_shape(p))
+                else:
+                    whole[key] = v
+            state[i] = whole
         index = self._global_index()
         groups = [{**{k: v for k, v in lg.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
                   for g, lg in zip(self.param_groups, local_groups)]
-        return {"state": dict(sorted(state.items())), "param_groups": groups}
+        return {"state": state, "param_groups": groups}
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collect the whole optimizer state on rank ``to`` (a collective: every rank
@@ -405,13 +567,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise ValueError(f"consolidate_state_dict: to={to} is not a rank of the {self.world_size} "
                              f"this optimizer shards over")
         mine, local_groups = self._my_share()
-        state: dict[int, Any] = {}
+        shares = []
         for r in range(self.world_size):
             got = broadcast_object(mine if r == self.rank else None, root_rank=self._world_ranks[r],
                                    name=f"zero.{self._index}.consolidate.{r}", process_set=self.process_set)
-            if self.rank == to:     # a snapshot: its own share is copied, not the live state
-                state.update(copy.deepcopy(got) if r == to else got)
-        self._consolidated = self._whole(state, local_groups) if self.rank == to else None
+            if self.rank == to:
+                shares.append(got)
+        self._consolidated = copy.deepcopy(self._whole(shares, local_groups)) if self.rank == to else None
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state, in ``optimizer_class``'s own format with parameters
@@ -424,21 +586,34 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a whole state (from :meth:`state_dict`, or from ``optimizer_class``'s own
-        ``state_dict()`` over the same parameters): this rank keeps its share."""
+        ``state_dict()`` over the same parameters, such as a checkpoint of
+        ``DistributedOptimizer`` or of this optimizer when it gave each rank whole
+        parameters): this rank keeps the state of its pieces."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(sg["params"]) != len(g["params"]) for sg, g in zip(groups, self.param_groups)):
             raise ValueError("the state dict's parameter groups do not match this optimizer's")
         saved_ids = [sid for sg in groups for sid in sg["params"]]
         ids = dict(zip(saved_ids, self._all_params()))
-        local_params = [p for g in self.optim.param_groups for p in g["params"]]
-        local_of = {p: k for k, p in enumerate(local_params)}
-        local_state = {local_of[ids[sid]]: v for sid, v in state_dict["state"].items()
-                       if self._owner[ids[sid]] == self.rank}
+        saved = {ids[sid]: st for sid, st in state_dict["state"].items()}
+        local_state = {}
+        for k, piece in enumerate(self._pieces()):
+            st = saved.get(piece.param)
+            if st is None:
+                continue
+            shape = self._full_shape(piece.param)
+            local_state[k] = {
+                key: (v.reshape(-1)[piece.lo:piece.hi].clone()
+                      if key not in _SCALAR_STATE and torch.is_tensor(v) and v.shape == shape and
+                      (v.dim() > 0 or len(shape) == 0)
+                      else v.clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                for key, v in st.items()}
         local_groups = []
+        at = 0
         for sg, lg in zip(groups, self.optim.param_groups):
             local_groups.append({**{k: v for k, v in sg.items() if k != "params"},
-                                 "params": [local_of[p] for p in lg["params"]]})
+                                 "params": list(range(at, at + len(lg["params"])))})
+            at += len(lg["params"])
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self._sync_groups(self.optim.param_groups, self.param_groups)
 
@@ -454,35 +629,261 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         every rank's share goes to all). What an elastic commit keeps, so that a lost
         rank's share survives on the others."""
         mine, local_groups = self._my_share()
-        mine = {k: {n: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-                    for n, v in st.items()} for k, st in mine.items()}
-        state: dict[int, Any] = {}
-        for share in allgather_object(mine, name=f"zero.{self._index}.gather", process_set=self.process_set):
-            state.update(share)
-        return self._whole(state, local_groups)
+        mine = {i: [(lo, hi, {n: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                              for n, v in st.items()}) for lo, hi, st in ps] for i, ps in mine.items()}
+        shares = allgather_object(mine, name=f"zero.{self._index}.gather", process_set=self.process_set)
+        return self._whole(shares, local_groups)
 
     def _reshard(self) -> None:
-        """Shard again over the ranks there are now (after an elastic reset): new owners,
-        a new :attr:`optim` with no state (the caller loads the whole state next), new
-        buckets. The same local work on every rank; gradients in flight in the old world
-        are dropped."""
+        """Shard again over the ranks there are now (after an elastic reset): new shards
+        of the parameters as they are, a new :attr:`optim` with no state (the caller
+        loads the whole state next), new buckets. The same local work on every rank;
+        gradients in flight in the old world are dropped."""
         for b in self._buckets:
             b.handle = None
+        if self.stage == 3:
+            raise RuntimeError("a ZeroRedundancyOptimizer at stage 3 cannot follow an elastic reset yet: "
+                               "use stage 1 or 2 in an elastic job")
         if self.process_set is not None:
             if not self._fits_world():
                 raise RuntimeError("a ZeroRedundancyOptimizer over a process set cannot follow an elastic "
                                    "reset that changed the set: build it again after the reset")
-            self._build_buckets()
-            self._reduced = False
-            return
-        self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
-        self._world_ranks = list(range(self.world_size))
-        self._owner, self._loads = {}, [0] * self.world_size
-        self._partition(self._all_params())
+        else:
+            self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
+            self._world_ranks = list(range(self.world_size))
+        self._flats = [self._flats_of(i) for i in range(len(self.param_groups))]
         self.optim = self.optimizer_class(self._local_groups(), **self.defaults)
         self._build_buckets()
         self._consolidated = None
         self._reduced = False
+
+    # -- stage 3: each module's parameters gathered while it runs ------------------------
+
+    def _shard_model(self, model: torch.nn.Module) -> None:
+        """Stage 3: a unit per module that holds parameters of this optimizer, hooks that
+        gather a unit's parameters before the module runs (forward, and backward through
+        hooks on its outputs) and free them after, and every parameter freed now: between
+        uses a rank keeps only its shard."""
+        self._flat_of = {p: f for fs in self._flats for f in fs for p in f.params}
+        self._shapes = {p: p.shape for p in self._flat_of}
+        self._holders: dict[torch.Tensor, int] = defaultdict(int)   # units holding each parameter
+        self._unit_of: dict[torch.nn.Module, _Unit] = {}
+        self._units_of: dict[torch.Tensor, list[_Unit]] = defaultdict(list)
+        self._order: dict[_Unit, int] = {}      # the order of the first forward
+        self._in_backward = False
+        self._backward_seen = False             # the order is known
+        for m in model.modules():
+            ps = [p for p in m.parameters(recurse=False) if p in self._flat_of]
+            if not ps:
+                continue
+            u = _Unit(m, ps, f"zero.{self._index}.unit.{len(self._units)}")
+            self._units.append(u)
+            self._unit_of[m] = u
+            for p in ps:
+                self._units_of[p].append(u)
+        outside = [i for i, p in enumerate(self._all_params()) if p in self._flat_of and not self._units_of[p]]
+        if outside:
+            raise ValueError(f"stage 3: parameters {outside} (numbered over the groups) are not parameters of "
+                             f"the model given as model=; give the model that holds them")
+        ref = weakref.ref(self)
+
+        def before(module: torch.nn.Module, args: Any) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._before_forward(module)
+
+        def after(module: torch.nn.Module, args: Any, output: Any) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._after_forward(module, output)
+
+        handles = []
+        for m in self._unit_of:
+            handles.append(m.register_forward_pre_hook(before))
+            handles.append(m.register_forward_hook(after))
+        weakref.finalize(self, lambda hs: [h.remove() for h in hs], handles)
+        for p in self._flat_of:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def _before_forward(self, module: torch.nn.Module) -> None:
+        u = self._unit_of[module]
+        if not self._backward_seen and u not in self._order:
+            self._order[u] = len(self._order)
+        self._gather(u)
+        self._prefetch(u, +1)
+
+    def _after_forward(self, module: torch.nn.Module, output: Any) -> None:
+        u = self._unit_of[module]
+        if torch.is_grad_enabled():
+            from torch.utils._pytree import tree_flatten
+            ref = weakref.ref(self)
+
+            def before_backward(grad: torch.Tensor) -> None:
+                opt = ref()
+                if opt is not None:
+                    opt._before_backward(u)
+
+            for t in tree_flatten(output)[0]:
+                if torch.is_tensor(t) and t.requires_grad:
+                    t.register_hook(before_backward)
+        self._release(u)
+
+    def _before_backward(self, u: _Unit) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            self._backward_seen = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+        if u.held:
+            return
+        self._gather(u)
+        u.accumulated = set()
+        self._prefetch(u, -1)
+
+    def _gradient_produced(self, p: torch.Tensor) -> None:
+        """A parameter's gradient is in: a unit whose every gradient is in frees its
+        parameters (backward no longer needs them)."""
+        for u in self._units_of.get(p, ()):
+            if u.held and self._in_backward:
+                u.accumulated.add(p)
+                if len(u.accumulated) == len(u.params):
+                    self._release(u)
+
+    def _after_backward(self) -> None:
+        self._in_backward = False
+        self._drop_prefetched()
+        for u in self._units:
+            self._release(u)
+            u.accumulated = set()
+
+    def _drop_prefetched(self) -> None:
+        """Gathers started for a unit that did not run: their values may be older than
+        the next step's."""
+        for u in self._units:
+            for _, _, handle in u.pending:
+                synchronize(handle)
+            u.pending = []
+
+    def _prefetch(self, u: _Unit, step: int) -> None:
+        at = self._order.get(u)
+        if at is None:
+            return
+        for nxt, k in self._order.items():
+            if k == at + step:
+                self._start_gather(nxt)
+                return
+
+    def _start_gather(self, u: _Unit) -> None:
+        """Start the allgathers of unit ``u``'s parameters: each rank sends the parts of
+        them in its shard (cast to the parameters' dtype)."""
+        if u.held or u.pending:
+            return
+        by_flat: dict[int, list[torch.Tensor]] = defaultdict(list)
+        flats = {}
+        for p in u.params:
+            f = self._flat_of[p]
+            by_flat[id(f)].append(p)
+            flats[id(f)] = f
+        for k, (key, ps) in enumerate(by_flat.items()):
+            f = flats[key]
+            ps.sort(key=lambda q: f.offset[q])
+            parts = []
+            for p in ps:
+                a, b = f.part_of(p, self.rank)
+                if b > a:
+                    o = f.offset[p] - f.lo
+                    parts.append(f.master[o + a:o + b])
+            mine = (torch.cat(parts) if parts else f.master[:0]).to(f.dtype)
+            u.pending.append((f, ps, allgather_async(mine, name=f"{u.name}.{k}", process_set=self.process_set)))
+
+    @torch.no_grad()
+    def _gather(self, u: _Unit) -> None:
+        """Unit ``u``'s parameters whole on this rank until :meth:`_release`."""
+        if u.held:
+            return
+        self._start_gather(u)
+        for f, ps, handle in u.pending:
+            out = synchronize(handle)
+            fulls = {p: torch.empty(math.prod(self._shapes[p]), dtype=f.dtype, device=f.device)
+                     for p in ps if self._holders[p] == 0}
+            at = 0
+            for r in range(self.world_size):
+                for p in ps:
+                    a, b = f.part_of(p, r)
+                    if p in fulls:
+                        fulls[p][a:b] = out[at:at + b - a]
+                    at += b - a
+            for p, full in fulls.items():
+                p.data = full.view(self._shapes[p])
+        u.pending = []
+        u.held = True
+        for p in u.params:
+            self._holders[p] += 1
+
+    def _release(self, u: _Unit) -> None:
+        if not u.held:
+            return
+        u.held = False
+        for p in u.params:
+            self._holders[p] -= 1
+            if self._holders[p] == 0:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    @contextlib.contextmanager
+    def gathered_parameters(self, modify: bool = False) -> Iterator[None]:
+        """Inside, every parameter is whole on every rank, as it is at stages 1 and 2
+        (a collective: every rank enters it). For ``torch.save(model.state_dict())``, an
+        evaluation outside the model's forward, or a loaded checkpoint: with
+        ``modify=True`` what the parameters hold at the end goes back into the shards.
+        Nothing is gathered at stages 1 and 2."""
+        if self.stage != 3:
+            yield
+            return
+        units = [u for u in self._units if not u.held]
+        for u in units:
+            self._start_gather(u)
+        for u in units:
+            self._gather(u)
+        try:
+            yield
+        finally:
+            if modify:
+                with torch.no_grad():
+                    for f in (f for fs in self._flats for f in fs):
+                        for p in f.params:
+                            a, b = f.part_of(p, self.rank)
+                            if b > a:
+                                o = f.offset[p] - f.lo
+                                f.master[o + a:o + b].copy_(p.detach().reshape(-1)[a:b])
+            for u in units:
+                self._release(u)
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """This rank's shards and its local optimizer's state, as they are (no
+        collective): quick to save, one file per rank, and loaded by
+        :meth:`load_sharded_state_dict` on the same number of ranks."""
+        return {"world_size": self.world_size, "rank": self.rank, "stage": self.stage,
+                "shards": [f.master.detach().clone() for fs in self._flats for f in fs],
+                "optim": copy.deepcopy(self.optim.state_dict())}
+
+    @torch.no_grad()
+    def load_sharded_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load what :meth:`sharded_state_dict` returned on the rank of the same number,
+        with as many ranks: the shards (at stage 3 the parameters; at stages 1 and 2 the
+        parameters are the model's, loaded with it) and the optimizer state."""
+        flats = [f for fs in self._flats for f in fs]
+        if (state_dict.get("world_size"), state_dict.get("rank")) != (self.world_size, self.rank):
+            raise ValueError(f"a sharded state dict of rank {state_dict.get('rank')} of "
+                             f"{state_dict.get('world_size')} cannot load into rank {self.rank} of "
+                             f"{self.world_size}: load it with as many ranks, or save the whole state "
+                             f"(consolidate_state_dict) instead")
+        shards = state_dict["shards"]
+        if len(shards) != len(flats) or any(s.numel() != f.master.numel() for s, f in zip(shards, flats)):
+            raise ValueError("the sharded state dict's shards do not match this optimizer's parameters")
+        if self.stage == 3:
+            for s, f in zip(shards, flats):
+                f.master.copy_(s)
+        self.optim.load_state_dict(state_dict["optim"])
+        self._sync_groups(self.optim.param_groups, self.param_groups)
 
     # -- figures -------------------------------------------------------------------------
 
@@ -492,16 +893,20 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                    for v in s.values() if isinstance(v, torch.Tensor))
 
     def bytes_per_step(self) -> int:
-        """Bytes this rank sends in a step: every other owner's part of each bucket's
-        gradients, and its own parameters to every other rank."""
+        """Bytes this rank sends in a step: the other shards' parts of each bucket's
+        gradients, and its own shard of each flat buffer to every other rank (twice at
+        stage 3, which gathers the parameters for forward and again for backward)."""
         n = self.world_size
         if n == 1:
             return 0
         total = 0
         for b in self._buckets:
-            es = torch.empty(0, dtype=b.dtype).element_size()
-            total += (b.numel - b.splits[self.rank]) * es + b.splits[self.rank] * (n - 1) * es
+            total += (b.hi - b.lo - b.splits[self.rank]) * b.flat.master.element_size()
+        gathers = 2 if self.stage == 3 else 1
+        for f in (f for fs in self._flats for f in fs):
+            total += gathers * f.shard * (n - 1) * torch.empty(0, dtype=f.dtype).element_size()
         return total
 
     def __repr__(self) -> str:
-        return f"ZeroRedundancyOptimizer({self.optimizer_class.__name__}, rank {self.rank} of {self.world_size})"
+        return (f"ZeroRedundancyOptimizer({self.optimizer_class.__name__}, stage {self.stage}, "
+                f"rank {self.rank} of {self.world_size})")

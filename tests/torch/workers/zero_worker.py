@@ -8,10 +8,13 @@ a group added mid-training, and the errors. Prints ``PASS <case> rank <r>``.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
 import hvdlite.torch as hvd
+from hvdlite.torch.zero import ALIGN
 from _wcommon import case, run_cases
 
 TOL = 1e-5
@@ -62,10 +65,10 @@ def max_diff(m1: torch.nn.Module, m2: torch.nn.Module) -> float:
     return max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters()))
 
 
-def pair(optimizer_class, op=hvd.Average, backward_passes_per_step=1, **kw):
-    """(model, ZeRO), (model, DistributedOptimizer) from the same start."""
+def pair(optimizer_class, op=hvd.Average, backward_passes_per_step=1, stage=1, **kw):
+    """(model, ZeRO at ``stage``), (model, DistributedOptimizer) from the same start."""
     mz, md = Net(), Net()
-    oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=optimizer_class, op=op,
+    oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=optimizer_class, op=op, stage=stage,
                                      bucket_cap_mb=0.004, backward_passes_per_step=backward_passes_per_step, **kw)
     od = hvd.DistributedOptimizer(optimizer_class(groups(md), **kw), named_parameters=md.named_parameters(),
                                   op=op, backward_passes_per_step=backward_passes_per_step)
@@ -160,25 +163,213 @@ def accumulation_over_backward_passes_matches() -> None:
     oz.step()
 
 
+def _adam_state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+               if torch.is_tensor(v) and v.dim() > 0)
+
+
 @case
-def shards_are_balanced_and_disjoint() -> None:
+def shards_are_even_and_disjoint() -> None:
+    """Layers of equal size, and a model whose embedding (tied to the output layer) is
+    most of its parameters: each rank's Adam state is at most 1/N of the whole plus one
+    alignment unit, the shards cover every element once, and the step equals Adam's."""
     n = hvd.size()
     torch.manual_seed(1)
     layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(12)])
-    oz = hvd.ZeroRedundancyOptimizer(layers.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
-    full = torch.optim.Adam(layers.parameters(), lr=1e-3)
-    layers(torch.randn(4, 64)).sum().backward()
-    oz.step()
-    full.step()
-    owned = [p for g in oz.optim.param_groups for p in g["params"]]
-    index = {p: i for i, p in enumerate(layers.parameters())}
-    everyone = hvd.allgather_object(sorted(index[p] for p in owned))
-    flat = sorted(i for ids in everyone for i in ids)
-    assert flat == list(range(len(index))), everyone            # each parameter has one owner
-    share = max(hvd.allgather_object(oz.state_bytes())) / sum(
-        v.numel() * v.element_size() for s in full.state.values() for v in s.values() if torch.is_tensor(v))
-    assert share <= 1 / n + 0.05, share                          # 0.55 of the state on 2 ranks
-    assert oz.bytes_per_step() > 0
+    emb = torch.nn.Embedding(1000, 32)
+    head = torch.nn.Linear(32, 1000, bias=False)
+    head.weight = emb.weight                                    # tied: one parameter
+    tied = torch.nn.ModuleDict({"emb": emb, "head": head, "mix": torch.nn.Linear(32, 32)})
+    for k, (model, forward) in enumerate(((layers, lambda m: m(torch.randn(4, 64))),
+                                          (tied, lambda m: m["head"](m["mix"](m["emb"](torch.arange(6))))))):
+        params = list(model.parameters())
+        twin = copy.deepcopy(model)
+        oz = hvd.ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=1e-3)
+        full = torch.optim.Adam(twin.parameters(), lr=1e-3)
+        torch.manual_seed(2)
+        forward(model).sum().backward()
+        torch.manual_seed(2)
+        forward(twin).sum().backward()
+        for i, p in enumerate(twin.parameters()):        # every rank's gradient, averaged
+            p.grad = hvd.allreduce(p.grad, name=f"zero.even.{k}.{i}")
+        oz.step()
+        full.step()
+        assert max_diff(model, twin) <= TOL, max_diff(model, twin)
+        total = _adam_state_bytes(full)
+        largest = max(p.numel() for p in params) / sum(p.numel() for p in params)
+        share = max(hvd.allgather_object(_adam_state_bytes(oz.optim))) / total
+        elements = sum(p.numel() for p in params)
+        assert share <= 1 / n + ALIGN / elements, (share, largest)
+        covered = hvd.allgather_object(sorted((f.lo, f.hi) for fs in oz._flats for f in fs))
+        spans = sorted(span for ranks in covered for span in ranks)
+        assert sum(hi - lo for lo, hi in spans) == elements, spans       # each element once
+        assert oz.bytes_per_step() > 0
+
+
+@case
+def stage_2_matches_and_frees_the_gradients() -> None:
+    """Stage 2 against DistributedOptimizer, alone and over three backward passes per
+    step: the same parameters; a bucket's gradients are gone once it is sent (a.weight's
+    bucket completes in backward on every rank), and after step() no full gradient is
+    left, where stage 1 keeps them."""
+    for passes in (1, 3):
+        (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01, stage=2, backward_passes_per_step=passes)
+        data = batches(4 * passes)
+        for model, opt in ((mz, oz), (md, od)):
+            for step in range(4):
+                opt.zero_grad()
+                for x, y in data[passes * step:passes * step + passes]:
+                    F.cross_entropy(model(x), y).backward()
+                if opt is oz:
+                    assert mz.a.weight.grad is None and mz.a.bias.grad is None, "a sent bucket kept its gradients"
+                opt.step()
+                if opt is oz:
+                    assert all(p.grad is None for p in mz.parameters()), "stage 2 left full gradients"
+        assert max_diff(mz, md) <= TOL, (passes, max_diff(mz, md))
+    (m1, o1), _ = pair(torch.optim.Adam, lr=0.01, stage=1)
+    x, y = batches(1)[0]
+    F.cross_entropy(m1(x), y).backward()
+    o1.step()
+    assert m1.a.weight.grad is not None, "stage 1 dropped the local gradients"
+
+
+class Tied(torch.nn.Module):
+    """Stage 3's shapes: nested modules, an embedding tied to the output layer, a layer
+    called twice in one forward, and a parameter of the root module itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.emb = torch.nn.Embedding(60, 16)
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(),
+                                        torch.nn.Sequential(torch.nn.Linear(24, 16), torch.nn.Tanh()))
+        self.twice = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 60, bias=False)
+        self.head.weight = self.emb.weight
+        self.scale = torch.nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(self.emb(x)) * self.scale
+        return self.head(self.twice(torch.relu(self.twice(h))))
+
+
+def tokens(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(200 + hvd.rank())
+    return [(torch.randint(0, 60, (10,), generator=g), torch.randint(0, 60, (10,), generator=g))
+            for _ in range(steps)]
+
+
+def stage_3_pair(passes: int = 1, dtype: torch.dtype = torch.float32):
+    """(model, ZeRO stage 3), (model, DistributedOptimizer(Adam)) from the same start;
+    the reference in float32."""
+    m = Tied().to(dtype)
+    ref = Tied()
+    oz = hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.01, stage=3,
+                                     model=m, bucket_cap_mb=0.002, backward_passes_per_step=passes)
+    od = hvd.DistributedOptimizer(torch.optim.Adam(ref.parameters(), lr=0.01),
+                                  named_parameters=ref.named_parameters(), backward_passes_per_step=passes)
+    return (m, oz), (ref, od)
+
+
+def train_lm(model: torch.nn.Module, opt, data, passes: int = 1) -> None:
+    for step in range(len(data) // passes):
+        opt.zero_grad()
+        for x, y in data[passes * step:passes * step + passes]:
+            F.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+
+
+@case
+def stage_3_matches_and_keeps_only_shards() -> None:
+    """Stage 3 against DistributedOptimizer, one and two backward passes per step: the
+    same parameters (compared inside gathered_parameters()); between steps every
+    parameter is freed and each rank keeps only its shard; evaluation under no_grad
+    gives the reference's outputs."""
+    n = hvd.size()
+    for passes in (1, 2):
+        (m, oz), (ref, od) = stage_3_pair(passes)
+        data = tokens(4 * passes)
+        train_lm(m, oz, data, passes)
+        train_lm(ref, od, data, passes)
+        assert all(p.numel() == 0 for p in m.parameters()), [p.numel() for p in m.parameters()]
+        kept = sum(f.master.numel() for fs in oz._flats for f in fs)
+        whole = sum(p.numel() for p in ref.parameters())
+        assert kept <= whole / n + ALIGN, (kept, whole)
+        with oz.gathered_parameters():
+            assert max_diff(m, ref) <= TOL, (passes, max_diff(m, ref))
+            assert (m.body[0].weight - Tied().body[0].weight).abs().max() > 1e-3, "the parameters did not move"
+        assert all(p.numel() == 0 for p in m.parameters())
+        x, _ = data[0]
+        with torch.no_grad():
+            assert (m(x) - ref(x)).abs().max() <= TOL
+        assert all(p.numel() == 0 for p in m.parameters())
+
+
+@case
+def stage_3_state_dicts() -> None:
+    """The whole optimizer state equals DistributedOptimizer's; the parameters saved
+    inside gathered_parameters() are the reference's; a sharded state dict loads into a
+    new optimizer on the same rank, which then goes on as the first; another rank's is
+    refused."""
+    (m, oz), (ref, od) = stage_3_pair()
+    data = tokens(6)
+    train_lm(m, oz, data[:3])
+    train_lm(ref, od, data[:3])
+    oz.consolidate_state_dict(to=0)
+    if hvd.rank() == 0:
+        sd, want = oz.state_dict(), od.state_dict()
+        assert sorted(sd["state"]) == sorted(want["state"]), (sorted(sd["state"]), sorted(want["state"]))
+        for k, st in want["state"].items():
+            assert torch.allclose(sd["state"][k]["exp_avg_sq"], st["exp_avg_sq"], atol=TOL), k
+    with oz.gathered_parameters():
+        saved = {k: v.clone() for k, v in m.state_dict().items()}
+    assert all((saved[k] - v).abs().max() <= TOL for k, v in ref.state_dict().items())
+    sharded = oz.sharded_state_dict()
+    m2 = Tied()
+    m2.load_state_dict(saved)
+    o2 = hvd.ZeroRedundancyOptimizer(m2.parameters(), optimizer_class=torch.optim.Adam, lr=0.5, stage=3,
+                                     model=m2, bucket_cap_mb=0.002)
+    o2.load_sharded_state_dict(sharded)
+    train_lm(m, oz, data[3:])
+    train_lm(m2, o2, data[3:])
+    with oz.gathered_parameters(), o2.gathered_parameters():
+        assert max_diff(m, m2) <= TOL, max_diff(m, m2)
+    try:
+        hvd.elastic.TorchState(m2, o2)
+    except ValueError as exc:
+        assert "stage 3" in str(exc) and "TorchState" in str(exc), exc
+    else:
+        raise AssertionError("a TorchState took a stage 3 optimizer")
+    try:
+        o2.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))]})
+    except ValueError as exc:
+        assert "stage 3" in str(exc), exc
+    else:
+        raise AssertionError("a group added at stage 3 was accepted")
+    wrong = dict(sharded, rank=sharded["rank"] + 1)
+    try:
+        o2.load_sharded_state_dict(wrong)
+    except ValueError as exc:
+        assert "cannot load into rank" in str(exc), exc
+    else:
+        raise AssertionError("another rank's sharded state dict was loaded")
+
+
+@case
+def stage_3_bf16_parameters_with_float32_shards() -> None:
+    """bf16 parameters: the shards the optimizer steps are float32, the gathered
+    parameters bf16, and training follows the float32 reference to bf16's precision."""
+    (m, oz), (ref, od) = stage_3_pair(dtype=torch.bfloat16)
+    assert all(f.master.dtype == torch.float32 for fs in oz._flats for f in fs)
+    data = tokens(4)
+    train_lm(m, oz, data)
+    train_lm(ref, od, data)
+    with oz.gathered_parameters():
+        assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+        diff = max((a.float() - b).abs().max().item() for a, b in zip(m.parameters(), ref.parameters()))
+        assert diff <= 0.05, diff
+        moved = (m.body[0].weight.float() - Tied().body[0].weight).abs().max().item()
+        assert moved > 0.02, moved
 
 
 @case
@@ -215,6 +406,16 @@ def state_dict_consolidates_and_loads() -> None:
     train(mz, oz, data[5:])
     train(m2, o2, data[5:])
     assert max_diff(mz, m2) <= TOL, max_diff(mz, m2)
+    # The whole format is also DistributedOptimizer's (and what this optimizer wrote when
+    # it gave each rank whole parameters): such a checkpoint loads into the shards.
+    m3 = Net()
+    m3.load_state_dict(md.state_dict())
+    o3 = hvd.ZeroRedundancyOptimizer(groups(m3), optimizer_class=torch.optim.Adam, lr=0.5, stage=2,
+                                     bucket_cap_mb=0.004)
+    o3.load_state_dict(od.state_dict())
+    train(md, od, data[5:])
+    train(m3, o3, data[5:])
+    assert max_diff(md, m3) <= TOL, max_diff(md, m3)
     assert n >= 2
 
 
@@ -251,9 +452,9 @@ def param_group_added_mid_training() -> None:
 
 @case
 def process_set_shards_over_its_ranks() -> None:
-    """Over ProcessSet([0, N-1]) ZeRO shards among those two ranks only and equals
-    DistributedOptimizer over the same set; consolidate_state_dict's ``to`` is a rank
-    within the set (1: world rank N-1). A rank outside the set is refused with a
+    """Over ProcessSet([0, N-1]) ZeRO (stage 1, then 2) shards among those two ranks only
+    and equals DistributedOptimizer over the same set; consolidate_state_dict's ``to`` is
+    a rank within the set (1: world rank N-1). A rank outside the set is refused with a
     ValueError naming it."""
     n = hvd.size()
     # On 2 ranks [0, 1] is the global set, which cannot be added again (as in Horovod).
@@ -268,35 +469,58 @@ def process_set_shards_over_its_ranks() -> None:
             else:
                 raise AssertionError("a rank outside the process set built its optimizer")
             return
-        mz, md = Net(), Net()
-        oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=torch.optim.Adam, lr=0.01,
-                                         bucket_cap_mb=0.004, process_group=ps)
-        od = hvd.DistributedOptimizer(torch.optim.Adam(groups(md), lr=0.01), named_parameters=md.named_parameters(),
-                                      process_set=ps)
-        assert (oz.rank, oz.world_size) == (ps.rank(), 2), (oz.rank, oz.world_size)
-        data = batches(8)
-        train(mz, oz, data)
-        train(md, od, data)
-        assert max_diff(mz, md) <= TOL, max_diff(mz, md)
-        assert (mz.a.weight - Net().a.weight).abs().max() > 1e-3, "the parameters did not move"
-        full = sum(v.numel() * v.element_size() for s in od.state.values() for v in s.values()
-                   if isinstance(v, torch.Tensor) and v.dim() > 0)
-        assert oz.state_bytes() < 0.75 * full, (oz.state_bytes(), full)
-        oz.consolidate_state_dict(to=1)
-        if ps.rank() == 1:
-            sd, ref = oz.state_dict(), od.state_dict()
-            assert sorted(sd["state"]) == sorted(ref["state"]), (sorted(sd["state"]), sorted(ref["state"]))
-            for k, st in ref["state"].items():
-                assert torch.allclose(sd["state"][k]["exp_avg"], st["exp_avg"], atol=TOL), k
-        try:
-            oz.consolidate_state_dict(to=2)
-        except ValueError as exc:
-            assert "to=2" in str(exc), exc
-        else:
-            raise AssertionError("consolidate_state_dict(to=2) was accepted on a set of 2")
+        for stage in (1, 2):
+            _process_set_case(ps, stage)
+        _process_set_stage_3(ps)
     finally:
         if ps is not hvd.global_process_set:
             hvd.remove_process_set(ps)
+
+
+def _process_set_case(ps, stage: int) -> None:
+    """One stage of process_set_shards_over_its_ranks, on a member of the set."""
+    mz, md = Net(), Net()
+    oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=torch.optim.Adam, lr=0.01,
+                                     bucket_cap_mb=0.004, process_group=ps, stage=stage)
+    od = hvd.DistributedOptimizer(torch.optim.Adam(groups(md), lr=0.01), named_parameters=md.named_parameters(),
+                                  process_set=ps)
+    assert (oz.rank, oz.world_size) == (ps.rank(), 2), (oz.rank, oz.world_size)
+    data = batches(8)
+    train(mz, oz, data)
+    train(md, od, data)
+    assert max_diff(mz, md) <= TOL, (stage, max_diff(mz, md))
+    assert (mz.a.weight - Net().a.weight).abs().max() > 1e-3, "the parameters did not move"
+    full = sum(v.numel() * v.element_size() for s in od.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor) and v.dim() > 0)
+    assert oz.state_bytes() < 0.75 * full, (oz.state_bytes(), full)
+    oz.consolidate_state_dict(to=1)
+    if ps.rank() == 1:
+        sd, ref = oz.state_dict(), od.state_dict()
+        assert sorted(sd["state"]) == sorted(ref["state"]), (sorted(sd["state"]), sorted(ref["state"]))
+        for k, st in ref["state"].items():
+            assert torch.allclose(sd["state"][k]["exp_avg"], st["exp_avg"], atol=TOL), k
+    try:
+        oz.consolidate_state_dict(to=2)
+    except ValueError as exc:
+        assert "to=2" in str(exc), exc
+    else:
+        raise AssertionError("consolidate_state_dict(to=2) was accepted on a set of 2")
+
+
+def _process_set_stage_3(ps) -> None:
+    """Stage 3 over the set: equal to DistributedOptimizer over it, on the Tied model
+    (stage 3 needs every rank to run the same modules in the same order, which Net's
+    rank-0-only parameter breaks)."""
+    m, ref = Tied(), Tied()
+    oz = hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.01, stage=3,
+                                     model=m, bucket_cap_mb=0.002, process_group=ps)
+    od = hvd.DistributedOptimizer(torch.optim.Adam(ref.parameters(), lr=0.01),
+                                  named_parameters=ref.named_parameters(), process_set=ps)
+    data = tokens(4)
+    train_lm(m, oz, data)
+    train_lm(ref, od, data)
+    with oz.gathered_parameters():
+        assert max_diff(m, ref) <= TOL, max_diff(m, ref)
 
 
 @case
@@ -306,7 +530,10 @@ def bad_input_is_refused_and_the_library_goes_on() -> None:
                          ({"overlap_with_ddp": True}, ValueError),
                          ({"op": hvd.Max}, ValueError),
                          ({"bucket_cap_mb": 0}, ValueError),
-                         ({"backward_passes_per_step": 0}, ValueError)):
+                         ({"backward_passes_per_step": 0}, ValueError),
+                         ({"stage": 4}, ValueError),
+                         ({"stage": 3}, ValueError),             # without model=
+                         ({"model": m}, ValueError)):            # model= at stage 1
         try:
             hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, **kwargs)
         except kind:
@@ -319,6 +546,12 @@ def bad_input_is_refused_and_the_library_goes_on() -> None:
         pass
     else:
         raise AssertionError("a string optimizer_class was accepted")
+    try:
+        hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.LBFGS, lr=0.1)
+    except ValueError as exc:
+        assert "LBFGS" in str(exc) and "whole parameters" in str(exc), exc
+    else:
+        raise AssertionError("LBFGS, which needs whole parameters, was accepted")
     # Two backward passes before step(): refused at the second, on every rank alike.
     oz = hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.SGD, lr=0.1,
                                      bucket_cap_mb=0.004)   # c.weight alone fills a bucket
