@@ -382,11 +382,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             n = b.splits[self.rank]
             if n == 0:
                 continue
-            reduced = out.view(self.world_size, n).sum(0) if self.world_size > 1 else out
+            start = max(b.lo, b.flat.lo) - b.flat.lo
+            into = b.flat.grad[start:start + n]
+            if self.world_size == 1:
+                into.copy_(out)
+            elif into.dtype == out.dtype:
+                torch.sum(out.view(self.world_size, n), 0, out=into)
+            else:               # 16-bit gradients into float32 shards (stage 3)
+                into.copy_(out.view(self.world_size, n).sum(0))
             if self.op == Average and self.world_size > 1:
-                reduced.div_(self.world_size)
-            start = max(b.lo, b.flat.lo)
-            b.flat.grad[start - b.flat.lo:start - b.flat.lo + n].copy_(reduced)
+                into.div_(self.world_size)
         for f in (f for flats in self._flats for f in flats):
             for piece in f.pieces:
                 o = f.offset[piece.param] + piece.lo - f.lo
@@ -438,13 +443,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _take_parameters(self) -> None:
-        """Copy the parameters' current values into this rank's pieces: what the model
-        holds may have changed since the last step (a broadcast from rank 0, a loaded
-        checkpoint). Not at stage 3, where the shards are the parameters."""
+        """Copy into this rank's pieces the parameters changed since this optimizer last
+        wrote them (a broadcast from rank 0, a loaded checkpoint: an in-place change moves
+        a tensor's version counter, a new ``.data`` its address). Not at stage 3, where
+        the shards are the parameters."""
         if self.stage == 3:
             return
+        written = getattr(self, "_written", {})
         for piece in self._pieces():
-            piece.tensor.copy_(piece.param.detach().reshape(-1)[piece.lo:piece.hi])
+            if written.get(piece.param) != (piece.param._version, piece.param.data_ptr()):
+                piece.tensor.copy_(piece.param.detach().reshape(-1)[piece.lo:piece.hi])
 
     @torch.no_grad()
     def _share_parameters(self) -> None:
@@ -452,15 +460,22 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         at stage 3: each module gathers its own when it runs)."""
         if self.stage == 3:
             return
-        flats = [f for fs in self._flats for f in fs]
-        pending = [(f, f.master if self.world_size == 1 else
-                    allgather_async(f.master, name=f.name + ".params", process_set=self.process_set))
-                   for f in flats]
-        for f, h in pending:
-            full = h if self.world_size == 1 else synchronize(h)
-            for p in f.params:
-                o = f.offset[p]
-                p.copy_(full[o:o + p.numel()].view_as(p))
+        # Bucket by bucket: each rank's part of a bucket is a slice of its shard, and the
+        # parts in rank order are the bucket's run of the flat buffer.
+        pending = []
+        for b in self._buckets:
+            f = b.flat
+            lo, hi = max(b.lo, f.lo), min(b.hi, f.hi)
+            mine = f.master[lo - f.lo:hi - f.lo] if lo < hi else f.master[:0]
+            pending.append((b, mine if self.world_size == 1 else
+                            allgather_async(mine, name=b.name + ".params", process_set=self.process_set)))
+        self._written: dict[torch.Tensor, tuple[int, int]] = {}   # version and address once written here
+        for b, h in pending:
+            run = h if self.world_size == 1 else synchronize(h)
+            for p in b.order:
+                o = b.flat.offset[p] - b.lo
+                p.copy_(run[o:o + p.numel()].view_as(p))
+                self._written[p] = (p._version, p.data_ptr())
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Reduce the gradients to the shards, step :attr:`optim` on this rank's shard,

@@ -373,6 +373,30 @@ def stage_3_bf16_parameters_with_float32_shards() -> None:
 
 
 @case
+def parameters_changed_after_construction_are_taken() -> None:
+    """Horovod's order: the optimizer first, then rank 0's parameters broadcast (each
+    rank started from its own); and later a parameter changed by the user between steps.
+    ZeRO steps from those values, as DistributedOptimizer does."""
+    for stage in (1, 2):
+        (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01, stage=stage)
+        for m in (mz, md):
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(hvd.rank())                  # each rank's own start
+            hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+        data = batches(4)
+        train(mz, oz, data[:2])
+        train(md, od, data[:2])
+        for m in (mz, md):
+            with torch.no_grad():
+                m.a.weight.mul_(0.5)
+            m.load_state_dict({**m.state_dict(), "b.bias": torch.zeros(40)})
+        train(mz, oz, data[2:])
+        train(md, od, data[2:])
+        assert max_diff(mz, md) <= TOL, (stage, max_diff(mz, md))
+
+
+@case
 def state_dict_consolidates_and_loads() -> None:
     n, to = hvd.size(), hvd.size() - 1
     (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01)
