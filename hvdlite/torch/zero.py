@@ -685,6 +685,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._unit_of: dict[torch.nn.Module, _Unit] = {}
         self._units_of: dict[torch.Tensor, list[_Unit]] = defaultdict(list)
         self._order: dict[_Unit, int] = {}      # the order of the first forward
+        self._ordered: list[_Unit] = []
         self._in_backward = False
         self._backward_seen = False             # the order is known
         for m in model.modules():
@@ -723,7 +724,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _before_forward(self, module: torch.nn.Module) -> None:
         u = self._unit_of[module]
         if not self._backward_seen and u not in self._order:
-            self._order[u] = len(self._order)
+            self._order[u] = len(self._ordered)
+            self._ordered.append(u)
         self._gather(u)
         self._prefetch(u, +1)
 
@@ -780,12 +782,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def _prefetch(self, u: _Unit, step: int) -> None:
         at = self._order.get(u)
-        if at is None:
-            return
-        for nxt, k in self._order.items():
-            if k == at + step:
-                self._start_gather(nxt)
-                return
+        if at is not None and 0 <= at + step < len(self._ordered):
+            self._start_gather(self._ordered[at + step])
 
     def _start_gather(self, u: _Unit) -> None:
         """Start the allgathers of unit ``u``'s parameters: each rank sends the parts of
