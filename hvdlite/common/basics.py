@@ -169,9 +169,12 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     global _shut_down_here
     _shut_down_here = False
     c.init(comm_handle, ranks)  # a process not among `ranks` stays uninitialized
+    if c.has_world():
+        # Also where the engine has already stopped: a rank that finished first ends
+        # the job's engines, possibly before this one gets here.
+        publish_rank_environment(c)
     if c.is_initialized():
         os.environ[_OWNER_ENV] = _owner_mark(os.getpid())
-        publish_rank_environment(c)
         _end_job_on_uncaught_exceptions()
         # No HOROVOD_* variable goes silently unheeded (rank 0 says so, once).
         horovod_env.warn_unhonoured(c.rank())
