@@ -66,6 +66,13 @@ _SCALAR_STATE = frozenset({"step", "eta", "mu", "mu_product"})
 _WHOLE_PARAMETER_OPTIMIZERS = ("LBFGS", "Adafactor", "SparseAdam")
 
 
+@torch.no_grad()
+def _copy_into_pieces(pieces: Iterable["_Piece"]) -> None:
+    """Each piece takes its parameter's current values."""
+    for piece in pieces:
+        piece.tensor.copy_(piece.param.detach().reshape(-1)[piece.lo:piece.hi])
+
+
 class _Piece:
     """The part of one parameter that falls in this rank's shard of its flat buffer:
     ``param.view(-1)[lo:hi]``. :attr:`tensor` is a view into the shard, and the local
@@ -102,16 +109,12 @@ class _Flat:
         self.master = torch.zeros(self.shard, dtype=self.master_dtype, device=self.device)
         self.grad = torch.zeros(self.shard, dtype=self.master_dtype, device=self.device)
         self.pieces: list[_Piece] = []
-        with torch.no_grad():
-            for p in params:
-                o = self.offset[p]
-                lo, hi = max(o, self.lo), min(o + p.numel(), self.hi)
-                if lo >= hi:
-                    continue
-                t = self.master[lo - self.lo:hi - self.lo]
-                t.copy_(p.detach().reshape(-1)[lo - o:hi - o])
-                t.requires_grad_(True)
-                self.pieces.append(_Piece(p, lo - o, hi - o, t))
+        for p in params:
+            a, b = self.part_of(p, rank)
+            if a < b:
+                o = self.offset[p] - self.lo
+                self.pieces.append(_Piece(p, a, b, self.master[o + a:o + b].requires_grad_(True)))
+        _copy_into_pieces(self.pieces)
 
     def range_of(self, rank: int) -> tuple[int, int]:
         lo = rank * self.shard
@@ -450,9 +453,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self.stage == 3:
             return
         written = getattr(self, "_written", {})
-        for piece in self._pieces():
-            if written.get(piece.param) != (piece.param._version, piece.param.data_ptr()):
-                piece.tensor.copy_(piece.param.detach().reshape(-1)[piece.lo:piece.hi])
+        _copy_into_pieces(piece for piece in self._pieces()
+                          if written.get(piece.param) != (piece.param._version, piece.param.data_ptr()))
 
     @torch.no_grad()
     def _share_parameters(self) -> None:
@@ -860,13 +862,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             yield
         finally:
             if modify:
-                with torch.no_grad():
-                    for f in (f for fs in self._flats for f in fs):
-                        for p in f.params:
-                            a, b = f.part_of(p, self.rank)
-                            if b > a:
-                                o = f.offset[p] - f.lo
-                                f.master[o + a:o + b].copy_(p.detach().reshape(-1)[a:b])
+                _copy_into_pieces(self._pieces())
             for u in units:
                 self._release(u)
 

@@ -1,7 +1,5 @@
 #include "mpi/errors.h"
 
-#include <mutex>
-
 #include "mpi/ulfm.h"
 
 namespace hvdlite {
@@ -64,25 +62,13 @@ std::vector<int> FailedRanks(MPI_Comm comm) {
 
 void FreeCommunicator(MPI_Comm* comm) {
   if (*comm == MPI_COMM_NULL) return;
-  int finalized = 0;
+  int finalized = 0, revoked = 0;
   MPI_Finalized(&finalized);
-  if (finalized) {
-    *comm = MPI_COMM_NULL;
-    return;
-  }
-  int revoked = 0;
 #if HVDLITE_HAVE_ULFM
-  MPIX_Comm_is_revoked(*comm, &revoked);
+  if (!finalized) MPIX_Comm_is_revoked(*comm, &revoked);
 #endif
-  if (!revoked) {
-    MPI_Comm_free(comm);
-    return;
-  }
-  // Kept, never freed: MPI_Finalize releases it with the rest.
-  static std::mutex kept_mu;
-  static auto* kept = new std::vector<MPI_Comm>();
-  std::lock_guard<std::mutex> lock(kept_mu);
-  kept->push_back(*comm);
+  // A revoked one is left allocated (MPI_Finalize releases it with the rest).
+  if (!finalized && !revoked) MPI_Comm_free(comm);
   *comm = MPI_COMM_NULL;
 }
 
