@@ -185,7 +185,9 @@ class _Handler:
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
+        # A copy: an optimizer's load_state_dict keeps the tensors it is given as its
+        # state, and its next step would change the commit in place.
+        self.value.load_state_dict(copy.deepcopy(self._saved))
 
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=sync_root()))
@@ -235,7 +237,7 @@ class _ZeroHandler(_Handler):
 
     def restore(self) -> None:
         if self._saved is None:
-            self.value.optim.load_state_dict(self._initial)
+            self.value.optim.load_state_dict(copy.deepcopy(self._initial))
         elif self.value._fits_world():
             self.value.load_state_dict(self._saved)
         # else: the world changed since the commit; sync() shards again and loads it

@@ -121,6 +121,14 @@ def commit_and_restore_return_to_the_committed_state() -> None:
     assert sched.state_dict()["last_epoch"] == 1 and opt.param_groups[0]["lr"] == kept_lr, \
         (sched.state_dict(), opt.param_groups[0]["lr"])
     assert (state.epoch, state.note) == (1, "a"), (state.epoch, state.note)
+    # Steps after a restore do not change the commit: a second failure before the next
+    # commit goes back to the same state (the optimizer's load_state_dict keeps the
+    # tensors it is given).
+    step()
+    state.restore()
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], kept_moment), "the commit changed after a restore"
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, kept[k]), f"model {k} not restored the second time"
     # A new model assigned to the state becomes what restore() returns to.
     other = make_model(seed=4)
     state.model = other
