@@ -17,7 +17,10 @@ Between steps 10 and 40 one fault is injected:
   hvdlite's thread goes on; that run sets the stall shutdown time to 5 s, past which
   rank 0 has the launcher end it;
 * ``host joins``: the job starts on every host but the last, which then appears in the
-  discovery script's output (the job starts again on every host from its last commit).
+  discovery script's output (the job starts again on every host from its last commit);
+* ``host dies``: every process on a worker's host is killed, Open MPI's daemon included
+  (mpirun ends the job, and ``hvdlite-run`` starts it again on the other hosts from the
+  commit they kept).
 
 A run passes when the job ends by itself with status 0 (a hang is a run still going
 ``--run-timeout`` s after the fault), the survivors hold the same parameters, every
@@ -51,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ResultsRun, add_results_options, results_path  # noqa: E402  (sibling module)
 
 FAULTS = ("kill worker", "kill rank 0", "freeze worker", "cut host", "resume worker", "host leaves", "hang worker",
-          "host joins")
+          "host joins", "host dies")
 STALL_SHUTDOWN_S = 5
 SAMPLES = 480
 
@@ -103,6 +106,8 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
                 listed.write_text("".join(f"{h}:1\n" for h in hosts.hosts))
             elif fault == "cut host":
                 job.cut(victim_host)
+            elif fault == "host dies":
+                job.kill_host(victim_host)
             # "hang worker": the victim deadlocks by itself, once this step is done
             rc = job.wait(timeout=run_timeout)
             going_on = [t for t, line in job.lines if "; continuing with" in line and t >= t_fault]
@@ -125,7 +130,7 @@ def one_run(hosts, fault: str, step: int, failure_timeout: float, run_timeout: f
                     _check_each_sample_trained_once(results[0], SAMPLES)
                 except AssertionError as exc:
                     problems.append(f"samples: {exc}")
-                if fault == "host joins":  # new processes: the first host's steps, from the output
+                if fault in ("host joins", "host dies"):  # new processes: the first host's steps, from the output
                     gap = _longest_gap(sorted(st.t for st in job.steps if st.host == hosts.hosts[0]))
                 else:
                     gap = max(_longest_gap(r["completed"]) for r in results)

@@ -73,11 +73,28 @@ def test_a_request_to_start_again_on_more_hosts_is_kept_for_the_launcher() -> No
     said: list[str] = []
     requests = Requests({}, said.append)
     try:
-        requests.handle("relaunch hosts=h1:1,h2:2 resume=h1:/tmp/hvdlite-commit-x.pickle\n")
-        assert requests.relaunch == ([("h1", 1), ("h2", 2)], "h1:/tmp/hvdlite-commit-x.pickle")
+        requests.handle("relaunch hosts=h1:1,h2:2\n")
+        assert requests.relaunch == [("h1", 1), ("h2", 2)]
         assert not requests.finished
-        requests.handle("relaunch hosts=h1 resume=h1:/tmp/x")  # no slots: refused, the first kept
-        assert requests.relaunch[0] == [("h1", 1), ("h2", 2)]
+        requests.handle("relaunch hosts=h1")  # no slots: refused, the first kept
+        assert requests.relaunch == [("h1", 1), ("h2", 2)]
         assert said and "ignored a request to start the job again" in said[0], said
+    finally:
+        requests.close()
+
+
+def test_the_hosts_whose_daemon_mpirun_lost_are_read_from_its_messages() -> None:
+    """Open MPI's two messages for a lost daemon (PRRTE's help texts), and one about
+    something else that also names a remote host."""
+    requests = Requests({}, lambda _: None)
+    try:
+        for line in ["A daemon failed to report back after being spawned. This could",
+                     "  Local host:    vm", "  Remote host:   h3", "  Daemon exit status: 137",
+                     "PRTE has lost communication with a remote daemon.", "",
+                     "  HNP daemon   : [prterun-h1-12@0,0] on node h1",
+                     "  Remote daemon: [prterun-h1-12@0,2] on node h2.example.org",
+                     "  Remote host:   h4"]:
+            requests.runtime_line(line)
+        assert requests.lost_hosts == ["h3", "h2.example.org"]
     finally:
         requests.close()

@@ -80,15 +80,18 @@ ENV_FAILURE_TIMEOUT = "HVDLITE_FAILURE_TIMEOUT"
 #: process that may still run.
 ENV_LAUNCHER_REQUESTS = "HVDLITE_LAUNCHER_REQUESTS"
 LAUNCHER_REQUEST = "[hvdlite-run request] "
-#: Set when hvdlite-run starts an elastic job again on more hosts (a host joined the
-#: discovery output): ``HOST:PATH``, the file on HOST where the last rank 0 left the
-#: last commit; the new rank 0, started on HOST, resumes from it.
+#: Names the launch whose workers keep their last commit in a file on every host
+#: (:mod:`hvdlite.common.kept_commits`); set with :data:`ENV_LAUNCHER_REQUESTS`.
+ENV_KEEP = "HVDLITE_ELASTIC_KEEP"
+#: Set when hvdlite-run starts an elastic job again, from the commit kept on the hosts:
+#: ``joined=H1,H2`` (hosts joined the discovery output) or ``lost=H1`` (mpirun ended
+#: the job when it lost those hosts' daemons).
 ENV_RESUME = "HVDLITE_ELASTIC_RESUME"
 #: Every variable :meth:`ElasticSettings.to_environ` may set.
 ENV_NAMES: tuple[str, ...] = (
     ENV_ELASTIC, ENV_HOROVOD_ELASTIC, ENV_MIN_NP, ENV_MAX_NP, ENV_DISCOVERY_SCRIPT,
     ENV_SLOTS, ENV_TIMEOUT, ENV_RESET_LIMIT, ENV_COOLDOWN, ENV_HOSTS, ENV_ALLOCATION,
-    ENV_OVERSUBSCRIBED, ENV_STATUS_FILE, ENV_LAUNCHER_REQUESTS, ENV_RESUME,
+    ENV_OVERSUBSCRIBED, ENV_STATUS_FILE, ENV_LAUNCHER_REQUESTS, ENV_KEEP, ENV_RESUME,
 )
 
 

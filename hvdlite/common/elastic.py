@@ -64,6 +64,7 @@ class State:
         self._commit_check = membership.check_for_new_workers()
         self.save()
         self._commits += 1
+        membership.keep_commit(self)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -86,10 +87,11 @@ class State:
         raise NotImplementedError
 
     def snapshot(self) -> Any:
-        """The last commit as picklable values, for a job that starts again on more
-        hosts (a host joined the discovery output): rank 0 leaves it in a file, and the
-        new rank 0 loads it (``load_snapshot``) before the first sync. A state class
-        that does not provide both keeps such hosts unused."""
+        """The last commit as picklable values, for a job that starts again (a host
+        joined the discovery output, or mpirun lost a host's daemon): the first rank on
+        each host keeps it in a file at every commit, and in the new job one of them
+        loads it (``load_snapshot``) before the first sync. A state class that does not
+        provide both keeps new hosts unused, and a lost daemon ends its job."""
         raise NotImplementedError
 
     def load_snapshot(self, snapshot: Any) -> None:
@@ -164,8 +166,8 @@ def _report_recovery(state: State) -> None:
     output, and the survivors synced: one line, from the new rank 0, saying what
     happened and what training goes on with."""
     losses, dismissed, added = membership.take_changes()
-    joined = membership.take_resumed()
-    if not (losses or dismissed or joined) or rank() != 0 or not _warnings_shown():
+    resumed = membership.take_resumed()
+    if not (losses or dismissed or resumed) or rank() != 0 or not _warnings_shown():
         return
 
     def ranks_text(ranks: list[int], before: int) -> str:
@@ -175,8 +177,11 @@ def _report_recovery(state: State) -> None:
               else f"{len(ranks)} worker{'s' * (len(ranks) > 1)} failed" for ranks, before in losses]
     events += [f"{ranks_text(ranks, before)} stopped (the discovery output no longer lists their slot"
                f"{'s' * (len(ranks) > 1)} on {', '.join(hosts)})" for ranks, before, hosts in dismissed]
-    if joined:
-        events.append(f"the job started again on more hosts ({', '.join(joined)} joined)")
+    if resumed and resumed[0] == "joined":
+        events.append(f"the job started again on more hosts ({', '.join(resumed[1])} joined)")
+    elif resumed:
+        events.append(f"the job started again without {', '.join(resumed[1]) or 'a host'}, whose Open MPI "
+                      "daemon was lost")
     commits = getattr(state, "_commits", 0)
     where = f"commit {commits}" if commits else "the start (nothing was committed yet)"
     progress = ", ".join(f"{k}={v}" for k, v in (getattr(state, "_saved_state", None) or {}).items()
@@ -194,6 +199,16 @@ def _warnings_shown() -> bool:
     return level not in ("error", "fatal", "4", "5")
 
 
+def _count_reset(resets: int, reset_limit: int | None) -> None:
+    """``resets`` world changes so far: kept with the commits, and past ``--reset-limit``
+    the end of training (on every rank alike)."""
+    membership.note_resets(resets)
+    if reset_limit is not None and resets > reset_limit:
+        raise membership.ElasticJobError(
+            f"elastic training stops: the world changed {resets} times, more than "
+            f"--reset-limit {reset_limit}")
+
+
 def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
     """``func(state, ...)`` run elastically (see the module's docstring)."""
 
@@ -204,12 +219,13 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
         membership.watch_for_suspension()
         membership.watch_for_stalls()
         membership.set_relaunchable(can_snapshot(state))
-        # The times the world changed before this process (in the job that started
-        # again on more hosts), the start itself included.
+        # The times the world changed before this process (in a job that started
+        # again), the start itself included.
         resets = membership.resume(state)
         reset_limit = getattr(settings, "reset_limit", None)
         skip_sync = False
         _sync_root = 0
+        _count_reset(resets, reset_limit)
         while True:
             try:
                 if not skip_sync:
@@ -217,7 +233,9 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
                         _choose_sync_root(state)
                     state.sync()
                 _report_recovery(state)
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                membership.training_done()
+                return result
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
                 after_failure = False
@@ -231,15 +249,12 @@ def run_fn(func: Callable[..., Any]) -> Callable[..., Any]:
                 skip_sync = False
                 after_failure = True
             resets += 1
-            if reset_limit is not None and resets > reset_limit:
-                raise membership.ElasticJobError(
-                    f"elastic training stops: the world changed {resets} times, more than "
-                    f"--reset-limit {reset_limit}")
+            _count_reset(resets, reset_limit)
             if not after_failure and membership.relaunch_agreed():
                 # A host joined: every worker leaves here (SystemExit), and the launcher
                 # starts the job again on more hosts from this commit; on here when the
                 # offer went away meanwhile.
-                membership.relaunch(state, resets)
+                membership.relaunch(state)
             while True:
                 try:
                     if membership.reset(after_failure):

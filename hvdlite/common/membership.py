@@ -27,12 +27,18 @@ on every rank.
 * **A new host.** Open MPI cannot add a host that was not in the launch to a running
   job, so new workers start this way only on hosts the launcher gave mpirun (its
   discovery script's output at launch, or ``-H``). When the script offers a new host,
-  the job starts again instead: at a commit rank 0 leaves that commit in a file on its
-  host and asks ``hvdlite-run`` (in its output) to start the job again on the hosts on
-  offer, its own first; every worker leaves, and the new rank 0 loads the commit
-  (:func:`resume`) before the first sync gives it to every rank. This needs a state
-  that can be saved to a file (``State.snapshot``) and the launcher's live output;
-  without them the host is reported once and not used.
+  the job starts again instead: at a commit rank 0 asks ``hvdlite-run`` (in its output)
+  to start the job again on the hosts on offer, every worker leaves, and the new
+  workers go on from that commit (:func:`resume`).
+* **A host whose processes all die.** Open MPI's ``mpirun`` ends the whole job when it
+  loses a host's daemon; ``hvdlite-run`` then starts the job again on the other hosts,
+  which go on from the last commit in the same way.
+
+  Both need the last commit outside the old job's processes: at every commit the first
+  rank on each host keeps it in a file there (:mod:`hvdlite.common.kept_commits`).
+  This needs a state that can be saved to a file (``State.snapshot``) and the
+  launcher's live output; without them a new host is reported once and not used, and
+  a lost daemon ends the job.
 
 Without fault tolerance (a job not started by ``hvdlite-run``'s elastic options or
 ``mpirun --with-ft ulfm``) no failure is survivable: the launcher ends the job.
@@ -123,7 +129,8 @@ class _World:
         self.relaunch_agreed = False
         self.relaunching = False
         self.resume_checked = False
-        self.resumed: list[str] | None = None
+        self.resumed: tuple[str, list[str]] | None = None
+        self.resets = 0  # the times the world changed, kept with each commit
 
 
 _world = _World()
@@ -326,7 +333,8 @@ def plan_new_workers(s: Any, size: int) -> list[str]:
 
 
 def _can_relaunch() -> bool:
-    return _world.relaunchable and _launcher_takes_requests()
+    from hvdlite.common import kept_commits
+    return _world.relaunchable and _launcher_takes_requests() and kept_commits.key() is not None
 
 
 def _relaunch_needs() -> str:
@@ -431,99 +439,142 @@ def relaunch_agreed() -> bool:
     return _world.relaunch_agreed
 
 
-def relaunch(state: Any, resets: int) -> None:
-    """Collective, after a commit whose agreement asked for it: rank 0 leaves the commit
-    in a file on its host and asks ``hvdlite-run`` to start the job again on the hosts
-    it plans (its own first); then every worker leaves (SystemExit, status 0, MPI
-    finalized), and the launcher starts the job again, whose rank 0 loads the commit
-    (:func:`resume`), with ``resets``, the times the world changed so far (this one
-    included), for ``--reset-limit``. Returns, doing nothing, when the offer went away
-    meanwhile."""
-    import pickle
-    import tempfile
+def relaunch(state: Any) -> None:
+    """Collective, after a commit whose agreement asked for it: every host's copy of that
+    commit is written out (:mod:`hvdlite.common.kept_commits`), rank 0 asks
+    ``hvdlite-run`` to start the job again on the hosts it plans (its own first), and
+    every worker leaves (SystemExit, status 0, MPI finalized); the new workers go on
+    from the commit (:func:`resume`). Returns, doing nothing, when the offer went away
+    meanwhile or a host could not keep the commit (the new hosts are then not used)."""
+    from hvdlite.common import kept_commits
     from hvdlite.common.discovery import format_hosts
     _world.relaunch_agreed = False
     s = settings()
     plan = _shared(lambda s: plan_relaunch(s, basics.size()), s, "hvdlite.elastic.relaunch")
     if not plan:
         return
-    ok = True
-    if basics.rank() == 0:
-        joined = [h for h, _ in plan if not any(_same_host(h, a) for a in _allocation())]
-        commits = getattr(state, "_commits", 0)
-        fd, path = tempfile.mkstemp(prefix="hvdlite-commit-", suffix=".pickle")
-        try:
-            now = time.monotonic()
-            # The blacklist goes along (seconds left; inf for good): a failed host that the
-            # script still lists must not come back with the next start.
-            kept = {"commits": commits, "joined": joined, "state": state.snapshot(), "resets": resets,
-                    "blacklist": {h: until - now for h, until in _world.blacklist.items() if until > now}}
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - a full disk, say: go on as we are
-            ok = False
-            sys.stderr.write(f"hvdlite: cannot keep the last commit in {path} to start again on more hosts "
-                             f"({exc}); going on without {', '.join(joined)}\n")
-            _world.ignored.update(joined)  # not tried again
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        else:
-            n = sum(slots for _, slots in plan)
-            sys.stderr.write(f"hvdlite: the discovery script offers {', '.join(joined)}; the job starts again "
-                             f"on {n} workers from commit {commits}\n")
-            sys.stderr.flush()
-            _ask_launcher([f"relaunch hosts={format_hosts(plan)} resume={hostname()}:{path}"])
+    joined = [h for h, _ in plan if not any(_same_host(h, a) for a in _allocation())]
+    errors = [kept_commits.flush()]
     if basics.size() > 1:
-        from hvdlite.common.objects import broadcast_object
-        ok = broadcast_object(ok, root_rank=0, name="hvdlite.elastic.relaunch.ok")
-    if not ok:
+        from hvdlite.common.objects import allgather_object
+        errors = allgather_object(errors[0], name="hvdlite.elastic.relaunch.kept")
+    errors = [e for e in errors if e]
+    if errors:
+        _world.ignored.update(joined)  # not tried again
+        if basics.rank() == 0:
+            sys.stderr.write(f"hvdlite: {errors[0]}; going on without {', '.join(joined)}\n")
         return
+    if basics.rank() == 0:
+        n = sum(slots for _, slots in plan)
+        sys.stderr.write(f"hvdlite: the discovery script offers {', '.join(joined)}; the job starts again "
+                         f"on {n} workers from commit {getattr(state, '_commits', 0)}\n")
+        sys.stderr.flush()
+        _ask_launcher([f"relaunch hosts={format_hosts(plan)}"])
     _world.relaunching = True
     raise SystemExit(0)
 
 
+def keep_commit(state: Any) -> None:
+    """At every commit of an elastic job that ``hvdlite-run`` can start again: the first
+    rank on each host hands the commit to the writer of its host's file
+    (:mod:`hvdlite.common.kept_commits`); nothing on the other ranks."""
+    from hvdlite.common import kept_commits
+    hosts = _world.hosts
+    if settings() is None or not _can_relaunch() or hosts is None:
+        return
+    me = basics.rank()
+    if me >= len(hosts) or hosts.index(hosts[me]) != me:
+        return
+    now = time.monotonic()
+    kept_commits.keep(hosts[me], state.snapshot(), getattr(state, "_commits", 0), _world.resets,
+                      {h: until - now for h, until in _world.blacklist.items() if until > now})
+
+
+def note_resets(resets: int) -> None:
+    """The times the world changed so far (kept with each commit, for ``--reset-limit``)."""
+    _world.resets = resets
+
+
+def training_done() -> None:
+    """The training function returned: this host's kept commit is no longer needed."""
+    from hvdlite.common import kept_commits
+    hosts = _world.hosts
+    me = basics.rank() if basics.is_initialized() else -1
+    if kept_commits.key() and hosts and 0 <= me < len(hosts) and hosts.index(hosts[me]) == me:
+        kept_commits.discard(hosts[me])
+
+
 def resume(state: Any) -> int:
     """Collective, once per process, before the first sync of a job that ``hvdlite-run``
-    started again on more hosts: rank 0 (on the host where the last rank 0 left it)
-    loads the last commit into ``state``; the sync that follows gives it to every rank.
-    Returns the times the world changed before (0 in a job that did not start again),
-    the same on every rank. Every rank raises :class:`ElasticJobError` if it cannot be
-    loaded."""
-    import pickle
+    started again (``joined=HOSTS``: hosts joined the discovery output; ``lost=HOSTS``:
+    mpirun ended the job when it lost those hosts' daemons): the hosts compare the
+    commits they kept, and the first rank on the host with the newest loads it into
+    ``state``; the sync that follows makes it every rank's (that rank has the most
+    commits, so it is the sync root). Lost hosts go on the blacklist, as a lost worker's
+    do. Returns the times the world changed before, the same on every rank (0 in a job
+    that did not start again). Every rank raises :class:`ElasticJobError` if the commit
+    cannot be loaded, or if hosts joined and no host kept one."""
+    from hvdlite.common import kept_commits
     from hvdlite.common.discovery import ENV_RESUME
+    from hvdlite.common.objects import allgather_object, broadcast_object
     spec = os.environ.get(ENV_RESUME)
     if not spec or _world.resume_checked:
         return 0
     _world.resume_checked = True
-    error, resets = None, 0
-    if basics.rank() == 0:
-        host, _, path = spec.partition(":")
+    reason, _, named = spec.partition("=")
+    named_hosts = [h for h in named.split(",") if h]
+    me, rank = hostname(), basics.rank()
+    everyone = allgather_object(me, name="hvdlite.elastic.resume.hosts") if basics.size() > 1 else [me]
+    header, error = None, None
+    if everyone.index(me) == rank:
         try:
-            with open(path, "rb") as f:
-                saved = pickle.load(f)
-            state.load_snapshot(saved["state"])
-            state._commits = saved["commits"]
-            _world.resumed = list(saved["joined"])
-            resets = int(saved["resets"])
-            now = time.monotonic()
-            _world.blacklist.update({h: now + left for h, left in saved["blacklist"].items()})
-            os.unlink(path)
-        except Exception as exc:  # noqa: BLE001 - said on every rank
-            error = f"cannot load the last commit from {path} on {host} (this rank 0 runs on {hostname()}): {exc}"
-    if basics.size() > 1:
-        from hvdlite.common.objects import broadcast_object
-        error, resets = broadcast_object((error, resets), root_rank=0, name="hvdlite.elastic.resume")
-    if error:
-        raise ElasticJobError(f"elastic training cannot start again on more hosts: {error}")
+            header = kept_commits.read_header(me)
+        except Exception as exc:  # noqa: BLE001 - a torn file: the other hosts' may do
+            error = f"cannot read the commit kept on {me}: {exc}"
+    gathered = (allgather_object((header, error), name="hvdlite.elastic.resume.kept")
+                if basics.size() > 1 else [(header, error)])
+    held = [r for r, (h, _) in enumerate(gathered) if h is not None]
+    problems = [e for _, e in gathered if e]
+    if rank == 0 and problems and held:
+        sys.stderr.write(f"hvdlite: {'; '.join(problems)} (another host's is used)\n")
+    if not held:
+        if reason == "joined" or problems:
+            raise ElasticJobError("elastic training cannot start again from its last commit: "
+                                  + ("; ".join(problems) or "no host kept it"))
+        if rank == 0:
+            sys.stderr.write("hvdlite: no host left kept a commit: training starts from the beginning\n")
+        resets = 0
+    else:
+        best = max(held, key=lambda r: (gathered[r][0]["commits"], -r))
+        chosen = gathered[best][0]
+        error = None
+        if rank == best:
+            try:
+                state.load_snapshot(kept_commits.read_state(me))
+                state._commits = chosen["commits"]
+            except Exception as exc:  # noqa: BLE001 - said on every rank
+                error = f"cannot load the commit kept in {kept_commits.path(me)} on {me}: {exc}"
+        if basics.size() > 1:
+            error = broadcast_object(error, root_rank=best, name="hvdlite.elastic.resume")
+        if error:
+            raise ElasticJobError(f"elastic training cannot start again from its last commit: {error}")
+        resets = int(chosen["resets"])
+        now = time.monotonic()
+        for h, _ in gathered:
+            for host, left in (h or {}).get("blacklist", {}).items():
+                _world.blacklist[host] = max(_world.blacklist.get(host, 0.0), now + left)
+    if reason == "lost":
+        resets += 1  # this start is a change of the world too
+        for host in named_hosts:
+            _blacklist(host)
+    _world.resumed = (reason, named_hosts)
     return resets
 
 
-def take_resumed() -> list[str]:
-    """New rank 0, once: the hosts that joined when the job started again."""
-    joined, _world.resumed = _world.resumed, None
-    return joined or []
+def take_resumed() -> tuple[str, list[str]] | None:
+    """Once: why the job started again (``joined`` or ``lost``) and the hosts concerned."""
+    resumed, _world.resumed = _world.resumed, None
+    return resumed
 
 
 # ------------------------------------------------------------------ between two worlds
@@ -675,22 +726,24 @@ def _note_lost(lost: list[int]) -> None:
     """The hosts of the ranks a shrink left out: blacklisted, their slots held."""
     if _world.hosts is None:
         return
-    s = settings()
-    cooldown = getattr(s, "cooldown_range", None)
     for r in lost:
-        if r >= len(_world.hosts):
-            continue
-        host = _world.hosts[r]
-        _world.dead[host] += 1
-        # As Horovod's --blacklist-cooldown-range: MIN seconds after a host's first
-        # failure, MIN more for each further one, at most MAX; without it, for good.
-        if cooldown:
-            low, high = cooldown
-            stay = min(high, low * _world.dead[host])
-        else:
-            stay = float("inf")
-        _world.blacklist[host] = time.monotonic() + stay
+        if r < len(_world.hosts):
+            _blacklist(_world.hosts[r])
     _forget(lost)
+
+
+def _blacklist(host: str) -> None:
+    """A worker on ``host`` was lost: its slot stays taken, and the host is left out of
+    new workers as Horovod's ``--blacklist-cooldown-range`` says: MIN seconds after its
+    first failure, MIN more for each further one, at most MAX; without it, for good."""
+    _world.dead[host] += 1
+    cooldown = getattr(settings(), "cooldown_range", None)
+    if cooldown:
+        low, high = cooldown
+        stay = min(high, low * _world.dead[host])
+    else:
+        stay = float("inf")
+    _world.blacklist[host] = time.monotonic() + stay
 
 
 def _forget(ranks: list[int]) -> None:

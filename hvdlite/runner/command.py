@@ -115,6 +115,7 @@ def build_mpirun_command(
     is_root: bool | None = None,
     host_list: Sequence[tuple[str, int | None]] | None = None,
     status_file: str | None = None,
+    keep: str | None = None,
     resume: str | None = None,
     notes: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
@@ -137,9 +138,11 @@ def build_mpirun_command(
     every host with its slots, which must add up to ``-np`` at least.  With a
     discovery script, ``host_list`` must be the hosts it printed (:func:`launch`
     runs it, this function does not).  ``status_file`` is where the last world's
-    rank 0 writes ``finished`` (``HVDLITE_ELASTIC_STATUS_FILE``); ``resume``, when the
-    job starts again on more hosts, where rank 0 finds the last commit
-    (``HVDLITE_ELASTIC_RESUME``, ``HOST:PATH``).  Stale
+    rank 0 writes ``finished`` (``HVDLITE_ELASTIC_STATUS_FILE``); ``keep`` names the
+    files where the workers keep their last commit on every host
+    (``HVDLITE_ELASTIC_KEEP``, with the launcher's live output only); ``resume``, when
+    the job starts again from that commit, why (``HVDLITE_ELASTIC_RESUME``,
+    ``joined=HOSTS`` or ``lost=HOSTS``).  Stale
     ``HVDLITE_ELASTIC*`` and ``HOROVOD_ELASTIC`` variables in ``environ`` are dropped
     in either mode.
 
@@ -334,6 +337,8 @@ def build_mpirun_command(
             # hvdlite-run reads the ranks' output and ends, on rank 0's request, the
             # process of a worker rank 0 counted lost (hvdlite.runner.evict).
             env[discovery.ENV_LAUNCHER_REQUESTS] = "1"
+            if keep is not None:
+                env[discovery.ENV_KEEP] = keep
         if local_only and not user_oversubscribes:
             env[discovery.ENV_OVERSUBSCRIBED] = "1"
         for name in ("HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_START_TIMEOUT"):

@@ -129,21 +129,32 @@ class Evictor:
         return "killed" in out
 
 
-_RELAUNCH = re.compile(r"relaunch hosts=(\S+) resume=(\S+)")
+_RELAUNCH = re.compile(r"relaunch hosts=(\S+)")
+# The host named in Open MPI's messages about a daemon it lost: "Remote daemon: [NAME]
+# on node HOST" (PRRTE lost its connection), "Remote host: HOST" (the process that
+# started the daemon there ended, as when the host's processes are killed).
+_LOST_DAEMON = re.compile(r"\s*Remote (?:daemon:.*\bon node|host:)\s+(\S+)\s*")
+_LOST_DAEMON_HEADERS = ("lost communication with a remote daemon", "A daemon failed to report back")
 
 
 class Requests:
     """What rank 0 asks of ``hvdlite-run`` in its output: ``evict ...`` (above);
     ``finished`` when the training of an elastic job ended well, which reaches the
     launcher from any host (a note in a file could only from this one); and
-    ``relaunch hosts=H1:S1,H2:S2 resume=HOST:PATH`` when a host joined the discovery
-    output: every worker then leaves, and the launcher starts the job again on those
-    hosts (:attr:`relaunch`), the first being HOST, where the last commit waits."""
+    ``relaunch hosts=H1:S1,H2:S2`` when a host joined the discovery output: every
+    worker then leaves, and the launcher starts the job again on those hosts
+    (:attr:`relaunch`).
+
+    Also what ``mpirun`` itself says (:meth:`runtime_line`): the hosts whose daemon it
+    lost (:attr:`lost_hosts`), which end the job."""
 
     def __init__(self, environ: Mapping[str, str], say: Callable[[str], None]) -> None:
         self.evictor = Evictor(environ, say)
         self.finished = False
-        self.relaunch: tuple[list[tuple[str, int]], str] | None = None
+        self.relaunch: list[tuple[str, int]] | None = None
+        self.lost_hosts: list[str] = []
+        self._daemon_lost = False
+        self.stopped = False  # the launcher stopped the job (a signal it received)
         self._say = say
 
     def handle(self, text: str) -> None:
@@ -152,11 +163,22 @@ class Requests:
             self.finished = True
         elif relaunch is not None:
             try:
-                self.relaunch = (parse_host_slots(relaunch.group(1)), relaunch.group(2))
+                self.relaunch = parse_host_slots(relaunch.group(1))
             except ValueError as exc:
                 self._say(f"ignored a request to start the job again: {exc}")
         else:
             self.evictor.request(text)
+
+    def runtime_line(self, text: str) -> None:
+        """A line of output that may be one of mpirun's messages about its daemons."""
+        if any(h in text for h in _LOST_DAEMON_HEADERS):
+            self._daemon_lost = True
+            return
+        lost = _LOST_DAEMON.fullmatch(text) if self._daemon_lost else None
+        if lost is not None:
+            self._daemon_lost = False
+            if lost.group(1) not in self.lost_hosts:
+                self.lost_hosts.append(lost.group(1))
 
     def close(self) -> None:
         self.evictor.close()

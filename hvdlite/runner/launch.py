@@ -21,8 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 
+from hvdlite.common import kept_commits
 from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts
 from hvdlite.runner import output
 from hvdlite.runner.evict import Requests
@@ -67,24 +69,28 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     mpirun = find_mpirun(env_in)
     _, major = mpirun_version(mpirun)
     host_list: list[tuple[str, int | None]] | None = None
-    if config.elastic and config.host_discovery_script is not None:
+    if config.elastic:
+        # What the user asked for, kept as the job starts again with other -np.
         settings = elastic_settings(config, env_in)
-        host_list = list(wait_for_slots(
-            settings, config.num_proc,
-            log=_say))
+        config = dataclasses.replace(config, min_np=settings.min_np, max_np=settings.max_np)
+        if config.host_discovery_script is not None:
+            host_list = list(wait_for_slots(settings, config.num_proc, log=_say))
     # The last world's rank 0 of an elastic job writes here when training ended well.
     # mpirun's own status cannot tell: it counts workers lost along the way (137 for a
     # killed one that joined), and under fault tolerance it is 0 when every worker died.
     status_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-") if config.elastic else None
     status_path = os.path.join(status_dir, "status") if status_dir else None
-    resume: str | None = None  # where the last commit waits, when the job starts again
+    resume: str | None = None  # why the job starts again, and the hosts concerned
     live = live_output(config, major, env_in)
+    # Names the files where the workers keep their last commit on every host
+    # (hvdlite.common.kept_commits), for the job to start again from it.
+    keep = uuid.uuid4().hex[:16] if config.elastic and live else None
     try:
         while True:
             notes: list[str] = []
             argv, env = build_mpirun_command(
                 config, mpirun, env_in, ompi_major=major, host_list=host_list,
-                status_file=status_path, resume=resume, notes=notes)
+                status_file=status_path, keep=keep, resume=resume, notes=notes)
             if resume is None:
                 for note in notes:
                     _say(note)
@@ -106,17 +112,39 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
                     finished=(lambda: requests.finished or _finished(status_path)) if status_path else None)
             finally:
                 finished = (status_path is not None and _finished(status_path)) or requests.finished
-            if requests.relaunch is None or finished or returncode >= 128:
+            if finished or requests.stopped:
                 break
-            # A host joined the discovery output: every worker left at a commit, and the
-            # job starts again on the hosts rank 0 asked for, from that commit.
-            host_list, resume = list(requests.relaunch[0]), requests.relaunch[1]
-            config = dataclasses.replace(config, num_proc=sum(n for _, n in host_list))
-            _say(f"starting the job again on {format_hosts(host_list)} ({config.num_proc} workers) "
-                 "from its last commit")
+            hosts_before = host_list if host_list is not None else given_hosts(config, env_in)[0]
+            if requests.relaunch is not None and returncode < 128:
+                # A host joined the discovery output: every worker left at a commit, and
+                # the job starts again on the hosts rank 0 asked for, from that commit.
+                host_list = list(requests.relaunch)
+                joined = [h for h, _ in host_list if not any(h == b for b, _ in hosts_before)]
+                resume = "joined=" + ",".join(joined)
+                config = dataclasses.replace(config, num_proc=sum(n or 1 for _, n in host_list))
+                _say(f"starting the job again on {format_hosts(host_list)} ({config.num_proc} workers) "
+                     "from its last commit")
+            elif keep is not None and requests.lost_hosts:
+                # mpirun ended the job when it lost a host's daemon (every process there
+                # died): the job starts again on the other hosts, from the last commit.
+                lost = requests.lost_hosts
+                host_list = [(h, n) for h, n in hosts_before if not any(_same_host(h, x) for x in lost)]
+                n = min(sum(n or 1 for _, n in host_list), config.max_np or config.num_proc)
+                if n < (config.min_np or 1):
+                    _say(f"mpirun lost the daemon of {', '.join(lost)}; the hosts left have {n} "
+                         f"slot{'s' * (n != 1)}, fewer than --min-np {config.min_np}: the job ends")
+                    break
+                resume = "lost=" + ",".join(lost)
+                config = dataclasses.replace(config, num_proc=n)
+                _say(f"mpirun lost the daemon of {', '.join(lost)} and ended the job; starting it again on "
+                     f"{format_hosts(host_list)} ({n} workers) from its last commit")
+            else:
+                break
     finally:
         if status_dir is not None:
             shutil.rmtree(status_dir, ignore_errors=True)
+        if keep is not None:
+            kept_commits.remove_all(keep)  # this machine's; a remote host's own at the end
     if returncode != 0 and finished:
         _say(f"the elastic job finished its training (mpirun reported status {returncode} for workers "
              "lost on the way)")
@@ -128,6 +156,11 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
              "the output above)")
         return 1
     return returncode
+
+
+def _same_host(a: str, b: str) -> bool:
+    """The same host, named in full or by its short name."""
+    return a == b or a.split(".")[0] == b.split(".")[0]
 
 
 def _say(text: str) -> None:
@@ -187,7 +220,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
         os.close(out_w)
         os.close(err_w)
         finish = output.forward(out_r, err_r, sys.stdout, sys.stderr,
-                                requests=(LAUNCHER_REQUEST.encode(), requests.handle) if requests else None)
+                                requests=(LAUNCHER_REQUEST.encode(), requests.handle) if requests else None,
+                                runtime=requests.runtime_line if requests else None)
     else:
         proc = subprocess.Popen(argv, env=env)
     received: list[int] = []
@@ -273,6 +307,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
+        if requests is not None:
+            requests.stopped = True
         return 128 + received[0]
     if finished_at and asked_at:
         return 0  # stopped after training finished

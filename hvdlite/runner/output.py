@@ -112,12 +112,17 @@ class LineMux:
 
     ``requests``: ``(prefix, handler)``; a rank's complete line that starts with
     ``prefix`` is a request to the launcher (see :mod:`hvdlite.runner.evict`): it is
-    handed to ``handler`` without the prefix, and not written.
+    handed to ``handler`` without the prefix, and not written. ``runtime``: receives
+    the lines that may be mpirun's messages about its daemons (any line of a piece that
+    mentions "daemon" or "Remote"; untagged, mpirun's messages cannot be told from the
+    raw output of the rank before them).
     """
 
     def __init__(self, stdout: BinaryIO | TextIO, stderr: BinaryIO | TextIO,
-                 shared: bool, requests: tuple[bytes, Callable[[str], None]] | None = None) -> None:
+                 shared: bool, requests: tuple[bytes, Callable[[str], None]] | None = None,
+                 runtime: Callable[[str], None] | None = None) -> None:
         self._requests = requests
+        self._runtime = runtime
         self._files = {"stdout": stdout, "stderr": stderr}
         self._shared = shared
         self._lock = threading.Lock()
@@ -155,6 +160,11 @@ class LineMux:
         complete, tail = buf[:newline + 1], buf[newline + 1:]
         if complete and self._requests is not None and source[0] != "mpirun":
             complete = self._take_requests(complete)
+        if complete and self._runtime is not None and (b"daemon" in complete or b"Remote" in complete):
+            # mpirun's messages after a rank's raw output carry no tag of their own (they
+            # count as that rank's), and come on either stream.
+            for line in complete.decode("utf-8", errors="replace").splitlines():
+                self._runtime(line)
         live = b"\r" in tail  # a line that redraws itself: a progress bar
         open_line = self._open[screen]
         if open_line is not None and open_line[0] != source and (complete or live):
@@ -234,13 +244,15 @@ def _same_screen(a: BinaryIO | TextIO, b: BinaryIO | TextIO) -> bool:
 
 def forward(stdout_fd: int, stderr_fd: int, stdout: BinaryIO | TextIO,
             stderr: BinaryIO | TextIO,
-            requests: tuple[bytes, Callable[[str], None]] | None = None) -> Callable[[float], None]:
+            requests: tuple[bytes, Callable[[str], None]] | None = None,
+            runtime: Callable[[str], None] | None = None) -> Callable[[float], None]:
     """Start forwarding ``mpirun``'s tagged raw output from the two pipe ends to
     ``stdout`` and ``stderr``; returns ``finish(timeout)``, which waits for both pipes
     to reach end of file (at most ``timeout`` seconds) and writes what is still held.
-    The file descriptors are closed when read to the end. ``requests``: as
-    :class:`LineMux`'s."""
-    mux = LineMux(stdout, stderr, shared=_same_screen(stdout, stderr), requests=requests)
+    The file descriptors are closed when read to the end. ``requests`` and
+    ``runtime``: as :class:`LineMux`'s."""
+    mux = LineMux(stdout, stderr, shared=_same_screen(stdout, stderr), requests=requests,
+                  runtime=runtime)
     threads = [
         threading.Thread(target=_pump, args=(fd, TagParser(name), mux),
                          name=f"hvdlite-run {name}", daemon=True)

@@ -58,12 +58,14 @@ def test_host_names_compare_without_their_domain_but_addresses_whole(world) -> N
 
 @pytest.fixture
 def relaunchable(monkeypatch: pytest.MonkeyPatch, world):
-    """A world whose state can be saved, under a launcher that reads the ranks' output,
-    started on ``allocation``; returns settings with ``--max-np`` ``max_np``."""
+    """A world whose state can be saved, under a launcher that reads the ranks' output
+    (and has them keep their commits), started on ``allocation``; returns settings with
+    ``--max-np`` ``max_np``."""
     def make(hosts: list[str], offered: list[tuple[str, int]], allocation: str, max_np: int = 8):
         s = world(hosts, offered)
         s.max_np = max_np
         monkeypatch.setenv("HVDLITE_LAUNCHER_REQUESTS", "1")
+        monkeypatch.setenv("HVDLITE_ELASTIC_KEEP", "k")
         monkeypatch.setenv("HVDLITE_ELASTIC_ALLOCATION", allocation)
         monkeypatch.setattr(membership._world, "relaunchable", True)
         monkeypatch.setattr(membership._world, "blacklist", {})
@@ -120,41 +122,78 @@ def test_only_states_that_save_what_they_snapshot_can_start_again() -> None:
     assert (other.epoch, other.batch) == (3, 5)
 
 
-def test_the_new_rank_0_takes_the_commit_and_the_blacklist(tmp_path, monkeypatch) -> None:
-    """What the last rank 0 left in its file: the state of its last commit, and the
-    hosts still blacklisted (a failed host that the script lists must not come back)."""
-    import pickle
-    import time
+def _one_rank_on_h1(tmp_path, monkeypatch, resume: str) -> None:
+    """A world of one rank on h1 that starts again (``resume``), with kept commits in
+    ``tmp_path``."""
+    import tempfile
 
     from hvdlite.common import basics
-    from hvdlite.common.elastic import ObjectState
-
-    saved = ObjectState(lambda obj: obj, lambda: 0, epoch=4, batch=16)
-    path = tmp_path / "commit.pickle"
-    path.write_bytes(pickle.dumps({"commits": 9, "joined": ["h3"], "state": saved.snapshot(), "resets": 2,
-                                   "blacklist": {"h2": float("inf"), "h4": 30.0}}))
-    monkeypatch.setenv("HVDLITE_ELASTIC_RESUME", f"h1:{path}")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("HVDLITE_ELASTIC_KEEP", "k")
+    monkeypatch.setenv("HVDLITE_ELASTIC_RESUME", resume)
+    monkeypatch.setattr(membership, "hostname", lambda: "h1")
     monkeypatch.setattr(basics, "rank", lambda: 0)
     monkeypatch.setattr(basics, "size", lambda: 1)
     monkeypatch.setattr(membership._world, "resume_checked", False)
     monkeypatch.setattr(membership._world, "blacklist", {})
+
+
+def test_a_job_started_again_takes_the_kept_commit_and_the_blacklist(tmp_path, monkeypatch) -> None:
+    """What the first rank on h1 kept at its last commit: the state, the commit count,
+    the resets so far, and the hosts still blacklisted (a failed host that the script
+    lists must not come back)."""
+    import time
+
+    from hvdlite.common import kept_commits
+    from hvdlite.common.elastic import ObjectState
+
+    _one_rank_on_h1(tmp_path, monkeypatch, "joined=h3")
+    saved = ObjectState(lambda obj: obj, lambda: 0, epoch=4, batch=16)
+    kept_commits.keep("h1", saved.snapshot(), 9, 2, {"h2": float("inf"), "h4": 30.0})
+    assert kept_commits.flush() is None
+    assert [p.name for p in tmp_path.iterdir()] == ["hvdlite-commit-k-h1.pickle"]
     state = ObjectState(lambda obj: obj, lambda: 0, epoch=0, batch=0)
     assert membership.resume(state) == 2
     assert (state.epoch, state.batch, state._commits) == (4, 16, 9)
-    assert membership.take_resumed() == ["h3"]
+    assert membership.take_resumed() == ("joined", ["h3"])
     assert membership._world.blacklist["h2"] == float("inf")
     assert 25 < membership._world.blacklist["h4"] - time.monotonic() <= 30
-    assert not path.exists()
     assert membership.resume(state) == 0  # once per process: nothing more to load
+    kept_commits.discard("h1")
+    assert not list(tmp_path.iterdir())
 
 
-def test_a_commit_that_cannot_be_loaded_ends_the_job(tmp_path, monkeypatch) -> None:
-    from hvdlite.common import basics
+def test_a_job_started_again_without_a_lost_host_counts_a_reset_and_blacklists_it(tmp_path,
+                                                                                   monkeypatch) -> None:
+    from hvdlite.common import kept_commits
     from hvdlite.common.elastic import ObjectState
 
-    monkeypatch.setenv("HVDLITE_ELASTIC_RESUME", f"h1:{tmp_path / 'gone.pickle'}")
-    monkeypatch.setattr(basics, "rank", lambda: 0)
-    monkeypatch.setattr(basics, "size", lambda: 1)
-    monkeypatch.setattr(membership._world, "resume_checked", False)
-    with pytest.raises(membership.ElasticJobError, match="cannot load the last commit from .*gone.pickle on h1"):
+    _one_rank_on_h1(tmp_path, monkeypatch, "lost=h3")
+    kept_commits.keep("h1", ObjectState(lambda obj: obj, lambda: 0, epoch=2).snapshot(), 5, 1, {})
+    assert kept_commits.flush() is None
+    state = ObjectState(lambda obj: obj, lambda: 0, epoch=0)
+    assert membership.resume(state) == 2
+    assert (state.epoch, state._commits) == (2, 5)
+    assert membership._world.blacklist["h3"] == float("inf")  # no cooldown range: for good
+    assert membership.take_resumed() == ("lost", ["h3"])
+
+
+def test_without_a_kept_commit_a_lost_host_starts_over_and_a_joined_one_fails(tmp_path, monkeypatch) -> None:
+    from hvdlite.common.elastic import ObjectState
+
+    _one_rank_on_h1(tmp_path, monkeypatch, "lost=h3")
+    state = ObjectState(lambda obj: obj, lambda: 0, epoch=0)
+    assert membership.resume(state) == 1  # nothing was committed: from the start
+    assert (state.epoch, state._commits) == (0, 0)
+    _one_rank_on_h1(tmp_path, monkeypatch, "joined=h3")
+    with pytest.raises(membership.ElasticJobError, match="cannot start again from its last commit: no host kept it"):
+        membership.resume(state)
+
+
+def test_a_kept_commit_that_cannot_be_read_ends_the_job(tmp_path, monkeypatch) -> None:
+    from hvdlite.common.elastic import ObjectState
+
+    _one_rank_on_h1(tmp_path, monkeypatch, "lost=h3")
+    (tmp_path / "hvdlite-commit-k-h1.pickle").write_bytes(b"not a pickle")
+    with pytest.raises(membership.ElasticJobError, match="cannot read the commit kept on h1"):
         membership.resume(ObjectState(lambda obj: obj, lambda: 0, epoch=0))
