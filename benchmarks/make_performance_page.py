@@ -577,6 +577,26 @@ def zero_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def zero_memory_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["Bytes a rank holds for training (the distinct storages of the parameters, their "
+           "gradients, the optimizer state and hvdlite ZeRO's shards; not activations or "
+           "communication buffers), largest rank over replicated Adam's "
+           "(`DistributedOptimizer(Adam)`), after backward or after `step()`, whichever is more: "
+           "PyTorch's `ZeroRedundancyOptimizer` (whole parameters per rank) beside hvdlite's stages 1 "
+           "to 3 (equal shards). `tied`: an embedding tied to the output layer, 97 % of the "
+           "parameters; `mlp`: eight equal layers. Full sharding of all of it would be 1/N.", ""]
+    for doc in docs:
+        out += [ctx.run_line(doc), ""]
+        configs = list(dict.fromkeys(r["config"] for r in doc["summary"]))
+        models = list(dict.fromkeys(r["model"] for r in doc["summary"]))
+        by = {(r["model"], r["config"]): r for r in doc["summary"]}
+        trs = [[f"`{m}`"] + [fmt_ratio(by[(m, c)]["over_replicated"], bold=c.startswith("stage"))
+                             for c in configs] for m in models]
+        out += table(["model"] + [f"`{c}`" for c in configs], trs)
+        out.append("")
+    return out
+
+
 def builds_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     out = ["A change to the engine that must not cost speed is measured against the build before it: "
            "the same benchmarks in both trees, in turn (baseline, candidate, candidate, baseline, ...). "
@@ -746,6 +766,7 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_tf_training", "TensorFlow training against MultiWorkerMirroredStrategy {#tensorflow}", tf_section),
     ("bench_hosts", "Many hosts, emulated {#many-hosts}", hosts_section),
     ("bench_zero", "ZeRO stages 1 to 3 {#zero}", zero_section),
+    ("bench_zero_memory", "ZeRO: memory per rank {#zero-memory}", zero_memory_section),
     ("bench_onebit", "1-bit Adam and top-k compression {#onebit}", onebit_section),
     ("bench_autotune", "Autotune {#autotune}", autotune_section),
     ("bench_elastic", "Elastic training: time lost when a worker dies or joins {#elastic}", elastic_section),
@@ -762,6 +783,7 @@ MISSING = {
     "bench_tf_training": "python benchmarks/bench_tf_training.py",
     "bench_hosts": "python benchmarks/bench_hosts.py",
     "bench_zero": "python benchmarks/bench_zero.py",
+    "bench_zero_memory": "python benchmarks/bench_zero_memory.py",
     "bench_onebit": "python benchmarks/bench_onebit.py",
     "bench_autotune": "python benchmarks/bench_autotune.py",
     "bench_elastic": "python benchmarks/bench_elastic.py",

@@ -219,27 +219,33 @@ class _OneBitHandler(_OptimizerHandler):
 class _ZeroHandler(_Handler):
     """A ``ZeroRedundancyOptimizer``: its live state is sharded, so a rank that dies takes
     its share with it. A commit therefore keeps the whole state (every share, gathered,
-    on the CPU) on every rank, and a sync after a reset shards the optimizer again over
+    on the CPU) on every rank, with the whole parameters at stage 3 (where the model's
+    are freed between uses), and a sync after a reset shards the optimizer again over
     the new world and loads that state into it."""
 
     def set_value(self, value: Any) -> None:
-        if value.stage == 3:
-            raise ValueError("a ZeroRedundancyOptimizer at stage 3 cannot be kept in a TorchState yet (its "
-                             "parameters are sharded too): use stage 1 or 2 in an elastic job")
         # Not a collective (a joining worker builds its state alone): until the first
-        # sync, only this rank's share.
+        # sync, only this rank's share, and at stage 3 its shards of the parameters.
         self.value = value
         self._saved: dict[str, Any] | None = None
-        self._initial = copy.deepcopy(value.optim.state_dict())
+        self._initial = (copy.deepcopy(value.optim.state_dict()),
+                         [f.master.detach().clone() for fs in value._flats for f in fs] if value.stage == 3 else [])
 
     def save(self) -> None:
-        self._saved = self.value._gathered_state()
+        self._saved = self.value._elastic_state()
 
     def restore(self) -> None:
+        zero = self.value
         if self._saved is None:
-            self.value.optim.load_state_dict(copy.deepcopy(self._initial))
-        elif self.value._fits_world():
-            self.value.load_state_dict(self._saved)
+            if zero._fits_world():
+                optim, shards = copy.deepcopy(self._initial)
+                if zero.stage == 3:
+                    zero._release_all()
+                    for f, kept in zip((f for fs in zero._flats for f in fs), shards):
+                        f.master.detach().copy_(kept)
+                zero.optim.load_state_dict(optim)
+        elif zero._fits_world():
+            zero._load_elastic_state(self._saved)
         # else: the world changed since the commit; sync() shards again and loads it
 
     def sync(self) -> None:
@@ -250,14 +256,18 @@ class _ZeroHandler(_Handler):
         root = sync_root()
         src = root if have[root] else next((r for r, h in enumerate(have) if h), None)
         if src is None:
-            whole = zero._gathered_state()
+            if zero.stage == 3 and not zero._fits_world():
+                raise RuntimeError("a worker was lost before the first commit of a ZeroRedundancyOptimizer at "
+                                   "stage 3, with its shard of the parameters: nothing holds them whole; "
+                                   "commit once the state is built (hvd.elastic.run's first sync does)")
+            whole = zero._elastic_state()
         else:
             whole = broadcast_object(self._saved if rank() == src else None, root_rank=src,
                                      name="hvdlite.elastic.zero.state")
         # Shard again even where this rank's number and the world's size are the same:
         # gradients in flight when the old world failed are dropped with its buckets.
-        zero._reshard()
-        zero.load_state_dict(whole)
+        zero._reshard(whole["params"])
+        zero._load_elastic_state(whole)
         self._saved = whole
 
 
@@ -332,7 +342,9 @@ class TorchState(ObjectState):
         super().save()
 
     def restore(self) -> None:
-        for handler in self._handlers.values():
+        # A ZeroRedundancyOptimizer first: at stage 3 it frees the parameters that the
+        # failed step had gathered, so that the model's state dict has the saved shape.
+        for handler in sorted(self._handlers.values(), key=lambda h: not isinstance(h, _ZeroHandler)):
             handler.restore()
         super().restore()
 

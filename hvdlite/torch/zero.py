@@ -44,7 +44,8 @@ import torch
 from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import ProcessSet, global_process_set
 from hvdlite.torch.functions import allgather_object, broadcast_object
-from hvdlite.torch.mpi_ops import Average, Max, Sum, allgather_async, allreduce, alltoall_async, synchronize
+from hvdlite.torch.mpi_ops import (Average, Max, Sum, allgather, allgather_async, allreduce, alltoall_async,
+                                    poll, synchronize)
 
 DEFAULT_BUCKET_CAP_MB = 4.0
 _instances: dict[int, int] = defaultdict(int)   # by process set id
@@ -90,16 +91,19 @@ class _Flat:
     ``master_dtype`` (the parameters' own, or float32 for 16-bit ones at stage 3)."""
 
     def __init__(self, params: list[torch.Tensor], size: int, rank: int, name: str,
-                 master_dtype: torch.dtype | None = None) -> None:
+                 master_dtype: torch.dtype | None = None, numels: list[int] | None = None,
+                 values: torch.Tensor | None = None) -> None:
+        """``numels``: the parameters' sizes where they are freed (stage 3); ``values``:
+        the whole flat buffer to take the shard from, instead of the parameters."""
         self.params = params
         self.name = name
         self.offset: dict[torch.Tensor, int] = {}
         self.size: dict[torch.Tensor, int] = {}     # elements (the parameter may be freed later)
         at = 0
-        for p in params:
+        for p, n in zip(params, numels or [p.numel() for p in params]):
             self.offset[p] = at
-            self.size[p] = p.numel()
-            at += p.numel()
+            self.size[p] = n
+            at += n
         self.numel = at
         self.shard = -(-at // (size * ALIGN)) * ALIGN
         self.dtype, self.device = params[0].dtype, params[0].device
@@ -114,7 +118,11 @@ class _Flat:
             if a < b:
                 o = self.offset[p] - self.lo
                 self.pieces.append(_Piece(p, a, b, self.master[o + a:o + b].requires_grad_(True)))
-        _copy_into_pieces(self.pieces)
+        if values is None:
+            _copy_into_pieces(self.pieces)
+        elif self.hi > self.lo:
+            with torch.no_grad():
+                self.master[:self.hi - self.lo].copy_(values[self.lo:self.hi])
 
     def range_of(self, rank: int) -> tuple[int, int]:
         lo = rank * self.shard
@@ -154,7 +162,9 @@ class _Bucket:
         self.params = set(params)
         self.passes: dict[torch.Tensor, int] = {}   # backward passes seen per parameter
         self.present: list[bool] | None = None      # which gradients there were, when sent
-        self.handle: Any = None
+        self.handles: list[Any] = []   # reductions in flight, oldest first
+        self.sent = 0        # reductions sent this step (stages 2 and 3: one per backward pass)
+        self.landed = 0      # of them, summed into the shard
 
 
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):
@@ -264,16 +274,20 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _all_params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 
-    def _flats_of(self, group: int) -> list[_Flat]:
+    def _flats_of(self, group: int, values: list[torch.Tensor] | None = None) -> list[_Flat]:
         """Group ``group``'s trainable parameters, one flat buffer per dtype and device,
-        each cut into this optimizer's shards."""
+        each cut into this optimizer's shards. ``values``: each flat buffer whole, to
+        take the shards from (stage 3 after a reset, its parameters freed)."""
         by_key: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = defaultdict(list)
         for p in reversed(self.param_groups[group]["params"]):
             if p.requires_grad:
                 by_key[(p.dtype, p.device)].append(p)
         sixteen = (torch.float16, torch.bfloat16)
+        shapes = getattr(self, "_shapes", {})
         return [_Flat(ps, self.world_size, self.rank, f"zero.{self._index}.flat.{group}.{k}",
-                      torch.float32 if self.stage == 3 and ps[0].dtype in sixteen else None)
+                      torch.float32 if self.stage == 3 and ps[0].dtype in sixteen else None,
+                      numels=[math.prod(shapes[p]) if p in shapes else p.numel() for p in ps],
+                      values=None if values is None else values[k])
                 for k, ps in enumerate(by_key.values())]
 
     def _local_groups(self) -> list[dict[str, Any]]:
@@ -291,7 +305,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """Buckets of at most ``bucket_cap_mb`` (a larger parameter alone), each a run of
         one flat buffer in backward's order."""
         for b in self._buckets:
-            if b.handle is not None:
+            if b.handles:
                 raise RuntimeError("ZeroRedundancyOptimizer: parameter groups changed while gradients "
                                    "were in flight; call step() first")
         self._buckets, self._bucket_of = [], {}
@@ -326,18 +340,28 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if b is None:
             return
         seen = b.passes.get(p, 0) + 1
-        if b.handle is not None or self._reduced or seen > self.backward_passes_per_step:
+        if self._reduced or seen > self.backward_passes_per_step or (self.stage == 1 and b.sent):
             raise RuntimeError(f"ZeroRedundancyOptimizer: a gradient was computed more than "
                                f"backward_passes_per_step={self.backward_passes_per_step} times before "
                                f"step() (bucket {b.name}); raise backward_passes_per_step to accumulate "
                                f"more backward passes locally")
         b.passes[p] = seen
-        if len(b.passes) == len(b.params) and all(k == self.backward_passes_per_step for k in b.passes.values()):
+        # Stage 1 sums the passes' gradients locally and sends them once; stages 2 and 3
+        # send each pass's and free them, as DeepSpeed does, so that accumulating holds
+        # no full gradients (one reduction per pass).
+        last = self.backward_passes_per_step if self.stage == 1 else b.sent + 1
+        if len(b.passes) == len(b.params) and all(k == last for k in b.passes.values()):
             self._submit(b)
         if self.stage == 3:
             self._gradient_produced(p)
 
     def _submit(self, b: _Bucket) -> None:
+        """Send bucket ``b``'s gradients (zeros for those this rank has none of). Each
+        bucket is sent the same number of times a step on every rank (once at stage 1,
+        ``backward_passes_per_step`` times at stages 2 and 3), so that the reductions
+        match whichever rank's gradients came when; sending never waits for another
+        rank (earlier reductions are summed into the shard once they are done)."""
+        self._land_done(b)
         flat = torch.empty(b.hi - b.lo, dtype=b.flat.dtype, device=b.flat.device)
         for p in b.order:
             at, n = b.flat.offset[p] - b.lo, b.flat.size[p]
@@ -345,14 +369,52 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 flat[at:at + n].zero_()
             else:
                 flat[at:at + n].copy_(p.grad.reshape(-1))
-        b.present = [p.grad is not None for p in b.order]
+        present = [p.grad is not None for p in b.order]
+        b.present = present if b.present is None else [a or c for a, c in zip(b.present, present)]
         if self.stage >= 2:         # sent: this rank keeps only its shard's reduced gradients
             for p in b.order:
                 p.grad = None
+        b.sent += 1
         if self.world_size == 1:
-            b.handle = flat
+            b.handles.append(flat)
         else:
-            b.handle = alltoall_async(flat, splits=b.splits, name=b.name, process_set=self.process_set)
+            name = b.name if b.sent == 1 else f"{b.name}.{b.sent}"
+            b.handles.append(alltoall_async(flat, splits=b.splits, name=name, process_set=self.process_set))
+
+    def _land_done(self, b: _Bucket) -> None:
+        """Sum into the shard the reductions of ``b`` that are done, oldest first,
+        without waiting."""
+        while b.handles and (self.world_size == 1 or poll(b.handles[0])):
+            self._land(b)
+
+    def _land(self, b: _Bucket) -> None:
+        """Wait for bucket ``b``'s oldest reduction in flight and put this rank's part of
+        it into its shard's gradients (summed with the earlier passes' of this step)."""
+        handle = b.handles.pop(0)
+        out = handle if self.world_size == 1 else synchronize(handle)[0]
+        first = b.landed == 0
+        b.landed += 1
+        n = b.splits[self.rank]
+        if n == 0:
+            return
+        start = max(b.lo, b.flat.lo) - b.flat.lo
+        into = b.flat.grad[start:start + n]
+        scale = self.world_size if self.op == Average and self.world_size > 1 else 1
+        if self.world_size == 1:
+            part = out
+        elif first and into.dtype == out.dtype:     # summed in place: the usual case
+            torch.sum(out.view(self.world_size, n), 0, out=into)
+            if scale > 1:
+                into.div_(scale)
+            return
+        else:               # 16-bit gradients into float32 shards (stage 3), or a later pass
+            part = out.view(self.world_size, n).sum(0)
+        if scale > 1:
+            part = part / scale
+        if first:
+            into.copy_(part)
+        else:
+            into.add_(part)
 
     def reduce_gradients(self) -> None:
         """Finish the gradient reduction of this step: afterwards this rank's shard has
@@ -368,8 +430,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                                f"shards it again after a reset, or build it again")
         if self._reduced:
             return
+        sends = 1 if self.stage == 1 else self.backward_passes_per_step
         for b in self._buckets:
-            if b.handle is None:    # some gradient never came (an unused parameter): the rest now
+            # Some gradient never came (an unused parameter, here or in some pass): the
+            # rest now, and zeros for the sends other ranks made.
+            while b.sent < sends:
                 self._submit(b)
         # As DistributedOptimizer: a parameter no rank has a gradient for keeps grad None
         # (so the optimizer leaves it alone); every rank says which gradients it had.
@@ -380,21 +445,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                              process_set=self.process_set)
         present = {p for p, f in zip(params, mine.tolist()) if f}
         for b in self._buckets:
-            out = b.handle if self.world_size == 1 else synchronize(b.handle)[0]
-            b.handle, b.passes, b.present = None, {}, None
-            n = b.splits[self.rank]
-            if n == 0:
-                continue
-            start = max(b.lo, b.flat.lo) - b.flat.lo
-            into = b.flat.grad[start:start + n]
-            if self.world_size == 1:
-                into.copy_(out)
-            elif into.dtype == out.dtype:
-                torch.sum(out.view(self.world_size, n), 0, out=into)
-            else:               # 16-bit gradients into float32 shards (stage 3)
-                into.copy_(out.view(self.world_size, n).sum(0))
-            if self.op == Average and self.world_size > 1:
-                into.div_(self.world_size)
+            while b.handles:
+                self._land(b)
+            b.passes, b.present, b.sent, b.landed = {}, None, 0, 0
         for f in (f for flats in self._flats for f in flats):
             for piece in f.pieces:
                 o = f.offset[piece.param] + piece.lo - f.lo
@@ -651,16 +704,49 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         shares = allgather_object(mine, name=f"zero.{self._index}.gather", process_set=self.process_set)
         return self._whole(shares, local_groups)
 
-    def _reshard(self) -> None:
+    @torch.no_grad()
+    def _whole_parameters(self) -> list[list[torch.Tensor]] | None:
+        """Stage 3: every flat buffer whole (per group, in the shards' dtype, on the CPU),
+        gathered from every rank's shard (a collective). None at stages 1 and 2, where
+        the model holds the parameters."""
+        if self.stage != 3:
+            return None
+        whole = []
+        for g, flats in enumerate(self._flats):
+            whole.append([])
+            for k, f in enumerate(flats):
+                full = f.master if self.world_size == 1 else allgather(
+                    f.master, name=f"zero.{self._index}.whole.{g}.{k}", process_set=self.process_set)
+                whole[-1].append(full[:f.numel].to("cpu", copy=True))
+        return whole
+
+    def _elastic_state(self) -> dict[str, Any]:
+        """What an elastic commit keeps (a collective): the whole optimizer state, and at
+        stage 3 the whole parameters (the model's own are freed there)."""
+        return {"optim": self._gathered_state(), "params": self._whole_parameters()}
+
+    def _load_elastic_state(self, state: dict[str, Any]) -> None:
+        """Load :meth:`_elastic_state`'s value into the shards as they are laid out now."""
+        if state["params"] is not None:
+            self._release_all()
+            with torch.no_grad():
+                for flats, values in zip(self._flats, state["params"]):
+                    for f, v in zip(flats, values):
+                        f.master.zero_()
+                        if f.hi > f.lo:
+                            f.master[:f.hi - f.lo].copy_(v[f.lo:f.hi])
+        self.load_state_dict(state["optim"])
+
+    def _reshard(self, params: list[list[torch.Tensor]] | None = None) -> None:
         """Shard again over the ranks there are now (after an elastic reset): new shards
-        of the parameters as they are, a new :attr:`optim` with no state (the caller
+        of the parameters as they are (at stage 3, of ``params``, the whole flat buffers
+        from :meth:`_whole_parameters`), a new :attr:`optim` with no state (the caller
         loads the whole state next), new buckets. The same local work on every rank;
-        gradients in flight in the old world are dropped."""
+        gradients and gathers in flight in the old world are dropped."""
         for b in self._buckets:
-            b.handle = None
-        if self.stage == 3:
-            raise RuntimeError("a ZeroRedundancyOptimizer at stage 3 cannot follow an elastic reset yet: "
-                               "use stage 1 or 2 in an elastic job")
+            b.handles = []
+        if self.stage == 3 and params is None:
+            raise ValueError("stage 3 shards again from the whole parameters: pass them")
         if self.process_set is not None:
             if not self._fits_world():
                 raise RuntimeError("a ZeroRedundancyOptimizer over a process set cannot follow an elastic "
@@ -668,9 +754,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         else:
             self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
             self._world_ranks = list(range(self.world_size))
-        self._flats = [self._flats_of(i) for i in range(len(self.param_groups))]
+        if self.stage == 3:
+            self._release_all()
+        self._flats = [self._flats_of(i, None if params is None else params[i]) for i in range(len(self.param_groups))]
         self.optim = self.optimizer_class(self._local_groups(), **self.defaults)
         self._build_buckets()
+        if self.stage == 3:
+            self._flat_of = {p: f for fs in self._flats for f in fs for p in f.params}
         self._consolidated = None
         self._reduced = False
 
@@ -833,6 +923,18 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         u.held = True
         for p in u.params:
             self._holders[p] += 1
+
+    def _release_all(self) -> None:
+        """Every parameter freed and every gather forgotten, as between two steps (after
+        an elastic failure, whatever forward or backward was doing: the gathers of a
+        broken world are never waited for)."""
+        for u in self._units:
+            u.pending, u.held, u.accumulated = [], False, set()
+        self._holders.clear()
+        self._in_backward = False
+        for p in self._flat_of:
+            if p.numel():
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def _release(self, u: _Unit) -> None:
         if not u.held:

@@ -173,13 +173,15 @@ def test_a_rank_deadlocked_in_the_script_is_evicted_past_the_stall_limit(tmp_pat
     assert "[hvdlite-run request]" not in proc.stdout
 
 
+@pytest.mark.parametrize("optimizer", ["zero", "zero3"])
 @pytest.mark.timeout(300)
-def test_zero_optimizer_reshards_when_a_rank_dies(tmp_path: Path) -> None:
+def test_zero_optimizer_reshards_when_a_rank_dies(tmp_path: Path, optimizer: str) -> None:
     """ZeroRedundancyOptimizer(Adam) in a TorchState: rank 1 dies with its share of the
-    optimizer state; the survivors shard again over 3 ranks and load the whole committed
-    state, so every parameter's Adam step count equals the committed steps (a share lost
-    and rebuilt empty would count from 0)."""
-    proc, results = _run(tmp_path, 4, "1:20", "--optimizer", "zero")
+    optimizer state (at stage 3 also of the parameters); the survivors shard again over
+    3 ranks and load the whole committed state, so every parameter's Adam step count
+    equals the committed steps (a share lost and rebuilt empty would count from 0), and
+    they finish with the same parameters."""
+    proc, results = _run(tmp_path, 4, "1:20", "--optimizer", optimizer)
     _check_survivors(proc, results, 4, {1})
     steps = results[0]["steps"]
     for r in results:

@@ -28,8 +28,8 @@ writes it. What it adds for the tests:
 * ``HVDLITE_TEST_PRINT_STEPS=1``: every completed step prints ``STEP <steps> <time>
   <rank> <host>`` (the fault tests inject their faults at a step);
 * ``--optimizer zero``: ``ZeroRedundancyOptimizer(Adam)`` instead of
-  ``DistributedOptimizer(SGD)``; the result then has Adam's step count of every
-  parameter, from the whole (gathered) state; ``--optimizer onebit``: ``OneBitAdam``
+  ``DistributedOptimizer(SGD)`` (``zero3``: at stage 3); the result then has Adam's
+  step count of every parameter, from the whole (gathered) state; ``--optimizer onebit``: ``OneBitAdam``
   (compressed from step 11); the result then has its step count and error buffers' layout;
 * at the end each surviving process writes ``OUT/<pid>.json``: its first and last
   rank and size, a hash of the final parameters, the samples of every epoch that were
@@ -40,6 +40,7 @@ writes it. What it adds for the tests:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -66,8 +67,9 @@ def main() -> None:
     ap.add_argument("--step-sleep", type=float, default=0.01)
     ap.add_argument("--checkpoint", default=None, help="a folder: rank 0 saves a checkpoint every 10 steps")
     ap.add_argument("--device", default="cpu", help="cuda: the model and batches on GPU local_rank % count")
-    ap.add_argument("--optimizer", choices=["sgd", "zero", "onebit"], default="sgd",
-                    help="zero: hvd.ZeroRedundancyOptimizer(Adam), its state sharded over the ranks; "
+    ap.add_argument("--optimizer", choices=["sgd", "zero", "zero3", "onebit"], default="sgd",
+                    help="zero: hvd.ZeroRedundancyOptimizer(Adam), its state sharded over the ranks "
+                         "(zero3: at stage 3, the parameters too); "
                          "onebit: hvd.OneBitAdam, compressed after 10 steps")
     args = ap.parse_args()
 
@@ -103,8 +105,9 @@ def main() -> None:
         torch.cuda.set_device(dev)
     torch.manual_seed(100 + first_rank)  # different until the first sync
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)).to(dev)
-    if args.optimizer == "zero":
-        opt = hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    if args.optimizer in ("zero", "zero3"):
+        stage3 = {"stage": 3, "model": model} if args.optimizer == "zero3" else {}
+        opt = hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01, **stage3)
     elif args.optimizer == "onebit":
         opt = hvd.OneBitAdam(model.parameters(), lr=0.01, freeze_step=10)
     else:
@@ -202,7 +205,10 @@ def main() -> None:
             state.commit()
 
     train(state)
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+    # At stage 3 the parameters are whole only while gathered (a collective).
+    with opt.gathered_parameters() if args.optimizer == "zero3" else contextlib.nullcontext():
+        params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+        assert params.numel() == 16 * 32 + 32 + 32 + 1, params.numel()
     with torch.no_grad():
         loss = float(F.mse_loss(model(x.to(dev)), y.to(dev)))
     result = {
@@ -216,7 +222,7 @@ def main() -> None:
         "horovod_env": [os.environ.get(f"HOROVOD_{k}") for k in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")],
         "horovod_env_expected": [str(v) for v in (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())],
     }
-    if args.optimizer == "zero":
+    if args.optimizer in ("zero", "zero3"):
         # Adam's step count of every parameter, from the whole state: each equals the
         # committed steps unless a lost rank's share was not recovered.
         whole = opt._gathered_state()

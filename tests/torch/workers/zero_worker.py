@@ -209,9 +209,9 @@ def shards_are_even_and_disjoint() -> None:
 @case
 def stage_2_matches_and_frees_the_gradients() -> None:
     """Stage 2 against DistributedOptimizer, alone and over three backward passes per
-    step: the same parameters; a bucket's gradients are gone once it is sent (a.weight's
-    bucket completes in backward on every rank), and after step() no full gradient is
-    left, where stage 1 keeps them."""
+    step: the same parameters; a bucket's gradients are gone once it is sent, after each
+    pass (a.weight's bucket completes in backward on every rank), and after step() no
+    full gradient is left, where stage 1 keeps them."""
     for passes in (1, 3):
         (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01, stage=2, backward_passes_per_step=passes)
         data = batches(4 * passes)
@@ -220,8 +220,8 @@ def stage_2_matches_and_frees_the_gradients() -> None:
                 opt.zero_grad()
                 for x, y in data[passes * step:passes * step + passes]:
                     F.cross_entropy(model(x), y).backward()
-                if opt is oz:
-                    assert mz.a.weight.grad is None and mz.a.bias.grad is None, "a sent bucket kept its gradients"
+                    if opt is oz:   # sent and freed after each pass, not only the last
+                        assert mz.a.weight.grad is None and mz.a.bias.grad is None, "a sent bucket kept its gradients"
                 opt.step()
                 if opt is oz:
                     assert all(p.grad is None for p in mz.parameters()), "stage 2 left full gradients"
@@ -271,25 +271,32 @@ def stage_3_pair(passes: int = 1, dtype: torch.dtype = torch.float32):
     return (m, oz), (ref, od)
 
 
-def train_lm(model: torch.nn.Module, opt, data, passes: int = 1) -> None:
+def train_lm(model: torch.nn.Module, opt, data, passes: int = 1, after_pass=None) -> None:
     for step in range(len(data) // passes):
         opt.zero_grad()
         for x, y in data[passes * step:passes * step + passes]:
             F.cross_entropy(model(x).float(), y).backward()
+            if after_pass is not None:
+                after_pass()
         opt.step()
+
+
+def _no_full_gradients(model: torch.nn.Module) -> None:
+    held = [n for n, p in model.named_parameters() if p.grad is not None]
+    assert not held, f"full gradients kept after a backward pass: {held}"
 
 
 @case
 def stage_3_matches_and_keeps_only_shards() -> None:
     """Stage 3 against DistributedOptimizer, one and two backward passes per step: the
     same parameters (compared inside gathered_parameters()); between steps every
-    parameter is freed and each rank keeps only its shard; evaluation under no_grad
-    gives the reference's outputs."""
+    parameter is freed and each rank keeps only its shard, and after each backward pass
+    no full gradient is left; evaluation under no_grad gives the reference's outputs."""
     n = hvd.size()
     for passes in (1, 2):
         (m, oz), (ref, od) = stage_3_pair(passes)
         data = tokens(4 * passes)
-        train_lm(m, oz, data, passes)
+        train_lm(m, oz, data, passes, after_pass=lambda: _no_full_gradients(m))
         train_lm(ref, od, data, passes)
         assert all(p.numel() == 0 for p in m.parameters()), [p.numel() for p in m.parameters()]
         kept = sum(f.master.numel() for fs in oz._flats for f in fs)
@@ -310,7 +317,8 @@ def stage_3_state_dicts() -> None:
     """The whole optimizer state equals DistributedOptimizer's; the parameters saved
     inside gathered_parameters() are the reference's; a sharded state dict loads into a
     new optimizer on the same rank, which then goes on as the first; another rank's is
-    refused."""
+    refused; gathered_parameters(modify=True) writes into the shards; a TorchState
+    keeps and restores stage 3."""
     (m, oz), (ref, od) = stage_3_pair()
     data = tokens(6)
     train_lm(m, oz, data[:3])
@@ -334,12 +342,17 @@ def stage_3_state_dicts() -> None:
     train_lm(m2, o2, data[3:])
     with oz.gathered_parameters(), o2.gathered_parameters():
         assert max_diff(m, m2) <= TOL, max_diff(m, m2)
-    try:
-        hvd.elastic.TorchState(m2, o2)
-    except ValueError as exc:
-        assert "stage 3" in str(exc) and "TorchState" in str(exc), exc
-    else:
-        raise AssertionError("a TorchState took a stage 3 optimizer")
+    # modify=True: what the parameters hold at its end goes into the shards (the tied
+    # embedding and output weight are one parameter).
+    with o2.gathered_parameters(modify=True):
+        with torch.no_grad():
+            m2.head.weight.fill_(0.25)
+            m2.scale.copy_(torch.arange(16.0))
+    assert all(p.numel() == 0 for p in m2.parameters())
+    with o2.gathered_parameters():
+        assert torch.equal(m2.emb.weight, torch.full((60, 16), 0.25)), m2.emb.weight
+        assert torch.equal(m2.scale, torch.arange(16.0)), m2.scale
+    _stage_3_in_a_torch_state(m2, o2, data[3:5])
     try:
         o2.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))]})
     except ValueError as exc:
@@ -353,6 +366,41 @@ def stage_3_state_dicts() -> None:
         assert "cannot load into rank" in str(exc), exc
     else:
         raise AssertionError("another rank's sharded state dict was loaded")
+
+
+def _stage_3_in_a_torch_state(model: Tied, opt, data) -> None:
+    """In a TorchState, restore() goes back to the commit, also after a failure in the
+    middle of forward (some parameters gathered): everything is freed, and training
+    from there goes as it does from a clean restore."""
+    state = hvd.elastic.TorchState(model, opt)
+    state.commit()
+    with opt.gathered_parameters():
+        committed = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def fail(module, args):
+        raise RuntimeError("the test's failure in forward")
+
+    handle = model.head.register_forward_pre_hook(fail)
+    try:
+        model(data[0][0])
+    except RuntimeError as exc:
+        assert "the test's failure" in str(exc), exc
+    else:
+        raise AssertionError("the forward did not fail")
+    handle.remove()
+    assert any(p.numel() for p in model.parameters()), "nothing was gathered when forward failed"
+    after = []
+    for _ in range(2):
+        state.restore()
+        assert all(p.numel() == 0 for p in model.parameters()), [p.numel() for p in model.parameters()]
+        with opt.gathered_parameters():
+            for k, v in model.state_dict().items():
+                assert torch.equal(v, committed[k]), f"{k} not restored"
+        train_lm(model, opt, data[1:2])
+        with opt.gathered_parameters():
+            after.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert all(torch.equal(after[0][k], after[1][k]) for k in committed), "training after a restore differs"
+    assert any(not torch.equal(after[0][k], committed[k]) for k in committed), "the step changed nothing"
 
 
 @case
