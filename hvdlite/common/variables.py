@@ -187,8 +187,10 @@ VARIABLES: tuple[EnvVariable, ...] = (
         ("HVDLITE_ELASTIC_STATUS_FILE", "where the last rank 0 writes that training finished"),
         ("HVDLITE_LAUNCHER_REQUESTS", "1: hvdlite-run reads the ranks' output and ends a lost "
                                       "worker's process when rank 0 asks"),
-        ("HVDLITE_ELASTIC_RESUME", "`HOST:PATH` of the last commit, when hvdlite-run starts the "
-                                   "job again on more hosts"),
+        ("HVDLITE_ELASTIC_KEEP", "names the files in which the first worker on each host keeps "
+                                 "the last commit"),
+        ("HVDLITE_ELASTIC_RESUME", "`joined=HOSTS` or `lost=HOSTS`, when hvdlite-run starts the "
+                                   "job again from the kept commit"),
     )),
     EnvVariable("HVDLITE_RUN_DRIVER", "unset",
                 "`host:port` of the process that called `hvdlite.run`", "hvdlite.run's ranks",
