@@ -597,6 +597,22 @@ def zero_memory_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def offload_step_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["ZeRO-Offload steps its shard on the CPU with PyTorch's fused Adam. PyTorch's three Adam "
+           "steps on float32 tensors in host memory, each followed by the cast of the updated "
+           "values to bf16 (what goes back to the GPU): median time of a step, and its ratio to the "
+           "fused one (above 1: slower).", ""]
+    for doc in docs:
+        st = doc["settings"]
+        out += [ctx.run_line(doc) + f" {st.get('elements', 0) / 1e6:g} M elements in {st.get('tensors', '?')} "
+                f"tensors, {st.get('torch_threads', '?')} threads.", ""]
+        trs = [[f"`{r['kind']}`", f"{r['ms']:.1f} ms", fmt_ratio(r["over_fused"], bold=r["kind"] != "fused")]
+               for r in doc["summary"]]
+        out += table(["Adam step", "time", "÷ fused"], trs)
+        out.append("")
+    return out
+
+
 def builds_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     out = ["A change to the engine that must not cost speed is measured against the build before it: "
            "the same benchmarks in both trees, in turn (baseline, candidate, candidate, baseline, ...). "
@@ -767,6 +783,7 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_hosts", "Many hosts, emulated {#many-hosts}", hosts_section),
     ("bench_zero", "ZeRO stages 1 to 3 {#zero}", zero_section),
     ("bench_zero_memory", "ZeRO: memory per rank {#zero-memory}", zero_memory_section),
+    ("bench_offload_step", "ZeRO-Offload: the CPU step {#offload}", offload_step_section),
     ("bench_onebit", "1-bit Adam and top-k compression {#onebit}", onebit_section),
     ("bench_autotune", "Autotune {#autotune}", autotune_section),
     ("bench_elastic", "Elastic training: time lost when a worker dies or joins {#elastic}", elastic_section),
@@ -784,6 +801,7 @@ MISSING = {
     "bench_hosts": "python benchmarks/bench_hosts.py",
     "bench_zero": "python benchmarks/bench_zero.py",
     "bench_zero_memory": "python benchmarks/bench_zero_memory.py",
+    "bench_offload_step": "python benchmarks/bench_offload_step.py",
     "bench_onebit": "python benchmarks/bench_onebit.py",
     "bench_autotune": "python benchmarks/bench_autotune.py",
     "bench_elastic": "python benchmarks/bench_elastic.py",

@@ -67,6 +67,17 @@ _SCALAR_STATE = frozenset({"step", "eta", "mu", "mu_product"})
 _WHOLE_PARAMETER_OPTIMIZERS = ("LBFGS", "Adafactor", "SparseAdam")
 
 
+#: For tests where no GPU is: ``offload_optimizer="cpu"`` with CPU parameters takes the
+#: offloaded path (a separate shard in host memory and its copy "on the device"), so
+#: that its logic runs; with CPU parameters it otherwise costs nothing.
+_OFFLOAD_CPU_PARAMETERS = False
+
+
+def _has_fused_cpu_step(optimizer_class: type) -> bool:
+    """PyTorch's optimizers with a fused kernel for CPU tensors."""
+    return any(issubclass(optimizer_class, c) for c in (torch.optim.Adam, torch.optim.AdamW))
+
+
 @torch.no_grad()
 def _copy_into_pieces(pieces: Iterable["_Piece"]) -> None:
     """Each piece takes its parameter's current values."""
@@ -92,9 +103,12 @@ class _Flat:
 
     def __init__(self, params: list[torch.Tensor], size: int, rank: int, name: str,
                  master_dtype: torch.dtype | None = None, numels: list[int] | None = None,
-                 values: torch.Tensor | None = None) -> None:
+                 values: torch.Tensor | None = None, offload: bool = False) -> None:
         """``numels``: the parameters' sizes where they are freed (stage 3); ``values``:
-        the whole flat buffer to take the shard from, instead of the parameters."""
+        the whole flat buffer to take the shard from, instead of the parameters;
+        ``offload``: the shard and its gradients in host memory (pinned for a GPU), with
+        a copy of the shard in the parameters' dtype on their device
+        (:attr:`device_shard`, what the gathers send)."""
         self.params = params
         self.name = name
         self.offset: dict[torch.Tensor, int] = {}
@@ -110,8 +124,13 @@ class _Flat:
         self.lo = rank * self.shard                      # this rank's range of the flat buffer
         self.hi = min(self.lo + self.shard, self.numel)
         self.master_dtype = master_dtype or self.dtype
-        self.master = torch.zeros(self.shard, dtype=self.master_dtype, device=self.device)
-        self.grad = torch.zeros(self.shard, dtype=self.master_dtype, device=self.device)
+        self.offload = offload
+        host = torch.device("cpu") if offload else self.device
+        pin = offload and self.device.type == "cuda"
+        self.master = torch.zeros(self.shard, dtype=self.master_dtype, device=host, pin_memory=pin)
+        self.grad = torch.zeros(self.shard, dtype=self.master_dtype, device=host, pin_memory=pin)
+        self.device_shard = (torch.empty(self.shard, dtype=self.dtype, device=self.device)
+                             if offload else None)
         self.pieces: list[_Piece] = []
         for p in params:
             a, b = self.part_of(p, rank)
@@ -123,6 +142,21 @@ class _Flat:
         elif self.hi > self.lo:
             with torch.no_grad():
                 self.master[:self.hi - self.lo].copy_(values[self.lo:self.hi])
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Offloaded: the device's copy of the shard takes the master's values (after a
+        step or anything else that wrote the master), in the order of the device's
+        current stream."""
+        if self.device_shard is not None:
+            self.device_shard.copy_(self.master, non_blocking=True)
+
+    def source(self, a: int, b: int) -> torch.Tensor:
+        """Elements ``[a, b)`` of this rank's shard as the gathers send them: on the
+        parameters' device (the master's values; for an offloaded shard its device
+        copy)."""
+        return (self.master if self.device_shard is None else self.device_shard)[a:b]
 
     def range_of(self, rank: int) -> tuple[int, int]:
         lo = rank * self.shard
@@ -189,6 +223,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     as PyTorch's do within a process group. ``overlap_with_ddp`` is refused: without DDP
     the gradient reduction already overlaps backward.
     ``parameters_as_bucket_view`` is accepted and changes nothing.
+    ``offload_optimizer="cpu"`` (ZeRO-Offload, DeepSpeed's name): for parameters on a GPU,
+    this rank's shard of master weights (float32 for 16-bit parameters) and its optimizer
+    state live in pinned host memory and the step runs on the CPU (with PyTorch's fused
+    CPU kernel for Adam and AdamW); each bucket's reduced gradients are copied to the host
+    on a side stream as soon as they are in, and the updated shard goes back to the GPU
+    for the gathers. With CPU parameters it is accepted and changes nothing.
 
     The local optimizer steps pieces of parameters, so it must treat each element on its
     own, as the optimizers of ``torch.optim`` do but ``LBFGS``, ``Adafactor`` and
@@ -198,7 +238,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                  process_group: Any = None, parameters_as_bucket_view: bool = False,
                  overlap_with_ddp: bool = False, *, stage: int = 1, model: torch.nn.Module | None = None,
                  op: int = Average, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
-                 backward_passes_per_step: int = 1, process_set: Any = None, **defaults: Any) -> None:
+                 backward_passes_per_step: int = 1, process_set: Any = None,
+                 offload_optimizer: str | None = None, **defaults: Any) -> None:
         if process_group is not None and process_set is not None:
             raise ValueError("pass the ranks to shard over as process_group or as process_set, not both")
         process_set = process_group if process_group is not None else process_set
@@ -232,6 +273,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                              f"them whole and needs no model")
         if op not in (Average, Sum):
             raise ValueError("ZeroRedundancyOptimizer reduces gradients with hvd.Average or hvd.Sum")
+        if offload_optimizer not in (None, "none", "cpu"):
+            raise ValueError(f"offload_optimizer must be None or 'cpu' (master weights and optimizer state in "
+                             f"host memory, the step on the CPU), not {offload_optimizer!r}")
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, not {bucket_cap_mb}")
         if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
@@ -244,6 +288,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.bucket_bytes = int(bucket_cap_mb * 1024 * 1024)
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.process_set = process_set
+        self.offload_optimizer = "cpu" if offload_optimizer == "cpu" else None
+        self._copy_streams: dict[torch.device, Any] = {}   # offload: device-to-host copies
         with self._scope():             # checks that the set is registered
             self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
         # World ranks of the ranks it shards over (roots of broadcasts are world ranks).
@@ -258,7 +304,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._reduced = False                     # this step's gradients are in the shards
         self.optim: torch.optim.Optimizer | None = None
         self._flats = [self._flats_of(i) for i in range(len(self.param_groups))]
-        self.optim = optimizer_class(self._local_groups(), **defaults)
+        self._local_defaults = dict(defaults)
+        if self._offloaded() and _has_fused_cpu_step(optimizer_class) and not (
+                {"fused", "foreach"} & set(defaults)):
+            # The step runs on the CPU: PyTorch's fused CPU kernel is its fastest there.
+            self._local_defaults["fused"] = True
+        self.optim = optimizer_class(self._local_groups(), **self._local_defaults)
         self._build_buckets()
         self._units: list[_Unit] = []
         if stage == 3:
@@ -284,11 +335,22 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 by_key[(p.dtype, p.device)].append(p)
         sixteen = (torch.float16, torch.bfloat16)
         shapes = getattr(self, "_shapes", {})
-        return [_Flat(ps, self.world_size, self.rank, f"zero.{self._index}.flat.{group}.{k}",
-                      torch.float32 if self.stage == 3 and ps[0].dtype in sixteen else None,
-                      numels=[math.prod(shapes[p]) if p in shapes else p.numel() for p in ps],
-                      values=None if values is None else values[k])
-                for k, ps in enumerate(by_key.values())]
+        flats = []
+        for k, ps in enumerate(by_key.values()):
+            offload = self.offload_optimizer == "cpu" and (ps[0].device.type != "cpu" or _OFFLOAD_CPU_PARAMETERS)
+            flats.append(_Flat(ps, self.world_size, self.rank, f"zero.{self._index}.flat.{group}.{k}",
+                               torch.float32 if (self.stage == 3 or offload) and ps[0].dtype in sixteen else None,
+                               numels=[math.prod(shapes[p]) if p in shapes else p.numel() for p in ps],
+                               values=None if values is None else values[k], offload=offload))
+        return flats
+
+    def _offloaded(self) -> bool:
+        return any(f.offload for fs in self._flats for f in fs)
+
+    def _masters_changed(self) -> None:
+        """The shards' master values were written: offloaded ones go to their device."""
+        for f in (f for fs in self._flats for f in fs):
+            f.refresh()
 
     def _local_groups(self) -> list[dict[str, Any]]:
         """Every group of :attr:`param_groups` with this rank's pieces of its parameters
@@ -360,8 +422,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         bucket is sent the same number of times a step on every rank (once at stage 1,
         ``backward_passes_per_step`` times at stages 2 and 3), so that the reductions
         match whichever rank's gradients came when; sending never waits for another
-        rank (earlier reductions are summed into the shard once they are done)."""
-        self._land_done(b)
+        rank (earlier reductions are summed into the shard once they are done; with the
+        shards offloaded, every bucket's, so that their copies to host memory overlap
+        backward)."""
+        for done in (self._buckets if self._offloaded() else [b]):
+            self._land_done(done)
         flat = torch.empty(b.hi - b.lo, dtype=b.flat.dtype, device=b.flat.device)
         for p in b.order:
             at, n = b.flat.offset[p] - b.lo, b.flat.size[p]
@@ -402,19 +467,34 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         scale = self.world_size if self.op == Average and self.world_size > 1 else 1
         if self.world_size == 1:
             part = out
-        elif first and into.dtype == out.dtype:     # summed in place: the usual case
+        elif first and into.dtype == out.dtype and into.device == out.device:   # summed in place: the usual case
             torch.sum(out.view(self.world_size, n), 0, out=into)
             if scale > 1:
                 into.div_(scale)
             return
-        else:               # 16-bit gradients into float32 shards (stage 3), or a later pass
+        else:   # 16-bit gradients into float32 shards, an offloaded shard, or a later pass
             part = out.view(self.world_size, n).sum(0)
         if scale > 1:
             part = part / scale
-        if first:
+        if first and into.device != part.device and part.device.type == "cuda":
+            # Offloaded: to host memory on a side stream, overlapping what the GPU does next.
+            stream = self._copy_streams.get(part.device)
+            if stream is None:
+                stream = self._copy_streams[part.device] = torch.cuda.Stream(part.device)
+            stream.wait_stream(torch.cuda.current_stream(part.device))
+            with torch.cuda.stream(stream):
+                into.copy_(part, non_blocking=True)
+            part.record_stream(stream)
+        elif first:
             into.copy_(part)
         else:
-            into.add_(part)
+            self._wait_for_copies()
+            into.add_(part.to(into.device))
+
+    def _wait_for_copies(self) -> None:
+        """Offloaded: the gradients copied to host memory are there."""
+        for stream in self._copy_streams.values():
+            stream.synchronize()
 
     def reduce_gradients(self) -> None:
         """Finish the gradient reduction of this step: afterwards this rank's shard has
@@ -448,6 +528,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             while b.handles:
                 self._land(b)
             b.passes, b.present, b.sent, b.landed = {}, None, 0, 0
+        self._wait_for_copies()
         for f in (f for flats in self._flats for f in flats):
             for piece in f.pieces:
                 o = f.offset[piece.param] + piece.lo - f.lo
@@ -521,7 +602,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             f = b.flat
             lo, hi = max(b.lo, f.lo), min(b.hi, f.hi)
-            mine = f.master[lo - f.lo:hi - f.lo] if lo < hi else f.master[:0]
+            mine = f.source(lo - f.lo, hi - f.lo) if lo < hi else f.source(0, 0)
             pending.append((b, mine if self.world_size == 1 else
                             allgather_async(mine, name=b.name + ".params", process_set=self.process_set)))
         self._written: dict[torch.Tensor, tuple[int, int]] = {}   # version and address once written here
@@ -547,6 +628,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._sync_groups(self.param_groups, self.optim.param_groups)  # e.g. an LR scheduler's lr
         self.optim.step()
         self._sync_groups(self.optim.param_groups, self.param_groups)
+        self._masters_changed()
         self._share_parameters()
         for piece in self._pieces():
             piece.tensor.grad = None
@@ -735,6 +817,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                         f.master.zero_()
                         if f.hi > f.lo:
                             f.master[:f.hi - f.lo].copy_(v[f.lo:f.hi])
+            self._masters_changed()
         self.load_state_dict(state["optim"])
 
     def _reshard(self, params: list[list[torch.Tensor]] | None = None) -> None:
@@ -757,7 +840,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self.stage == 3:
             self._release_all()
         self._flats = [self._flats_of(i, None if params is None else params[i]) for i in range(len(self.param_groups))]
-        self.optim = self.optimizer_class(self._local_groups(), **self.defaults)
+        self.optim = self.optimizer_class(self._local_groups(), **self._local_defaults)
         self._build_buckets()
         if self.stage == 3:
             self._flat_of = {p: f for fs in self._flats for f in fs for p in f.params}
@@ -896,8 +979,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 a, b = f.part_of(p, self.rank)
                 if b > a:
                     o = f.offset[p] - f.lo
-                    parts.append(f.master[o + a:o + b])
-            mine = (torch.cat(parts) if parts else f.master[:0]).to(f.dtype)
+                    parts.append(f.source(o + a, o + b))
+            mine = (torch.cat(parts) if parts else f.source(0, 0)).to(f.dtype)
             u.pending.append((f, ps, allgather_async(mine, name=f"{u.name}.{k}", process_set=self.process_set)))
 
     @torch.no_grad()
@@ -965,6 +1048,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         finally:
             if modify:
                 _copy_into_pieces(self._pieces())
+                self._masters_changed()
             for u in units:
                 self._release(u)
 
@@ -993,6 +1077,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self.stage == 3:
             for s, f in zip(shards, flats):
                 f.master.copy_(s)
+            self._masters_changed()
         self.optim.load_state_dict(state_dict["optim"])
         self._sync_groups(self.optim.param_groups, self.param_groups)
 
@@ -1012,7 +1097,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             return 0
         total = 0
         for b in self._buckets:
-            total += (b.hi - b.lo - b.splits[self.rank]) * b.flat.master.element_size()
+            total += (b.hi - b.lo - b.splits[self.rank]) * torch.empty(0, dtype=b.flat.dtype).element_size()
         gathers = 2 if self.stage == 3 else 1
         for f in (f for fs in self._flats for f in fs):
             total += gathers * f.shard * (n - 1) * torch.empty(0, dtype=f.dtype).element_size()

@@ -16,7 +16,7 @@ from tests.torch.torch_mp import assert_passed, run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU available")
 CASES = ["gpu_collectives", "gpu_training", "gpu_sync_batch_norm", "gpu_digits_cnn_matches_cpu",
-         "gpu_zero_and_one_bit_adam", "gpu_topk_compression"]
+         "gpu_zero_and_one_bit_adam", "gpu_zero_offload", "gpu_topk_compression"]
 
 
 @pytest.mark.timeout(300)

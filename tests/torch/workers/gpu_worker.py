@@ -135,11 +135,12 @@ def gpu_digits_cnn_matches_cpu() -> None:
 
 
 def same_steps_on_gpu_and_cpu(build_optimizer, seed: int, sizes: tuple[int, int, int], steps: int,
-                              batch: int, what: str):
+                              batch: int, what: str, gathered: bool = False):
     """Trains a float64 MLP of `sizes` (inputs, hidden, classes) on this rank's GPU and a
     copy on the CPU with the same batches, each under ``build_optimizer(model, i)`` (i: 0
     for the GPU's, 1 for the CPU's), and checks that the GPU's parameters end where the
-    CPU's do. Returns the GPU's optimizer."""
+    CPU's do (``gathered``: compared inside the optimizers' ``gathered_parameters()``,
+    ZeRO stage 3). Returns the GPU's optimizer."""
     dev = device()
     inputs, hidden, classes = sizes
     g = torch.Generator().manual_seed(seed + hvd.rank())
@@ -155,8 +156,13 @@ def same_steps_on_gpu_and_cpu(build_optimizer, seed: int, sizes: tuple[int, int,
             opt.zero_grad()
             F.cross_entropy(m(xb.to(d)), yb.to(d)).backward()
             opt.step()
-    for p, q in zip(runs[0][0].parameters(), runs[1][0].parameters()):
-        assert p.is_cuda and torch.allclose(p.cpu(), q, atol=1e-9), f"{what} on CUDA differs from the CPU"
+    import contextlib
+    with contextlib.ExitStack() as stack:
+        if gathered:
+            for _, opt, _ in runs:
+                stack.enter_context(opt.gathered_parameters())
+        for p, q in zip(runs[0][0].parameters(), runs[1][0].parameters()):
+            assert p.is_cuda and torch.allclose(p.cpu(), q, atol=1e-9), f"{what} on CUDA differs from the CPU"
     return runs[0][1]
 
 
@@ -187,6 +193,34 @@ def gpu_zero_and_one_bit_adam() -> None:
         v = torch.randn(length, generator=torch.Generator().manual_seed(10 * call + r))
         got, want = b_gpu._compressed_average(v.to(dev)), b_cpu._compressed_average(v.clone())
         assert got.is_cuda and torch.allclose(got.cpu(), want, atol=1e-5), call
+
+
+@case
+def gpu_zero_offload() -> None:
+    """ZeroRedundancyOptimizer(offload_optimizer="cpu") on CUDA parameters (float64), at
+    stages 1, 2 and 3: the master shards, their gradients and Adam's state in pinned host
+    memory, stepped by PyTorch's fused CPU Adam, and the parameters end where the same
+    steps end on the CPU (where offload changes nothing)."""
+    for stage in (1, 2, 3):
+        built = []
+
+        def build(m, i, stage=stage):
+            opt = hvd.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.01,
+                                              bucket_cap_mb=0.002, stage=stage, offload_optimizer="cpu",
+                                              **({"model": m} if stage == 3 else {}))
+            built.append(opt)
+            return opt
+
+        same_steps_on_gpu_and_cpu(build, seed=300 + stage, sizes=(12, 32, 4), steps=8, batch=16,
+                                  what=f"ZeRO-Offload at stage {stage}", gathered=stage == 3)
+        gpu_opt, cpu_opt = built
+        assert gpu_opt._offloaded() and not cpu_opt._offloaded()
+        assert gpu_opt.optim.defaults.get("fused") is True, gpu_opt.optim.defaults
+        for f in (f for fs in gpu_opt._flats for f in fs):
+            assert f.master.device.type == "cpu" and f.master.is_pinned() and f.grad.is_pinned()
+            assert f.device_shard.is_cuda
+        state = [v for st in gpu_opt.optim.state.values() for v in st.values() if torch.is_tensor(v)]
+        assert state and all(v.device.type == "cpu" for v in state), [v.device for v in state]
 
 
 @case

@@ -65,11 +65,12 @@ def max_diff(m1: torch.nn.Module, m2: torch.nn.Module) -> float:
     return max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters()))
 
 
-def pair(optimizer_class, op=hvd.Average, backward_passes_per_step=1, stage=1, **kw):
+def pair(optimizer_class, op=hvd.Average, backward_passes_per_step=1, stage=1, offload_optimizer=None, **kw):
     """(model, ZeRO at ``stage``), (model, DistributedOptimizer) from the same start."""
     mz, md = Net(), Net()
     oz = hvd.ZeroRedundancyOptimizer(groups(mz), optimizer_class=optimizer_class, op=op, stage=stage,
-                                     bucket_cap_mb=0.004, backward_passes_per_step=backward_passes_per_step, **kw)
+                                     bucket_cap_mb=0.004, backward_passes_per_step=backward_passes_per_step,
+                                     offload_optimizer=offload_optimizer, **kw)
     od = hvd.DistributedOptimizer(optimizer_class(groups(md), **kw), named_parameters=md.named_parameters(),
                                   op=op, backward_passes_per_step=backward_passes_per_step)
     return (mz, oz), (md, od)
@@ -593,6 +594,61 @@ def _process_set_stage_3(ps) -> None:
     train_lm(ref, od, data)
     with oz.gathered_parameters():
         assert max_diff(m, ref) <= TOL, max_diff(m, ref)
+
+
+@case
+def offload_costs_nothing_on_the_cpu_and_its_path_matches() -> None:
+    """offload_optimizer="cpu" with CPU parameters: accepted, nothing offloaded, the same
+    parameters bit for bit. The offloaded path itself (shards and state in host memory,
+    a separate copy of the shard where the parameters live, PyTorch's fused CPU Adam),
+    run here with CPU parameters through the module's test switch, gives
+    DistributedOptimizer's parameters at stages 1, 2 and 3, with two backward passes at
+    stage 2."""
+    import hvdlite.torch.zero as zero_module
+    (mz, oz), _ = pair(torch.optim.Adam, lr=0.01, stage=2)
+    (mo, oo), _ = pair(torch.optim.Adam, lr=0.01, stage=2, offload_optimizer="cpu")
+    assert not oo._offloaded() and all(f.device_shard is None for fs in oo._flats for f in fs)
+    assert "fused" not in oo.optim.defaults or not oo.optim.defaults["fused"], oo.optim.defaults
+    data = batches(3)
+    for model, opt in ((mz, oz), (mo, oo)):
+        train(model, opt, data)
+    assert max_diff(mz, mo) == 0, max_diff(mz, mo)
+    zero_module._OFFLOAD_CPU_PARAMETERS = True
+    try:
+        for stage, passes in ((1, 1), (2, 2)):
+            (mz, oz), (md, od) = pair(torch.optim.Adam, lr=0.01, stage=stage, backward_passes_per_step=passes,
+                                      offload_optimizer="cpu")
+            assert oz._offloaded() and oz.optim.defaults["fused"] is True, oz.optim.defaults
+            data = batches(3 * passes)
+            for model, opt in ((mz, oz), (md, od)):
+                for step in range(3):
+                    opt.zero_grad()
+                    for x, y in data[passes * step:passes * step + passes]:
+                        F.cross_entropy(model(x), y).backward()
+                    opt.step()
+            assert max_diff(mz, md) <= TOL, (stage, max_diff(mz, md))
+            # The gathers send the device copy, which follows the master after each step.
+            for f in (f for fs in oz._flats for f in fs):
+                assert f.device_shard.data_ptr() != f.master.data_ptr()
+                assert torch.equal(f.device_shard, f.master.to(f.dtype)), stage
+        _, (ref, od) = stage_3_pair()
+        m3 = Tied()
+        o3 = hvd.ZeroRedundancyOptimizer(m3.parameters(), optimizer_class=torch.optim.Adam, lr=0.01, stage=3,
+                                         model=m3, bucket_cap_mb=0.002, offload_optimizer="cpu")
+        assert o3._offloaded()
+        data = tokens(3)
+        train_lm(m3, o3, data)
+        train_lm(ref, od, data)
+        with o3.gathered_parameters():
+            assert max_diff(m3, ref) <= TOL, max_diff(m3, ref)
+    finally:
+        zero_module._OFFLOAD_CPU_PARAMETERS = False
+    try:
+        hvd.ZeroRedundancyOptimizer(mz.parameters(), optimizer_class=torch.optim.Adam, offload_optimizer="nvme")
+    except ValueError as exc:
+        assert "offload_optimizer must be None or 'cpu'" in str(exc), exc
+    else:
+        raise AssertionError("offload_optimizer='nvme' was accepted")
 
 
 @case
