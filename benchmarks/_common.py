@@ -248,6 +248,14 @@ def run_job_for_result(cmd: list[str], env: dict[str, str], tag: str) -> Any:
     return json.loads(lines[0].split(" ", 1)[1])
 
 
+def free_port() -> int:
+    """A TCP port free on this host now (for a ``torch.distributed`` rendezvous)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launcher(n: int) -> list[str]:
     """The command prefix that starts ``n`` ranks: hvdlite's own launcher, which finds
     mpirun and sets the flags this machine needs (root, oversubscription, binding)."""

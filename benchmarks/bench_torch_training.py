@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import (ResultsRun, add_hosts_options, add_results_options, emulated_hosts_for,  # sibling module
+from _common import (ResultsRun, add_hosts_options, add_results_options, emulated_hosts_for, free_port,  # sibling module
                      host_address, host_of_rank, launcher, load_synthetic_models, on_host, results_path)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,12 +206,6 @@ def ddp_host_worker(args: argparse.Namespace) -> None:
     times = ddp_train(args.ddp_rank, args.ranks, f"tcp://{args.ddp_master}", args.worker_model, args)
     if args.ddp_rank == 0:
         print("DDP_TIMES " + json.dumps(times), flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _ddp_port = 29500

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REPO, ResultsRun, add_results_options, load_synthetic_models,  # noqa: E402
+from _common import (REPO, ResultsRun, add_results_options, free_port, load_synthetic_models,  # noqa: E402
                      results_path, run_job_for_result)
 
 BATCH = 64
@@ -158,12 +157,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------- outside
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def report(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     f, sps = res["figures"], res["steps_per_s"]
     med = {c: statistics.median(v) for c, v in sps.items()}

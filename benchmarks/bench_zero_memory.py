@@ -36,23 +36,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, ResultsRun, add_results_options, results_path, run_job_for_result  # noqa: E402
+from _common import (REPO, ResultsRun, add_results_options, free_port, results_path,  # noqa: E402
+                     run_job_for_result)
 
 CONFIGS = ["replicated", "torch_zero", "stage1", "stage2", "stage3"]
 MODELS = ["tied", "mlp"]
 BATCH = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- inside the job

@@ -34,7 +34,10 @@ both import it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
 import os
+import socket
 import subprocess
 from collections.abc import Mapping
 
@@ -169,6 +172,29 @@ def parse_host_slots(spec: str) -> list[tuple[str, int]]:
         if ":" not in text:
             raise ValueError(f"{where}: no slots given (expected host:slots)")
     return _parse_entries(entries, None)
+
+
+@functools.lru_cache(maxsize=1)
+def _local_names() -> frozenset[str]:
+    name = socket.gethostname()
+    return frozenset({"localhost", "127.0.0.1", name, name.split(".")[0]})
+
+
+def _short(name: str) -> str:
+    """A host name without its domain; an IP address as it is."""
+    try:
+        ipaddress.ip_address(name)
+        return name
+    except ValueError:
+        return name.split(".")[0]
+
+
+def same_host(a: str, b: str) -> bool:
+    """Whether two names are one host: equal, equal but for the domain (a discovery
+    script may print ``node1.cluster`` where the host calls itself ``node1``), or both
+    this machine."""
+    local = _local_names()
+    return a == b or _short(a) == _short(b) or (a in local and b in local)
 
 
 def format_hosts(hosts: list[tuple[str, int]] | tuple[tuple[str, int], ...]) -> str:

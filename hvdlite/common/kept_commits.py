@@ -35,16 +35,15 @@ def key() -> str | None:
     return os.environ.get(ENV_KEEP) or None
 
 
-def path(host: str, job_key: str | None = None, folder: str | None = None) -> str:
+def path(host: str) -> str:
     """The file of ``host``'s kept commit."""
-    return os.path.join(folder or tempfile.gettempdir(),
-                        f"hvdlite-commit-{job_key or key()}-{host}.pickle")
+    return os.path.join(tempfile.gettempdir(), f"hvdlite-commit-{key()}-{host}.pickle")
 
 
-def remove_all(job_key: str, folder: str | None = None) -> None:
-    """Remove every kept commit of the launch ``job_key`` in ``folder`` (this machine's
-    temporary folder by default), temporary files included."""
-    pattern = os.path.join(folder or tempfile.gettempdir(), f"hvdlite-commit-{job_key}-*")
+def remove_all(job_key: str) -> None:
+    """Remove every kept commit of the launch ``job_key`` in this machine's temporary
+    folder, temporary files included."""
+    pattern = os.path.join(tempfile.gettempdir(), f"hvdlite-commit-{job_key}-*")
     for name in glob.glob(pattern):
         try:
             os.unlink(name)

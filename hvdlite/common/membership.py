@@ -48,7 +48,6 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
-import ipaddress
 import os
 import signal
 import socket
@@ -60,6 +59,7 @@ from typing import Any
 # basics first: its exit handler (MPI_Finalize) is then registered before this
 # module's, and so runs after it (atexit runs handlers last-in, first-out).
 from hvdlite.common import basics, naming
+from hvdlite.common.discovery import same_host as _same_host
 from hvdlite.common.exceptions import ElasticJobError, HvdliteError  # noqa: F401 - raised here, and named as membership.ElasticJobError
 
 # A value no rank 0 sends (a count of new workers is far smaller): the agreement's AND
@@ -276,29 +276,6 @@ def _allocation() -> dict[str, int]:
     return dict(parse_host_slots(text)) if text else {}
 
 
-@functools.lru_cache(maxsize=1)
-def _local_names() -> frozenset[str]:
-    name = hostname()
-    return frozenset({"localhost", "127.0.0.1", name, name.split(".")[0]})
-
-
-def _same_host(a: str, b: str) -> bool:
-    """Whether two names are one host: equal, equal but for the domain (a discovery
-    script may print ``node1.cluster`` where the host calls itself ``node1``), or both
-    this machine."""
-    local = _local_names()
-    return a == b or _short(a) == _short(b) or (a in local and b in local)
-
-
-def _short(name: str) -> str:
-    """A host name without its domain; an IP address as it is."""
-    try:
-        ipaddress.ip_address(name)
-        return name
-    except ValueError:
-        return name.split(".")[0]
-
-
 def plan_new_workers(s: Any, size: int) -> list[str]:
     """Rank 0: the hosts of the workers to add now (one entry per worker), from the
     discovery script's offer, the launch's allocation, the workers there now, the
@@ -479,15 +456,22 @@ def keep_commit(state: Any) -> None:
     rank on each host hands the commit to the writer of its host's file
     (:mod:`hvdlite.common.kept_commits`); nothing on the other ranks."""
     from hvdlite.common import kept_commits
-    hosts = _world.hosts
-    if settings() is None or not _can_relaunch() or hosts is None:
-        return
-    me = basics.rank()
-    if me >= len(hosts) or hosts.index(hosts[me]) != me:
+    host = _host_if_first()
+    if host is None or settings() is None or not _can_relaunch():
         return
     now = time.monotonic()
-    kept_commits.keep(hosts[me], state.snapshot(), getattr(state, "_commits", 0), _world.resets,
+    kept_commits.keep(host, state.snapshot(), getattr(state, "_commits", 0), _world.resets,
                       {h: until - now for h, until in _world.blacklist.items() if until > now})
+
+
+def _host_if_first() -> str | None:
+    """This rank's host if it is the lowest rank there (the one that keeps the host's
+    commit), else None; None too before the world's hosts are known."""
+    hosts = _world.hosts
+    me = basics.rank() if basics.is_initialized() else -1
+    if hosts is None or not 0 <= me < len(hosts) or hosts.index(hosts[me]) != me:
+        return None
+    return hosts[me]
 
 
 def note_resets(resets: int) -> None:
@@ -498,10 +482,9 @@ def note_resets(resets: int) -> None:
 def training_done() -> None:
     """The training function returned: this host's kept commit is no longer needed."""
     from hvdlite.common import kept_commits
-    hosts = _world.hosts
-    me = basics.rank() if basics.is_initialized() else -1
-    if kept_commits.key() and hosts and 0 <= me < len(hosts) and hosts.index(hosts[me]) == me:
-        kept_commits.discard(hosts[me])
+    host = _host_if_first()
+    if kept_commits.key() and host is not None:
+        kept_commits.discard(host)
 
 
 def resume(state: Any) -> int:

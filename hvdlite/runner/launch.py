@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping
 
 from hvdlite.common import kept_commits
-from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts
+from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts, same_host
 from hvdlite.runner import output
 from hvdlite.runner.evict import Requests
 from hvdlite.runner.command import build_mpirun_command, live_output
@@ -119,7 +119,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
                 # A host joined the discovery output: every worker left at a commit, and
                 # the job starts again on the hosts rank 0 asked for, from that commit.
                 host_list = list(requests.relaunch)
-                joined = [h for h, _ in host_list if not any(h == b for b, _ in hosts_before)]
+                joined = [h for h, _ in host_list if not any(same_host(h, b) for b, _ in hosts_before)]
                 resume = "joined=" + ",".join(joined)
                 config = dataclasses.replace(config, num_proc=sum(n or 1 for _, n in host_list))
                 _say(f"starting the job again on {format_hosts(host_list)} ({config.num_proc} workers) "
@@ -128,7 +128,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
                 # mpirun ended the job when it lost a host's daemon (every process there
                 # died): the job starts again on the other hosts, from the last commit.
                 lost = requests.lost_hosts
-                host_list = [(h, n) for h, n in hosts_before if not any(_same_host(h, x) for x in lost)]
+                host_list = [(h, n) for h, n in hosts_before if not any(same_host(h, x) for x in lost)]
                 n = min(sum(n or 1 for _, n in host_list), config.max_np or config.num_proc)
                 if n < (config.min_np or 1):
                     _say(f"mpirun lost the daemon of {', '.join(lost)}; the hosts left have {n} "
@@ -156,11 +156,6 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
              "the output above)")
         return 1
     return returncode
-
-
-def _same_host(a: str, b: str) -> bool:
-    """The same host, named in full or by its short name."""
-    return a == b or a.split(".")[0] == b.split(".")[0]
 
 
 def _say(text: str) -> None:

@@ -241,9 +241,7 @@ class _ZeroHandler(_Handler):
                 optim, shards = copy.deepcopy(self._initial)
                 if zero.stage == 3:
                     zero._release_all()
-                    for f, kept in zip((f for fs in zero._flats for f in fs), shards):
-                        f.master.detach().copy_(kept)
-                    zero._masters_changed()
+                    zero._load_shards(shards)
                 zero.optim.load_state_dict(optim)
         elif zero._fits_world():
             zero._load_elastic_state(self._saved)

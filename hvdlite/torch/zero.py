@@ -139,9 +139,16 @@ class _Flat:
                 self.pieces.append(_Piece(p, a, b, self.master[o + a:o + b].requires_grad_(True)))
         if values is None:
             _copy_into_pieces(self.pieces)
-        elif self.hi > self.lo:
-            with torch.no_grad():
-                self.master[:self.hi - self.lo].copy_(values[self.lo:self.hi])
+            self.refresh()
+        else:
+            self.take_whole(values)
+
+    @torch.no_grad()
+    def take_whole(self, values: torch.Tensor) -> None:
+        """This rank's shard takes its part of ``values``, the whole flat buffer."""
+        self.master.zero_()
+        if self.hi > self.lo:
+            self.master[:self.hi - self.lo].copy_(values[self.lo:self.hi])
         self.refresh()
 
     @torch.no_grad()
@@ -347,6 +354,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _offloaded(self) -> bool:
         return any(f.offload for fs in self._flats for f in fs)
 
+    @torch.no_grad()
+    def _load_shards(self, shards: list[torch.Tensor]) -> None:
+        """This rank's shards (one per flat buffer, in order) take ``shards``' values."""
+        for s, f in zip(shards, (f for fs in self._flats for f in fs)):
+            f.master.copy_(s)
+        self._masters_changed()
+
     def _masters_changed(self) -> None:
         """The shards' master values were written: offloaded ones go to their device."""
         for f in (f for fs in self._flats for f in fs):
@@ -371,6 +385,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 raise RuntimeError("ZeroRedundancyOptimizer: parameter groups changed while gradients "
                                    "were in flight; call step() first")
         self._buckets, self._bucket_of = [], {}
+        self._offload_active = self._offloaded()
         for flats in self._flats:
             for f in flats:
                 run: list[torch.Tensor] = []
@@ -425,7 +440,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         rank (earlier reductions are summed into the shard once they are done; with the
         shards offloaded, every bucket's, so that their copies to host memory overlap
         backward)."""
-        for done in (self._buckets if self._offloaded() else [b]):
+        for done in (self._buckets if self._offload_active else [b]):
             self._land_done(done)
         flat = torch.empty(b.hi - b.lo, dtype=b.flat.dtype, device=b.flat.device)
         for p in b.order:
@@ -811,13 +826,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """Load :meth:`_elastic_state`'s value into the shards as they are laid out now."""
         if state["params"] is not None:
             self._release_all()
-            with torch.no_grad():
-                for flats, values in zip(self._flats, state["params"]):
-                    for f, v in zip(flats, values):
-                        f.master.zero_()
-                        if f.hi > f.lo:
-                            f.master[:f.hi - f.lo].copy_(v[f.lo:f.hi])
-            self._masters_changed()
+            for flats, values in zip(self._flats, state["params"]):
+                for f, v in zip(flats, values):
+                    f.take_whole(v)
         self.load_state_dict(state["optim"])
 
     def _reshard(self, params: list[list[torch.Tensor]] | None = None) -> None:
@@ -1075,9 +1086,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if len(shards) != len(flats) or any(s.numel() != f.master.numel() for s, f in zip(shards, flats)):
             raise ValueError("the sharded state dict's shards do not match this optimizer's parameters")
         if self.stage == 3:
-            for s, f in zip(shards, flats):
-                f.master.copy_(s)
-            self._masters_changed()
+            self._load_shards(shards)
         self.optim.load_state_dict(state_dict["optim"])
         self._sync_groups(self.optim.param_groups, self.param_groups)
 
@@ -1097,10 +1106,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             return 0
         total = 0
         for b in self._buckets:
-            total += (b.hi - b.lo - b.splits[self.rank]) * torch.empty(0, dtype=b.flat.dtype).element_size()
+            total += (b.hi - b.lo - b.splits[self.rank]) * b.flat.dtype.itemsize
         gathers = 2 if self.stage == 3 else 1
         for f in (f for fs in self._flats for f in fs):
-            total += gathers * f.shard * (n - 1) * torch.empty(0, dtype=f.dtype).element_size()
+            total += gathers * f.shard * (n - 1) * f.dtype.itemsize
         return total
 
     def __repr__(self) -> str:
