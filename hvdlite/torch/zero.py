@@ -14,9 +14,10 @@ How a step runs (``docs/zero.md``):
 - *Shards.* Each parameter group's trainable parameters of one dtype and device are laid
   end to end, in the order backward produces their gradients, and the flat buffer is cut
   into N equal shards (padded to a multiple of :data:`ALIGN` elements); a parameter may
-  span two shards. Rank r's pieces of parameters are views into its shard, and the local
-  optimizer (:attr:`optim`) steps them, so no rank holds more than 1/N of the optimizer
-  state and one alignment unit, however the model's size is spread over its parameters.
+  span two shards. The local optimizer (:attr:`optim`) steps rank r's pieces of
+  parameters (views into the parameters at stages 1 and 2, into a shard buffer at
+  stage 3 or offloaded), so no rank holds more than 1/N of the optimizer state and one
+  alignment unit, however the model's size is spread over its parameters.
 - *Buckets.* Each flat buffer is cut into buckets of about ``bucket_cap_mb``.
 - *Gradients.* When backward has produced every gradient of a bucket (a post-accumulate
   hook per parameter), the bucket is reduce-scattered to the shards: one alltoall sends
@@ -87,11 +88,29 @@ def _copy_into_pieces(pieces: Iterable["_Piece"]) -> None:
 
 class _Piece:
     """The part of one parameter that falls in this rank's shard of its flat buffer:
-    ``param.view(-1)[lo:hi]``. :attr:`tensor` is a view into the shard, and the local
-    optimizer's parameter."""
+    ``param.view(-1)[lo:hi]``. :attr:`tensor` is the local optimizer's parameter: a view
+    into the shard's master copy, or, where the shard has none (:attr:`_Flat.views`), into
+    the parameter itself. :attr:`grad` is where its reduced gradient landed this step
+    when that is not a slice of the shard's gradients."""
 
     def __init__(self, param: torch.Tensor, lo: int, hi: int, tensor: torch.Tensor) -> None:
         self.param, self.lo, self.hi, self.tensor = param, lo, hi, tensor
+        self.grad: torch.Tensor | None = None
+
+    def own_slice(self) -> torch.Tensor:
+        """A fresh leaf view of the parameter's elements ``[lo, hi)``."""
+        return self.param.detach().view(-1)[self.lo:self.hi]
+
+    def grad_target(self) -> torch.Tensor:
+        """Stage 1 without master copies: where this piece's reduced gradient goes, the
+        same elements of the parameter's own gradient (sent already, no longer needed as
+        it was); a separate tensor where this rank had no gradient for the parameter."""
+        g = self.param.grad
+        if g is not None and g.is_contiguous() and g.dtype == self.param.dtype:
+            self.grad = g.detach().view(-1)[self.lo:self.hi]
+        else:
+            self.grad = torch.empty(self.hi - self.lo, dtype=self.param.dtype, device=self.param.device)
+        return self.grad
 
 
 class _Flat:
@@ -99,16 +118,27 @@ class _Flat:
     end in backward's order (reverse registration) and cut into ``size`` equal shards of
     :attr:`shard` elements (a multiple of :data:`ALIGN`; the last shard is padded). A
     parameter may span two or more shards. :attr:`master` is this rank's shard, in
-    ``master_dtype`` (the parameters' own, or float32 for 16-bit ones at stage 3)."""
+    ``master_dtype`` (the parameters' own, or float32 for 16-bit ones at stage 3), and
+    :attr:`grad` its reduced gradients.
+
+    Where the parameters stay whole on every rank in their own dtype (stages 1 and 2, not
+    offloaded), the shard needs no copy of them: :attr:`views` is then true, there is no
+    :attr:`master`, and the pieces are views into the parameters. At stage 1 the
+    parameters keep their full gradients until the step anyway, so the reduced ones land
+    in them too (``grads_in_params``: no :attr:`grad`). That is the 1/N of the model
+    each of these saves per rank."""
 
     def __init__(self, params: list[torch.Tensor], size: int, rank: int, name: str,
                  master_dtype: torch.dtype | None = None, numels: list[int] | None = None,
-                 values: torch.Tensor | None = None, offload: bool = False) -> None:
+                 values: torch.Tensor | None = None, offload: bool = False,
+                 views: bool = False, grads_in_params: bool = False, pin_memory: bool = True) -> None:
         """``numels``: the parameters' sizes where they are freed (stage 3); ``values``:
         the whole flat buffer to take the shard from, instead of the parameters;
         ``offload``: the shard and its gradients in host memory (pinned for a GPU), with
         a copy of the shard in the parameters' dtype on their device
-        (:attr:`device_shard`, what the gathers send)."""
+        (:attr:`device_shard`, what the gathers send); ``views`` and
+        ``grads_in_params``: see the class (the caller checks that they apply);
+        ``pin_memory``: an offloaded shard of GPU parameters in pinned host memory."""
         self.params = params
         self.name = name
         self.offset: dict[torch.Tensor, int] = {}
@@ -125,10 +155,20 @@ class _Flat:
         self.hi = min(self.lo + self.shard, self.numel)
         self.master_dtype = master_dtype or self.dtype
         self.offload = offload
+        self.views = views
         host = torch.device("cpu") if offload else self.device
-        pin = offload and self.device.type == "cuda"
-        self.master = torch.zeros(self.shard, dtype=self.master_dtype, device=host, pin_memory=pin)
-        self.grad = torch.zeros(self.shard, dtype=self.master_dtype, device=host, pin_memory=pin)
+        pin = offload and pin_memory and self.device.type == "cuda"
+        try:
+            self.master = None if views else torch.zeros(self.shard, dtype=self.master_dtype, device=host,
+                                                         pin_memory=pin)
+            self.grad = None if grads_in_params else torch.zeros(self.shard, dtype=self.master_dtype,
+                                                                 device=host, pin_memory=pin)
+        except RuntimeError as exc:
+            if not pin:
+                raise
+            raise RuntimeError(f"offload_optimizer='cpu' keeps the shards in pinned host memory, which this "
+                               f"machine refused ({exc}); pass offload_optimizer={{'device': 'cpu', "
+                               f"'pin_memory': False}} for pageable memory (slower copies)") from None
         self.device_shard = (torch.empty(self.shard, dtype=self.dtype, device=self.device)
                              if offload else None)
         self.pieces: list[_Piece] = []
@@ -136,16 +176,40 @@ class _Flat:
             a, b = self.part_of(p, rank)
             if a < b:
                 o = self.offset[p] - self.lo
-                self.pieces.append(_Piece(p, a, b, self.master[o + a:o + b].requires_grad_(True)))
-        if values is None:
+                piece = _Piece(p, a, b, None)
+                piece.tensor = (piece.own_slice() if views else self.master[o + a:o + b]).requires_grad_(True)
+                self.pieces.append(piece)
+        if values is not None:
+            self.take_whole(values)
+        elif not views:
             _copy_into_pieces(self.pieces)
             self.refresh()
-        else:
-            self.take_whole(values)
+
+    def rebind(self) -> None:
+        """:attr:`views`: pieces whose parameter was given new storage (``p.data = ...``)
+        view it again; the local optimizer keeps the same tensors."""
+        for piece in self.pieces:
+            if piece.tensor.data_ptr() != piece.own_slice().data_ptr():
+                piece.tensor.data = piece.own_slice()
+
+    def shard_values(self) -> torch.Tensor:
+        """A copy of this rank's shard, :attr:`shard` elements (zeros past the end)."""
+        if not self.views:
+            return self.master.detach().clone()
+        out = torch.zeros(self.shard, dtype=self.dtype, device=self.device)
+        for piece in self.pieces:
+            o = self.offset[piece.param] + piece.lo - self.lo
+            out[o:o + piece.hi - piece.lo].copy_(piece.tensor.detach())
+        return out
 
     @torch.no_grad()
     def take_whole(self, values: torch.Tensor) -> None:
         """This rank's shard takes its part of ``values``, the whole flat buffer."""
+        if self.views:
+            for piece in self.pieces:
+                o = self.offset[piece.param]
+                piece.tensor.copy_(values[o + piece.lo:o + piece.hi])
+            return
         self.master.zero_()
         if self.hi > self.lo:
             self.master[:self.hi - self.lo].copy_(values[self.lo:self.hi])
@@ -162,7 +226,15 @@ class _Flat:
     def source(self, a: int, b: int) -> torch.Tensor:
         """Elements ``[a, b)`` of this rank's shard as the gathers send them: on the
         parameters' device (the master's values; for an offloaded shard its device
-        copy)."""
+        copy; with :attr:`views`, the pieces' values packed)."""
+        if self.views:
+            parts = []
+            for piece in self.pieces:
+                o = self.offset[piece.param] + piece.lo - self.lo
+                lo, hi = max(a, o), min(b, o + piece.hi - piece.lo)
+                if lo < hi:
+                    parts.append(piece.tensor.detach()[lo - o:hi - o])
+            return torch.cat(parts) if parts else torch.empty(0, dtype=self.dtype, device=self.device)
         return (self.master if self.device_shard is None else self.device_shard)[a:b]
 
     def range_of(self, rank: int) -> tuple[int, int]:
@@ -203,9 +275,35 @@ class _Bucket:
         self.params = set(params)
         self.passes: dict[torch.Tensor, int] = {}   # backward passes seen per parameter
         self.present: list[bool] | None = None      # which gradients there were, when sent
+        # This rank's pieces in the bucket: (piece, offset in its part, elements).
+        start = max(self.lo, flat.lo)
+        self.mine = [(piece, flat.offset[piece.param] + piece.lo - start, piece.hi - piece.lo)
+                     for piece in flat.pieces if piece.param in self.params]
         self.handles: list[Any] = []   # reductions in flight, oldest first
         self.sent = 0        # reductions sent this step (stages 2 and 3: one per backward pass)
         self.landed = 0      # of them, summed into the shard
+
+
+def _offload_setting(value: Any) -> tuple[str | None, bool]:
+    """``offload_optimizer`` as given (None, "none", "cpu", or DeepSpeed's section
+    ``{"device": ..., "pin_memory": ...}``): (``"cpu"`` or None, whether to pin)."""
+    pin = True
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"device", "pin_memory"})
+        if unknown:
+            raise ValueError(f"offload_optimizer: {', '.join(unknown)} not supported (hvdlite takes its 'device' "
+                             f"and 'pin_memory')")
+        pin = value.get("pin_memory", False)    # DeepSpeed's default
+        if not isinstance(pin, bool):
+            raise ValueError(f"offload_optimizer's pin_memory must be True or False, not {pin!r}")
+        value = value.get("device", "none")
+    if value in (None, "none"):
+        return None, pin
+    if value == "cpu":
+        return "cpu", pin
+    raise ValueError(f"offload_optimizer must be None, 'cpu' (master weights and optimizer state in host memory, "
+                     f"the step on the CPU) or DeepSpeed's {{'device': 'cpu'}}, not {value!r}"
+                     + ("; NVMe offload is not supported" if value == "nvme" else ""))
 
 
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):
@@ -236,6 +334,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     CPU kernel for Adam and AdamW); each bucket's reduced gradients are copied to the host
     on a side stream as soon as they are in, and the updated shard goes back to the GPU
     for the gathers. With CPU parameters it is accepted and changes nothing.
+    DeepSpeed's section ``{"device": "cpu", "pin_memory": False}`` is taken too.
+
+    DeepSpeed's names (see also :func:`from_deepspeed_config`): ``reduce_bucket_size``
+    (elements per gradient bucket, instead of ``bucket_cap_mb``),
+    ``allgather_bucket_size`` (elements per allgather of the parameters after a step at
+    stages 1 and 2; by default the gradient buckets), ``overlap_comm`` (``False``: each
+    bucket's reduction is waited for where it is sent, instead of overlapping the rest of
+    backward) and ``contiguous_gradients`` (accepted; the reduced gradients are always
+    contiguous).
 
     The local optimizer steps pieces of parameters, so it must treat each element on its
     own, as the optimizers of ``torch.optim`` do but ``LBFGS``, ``Adafactor`` and
@@ -244,9 +351,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], optimizer_class: type[torch.optim.Optimizer],
                  process_group: Any = None, parameters_as_bucket_view: bool = False,
                  overlap_with_ddp: bool = False, *, stage: int = 1, model: torch.nn.Module | None = None,
-                 op: int = Average, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+                 op: int = Average, bucket_cap_mb: float | None = None,
                  backward_passes_per_step: int = 1, process_set: Any = None,
-                 offload_optimizer: str | None = None, **defaults: Any) -> None:
+                 offload_optimizer: str | dict[str, Any] | None = None,
+                 reduce_bucket_size: int | None = None, allgather_bucket_size: int | None = None,
+                 overlap_comm: bool = True, contiguous_gradients: bool = True, **defaults: Any) -> None:
         if process_group is not None and process_set is not None:
             raise ValueError("pass the ranks to shard over as process_group or as process_set, not both")
         process_set = process_group if process_group is not None else process_set
@@ -280,11 +389,19 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                              f"them whole and needs no model")
         if op not in (Average, Sum):
             raise ValueError("ZeroRedundancyOptimizer reduces gradients with hvd.Average or hvd.Sum")
-        if offload_optimizer not in (None, "none", "cpu"):
-            raise ValueError(f"offload_optimizer must be None or 'cpu' (master weights and optimizer state in "
-                             f"host memory, the step on the CPU), not {offload_optimizer!r}")
-        if bucket_cap_mb <= 0:
+        offload_optimizer, pin_memory = _offload_setting(offload_optimizer)
+        if bucket_cap_mb is not None and reduce_bucket_size is not None:
+            raise ValueError("give the gradient buckets' size as bucket_cap_mb (MiB) or as reduce_bucket_size "
+                             "(elements, DeepSpeed's name), not both")
+        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, not {bucket_cap_mb}")
+        for name, value in (("reduce_bucket_size", reduce_bucket_size),
+                            ("allgather_bucket_size", allgather_bucket_size)):
+            if value is not None and (int(value) != value or value < 1):
+                raise ValueError(f"{name} (elements) must be a positive integer, not {value!r}")
+        for name, value in (("overlap_comm", overlap_comm), ("contiguous_gradients", contiguous_gradients)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, not {value!r}")
         if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, not {backward_passes_per_step!r}")
         super().__init__(params, defaults)
@@ -292,10 +409,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.parameters_as_bucket_view = parameters_as_bucket_view
         self.stage = stage
         self.op = op
-        self.bucket_bytes = int(bucket_cap_mb * 1024 * 1024)
+        self.bucket_bytes = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
+        self.reduce_bucket_size = None if reduce_bucket_size is None else int(reduce_bucket_size)
+        self.allgather_bucket_size = None if allgather_bucket_size is None else int(allgather_bucket_size)
+        self.overlap_comm = overlap_comm
+        self.contiguous_gradients = contiguous_gradients
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.process_set = process_set
-        self.offload_optimizer = "cpu" if offload_optimizer == "cpu" else None
+        self.offload_optimizer = offload_optimizer
+        self._pin_memory = pin_memory
         self._copy_streams: dict[torch.device, Any] = {}   # offload: device-to-host copies
         with self._scope():             # checks that the set is registered
             self.rank, self.world_size = _ops.current_rank(), _ops.current_size()
@@ -345,10 +467,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         flats = []
         for k, ps in enumerate(by_key.values()):
             offload = self.offload_optimizer == "cpu" and (ps[0].device.type != "cpu" or _OFFLOAD_CPU_PARAMETERS)
+            # Stages 1 and 2 keep the parameters whole: the shard can be views into them.
+            views = self.stage < 3 and not offload and all(p.is_contiguous() for p in ps)
             flats.append(_Flat(ps, self.world_size, self.rank, f"zero.{self._index}.flat.{group}.{k}",
                                torch.float32 if (self.stage == 3 or offload) and ps[0].dtype in sixteen else None,
                                numels=[math.prod(shapes[p]) if p in shapes else p.numel() for p in ps],
-                               values=None if values is None else values[k], offload=offload))
+                               values=None if values is None else values[k], offload=offload,
+                               views=views, grads_in_params=views and self.stage == 1,
+                               pin_memory=self._pin_memory))
         return flats
 
     def _offloaded(self) -> bool:
@@ -377,30 +503,40 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _pieces(self) -> list[_Piece]:
         return [piece for flats in self._flats for f in flats for piece in f.pieces]
 
-    def _build_buckets(self) -> None:
-        """Buckets of at most ``bucket_cap_mb`` (a larger parameter alone), each a run of
-        one flat buffer in backward's order."""
-        for b in self._buckets:
-            if b.handles:
-                raise RuntimeError("ZeroRedundancyOptimizer: parameter groups changed while gradients "
-                                   "were in flight; call step() first")
-        self._buckets, self._bucket_of = [], {}
-        self._offload_active = self._offloaded()
+    def _runs(self, cap: int, in_elements: bool, kind: str) -> list["_Bucket"]:
+        """Every flat buffer cut into runs of its parameters in backward's order, each at
+        most ``cap`` bytes (or elements; a larger parameter alone)."""
+        runs: list[_Bucket] = []
         for flats in self._flats:
             for f in flats:
                 run: list[torch.Tensor] = []
                 size = 0
                 for p in f.params + [None]:
-                    nbytes = 0 if p is None else f.size[p] * p.element_size()
-                    if run and (p is None or size + nbytes > self.bucket_bytes):
-                        b = _Bucket(f, run, self.world_size, f"zero.{self._index}.bucket.{len(self._buckets)}")
-                        self._buckets.append(b)
-                        for q in run:
-                            self._bucket_of[q] = b
+                    n = 0 if p is None else f.size[p] * (1 if in_elements else p.element_size())
+                    if run and (p is None or size + n > cap):
+                        runs.append(_Bucket(f, run, self.world_size, f"zero.{self._index}.{kind}.{len(runs)}"))
                         run, size = [], 0
                     if p is not None:
                         run.append(p)
-                        size += nbytes
+                        size += n
+        return runs
+
+    def _build_buckets(self) -> None:
+        """Gradient buckets of at most ``bucket_cap_mb`` (or ``reduce_bucket_size``
+        elements), and the runs the parameters are gathered in after a step (the same,
+        or of ``allgather_bucket_size`` elements)."""
+        for b in self._buckets:
+            if b.handles:
+                raise RuntimeError("ZeroRedundancyOptimizer: parameter groups changed while gradients "
+                                   "were in flight; call step() first")
+        self._offload_active = self._offloaded()
+        if self.reduce_bucket_size is None:
+            self._buckets = self._runs(self.bucket_bytes, False, "bucket")
+        else:
+            self._buckets = self._runs(self.reduce_bucket_size, True, "bucket")
+        self._bucket_of = {p: b for b in self._buckets for p in b.order}
+        self._gathers = (self._buckets if self.allgather_bucket_size is None
+                         else self._runs(self.allgather_bucket_size, True, "gather"))
         ref = weakref.ref(self)
         for p in self._bucket_of:
             if p not in self._hooks:
@@ -429,6 +565,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         last = self.backward_passes_per_step if self.stage == 1 else b.sent + 1
         if len(b.passes) == len(b.params) and all(k == last for k in b.passes.values()):
             self._submit(b)
+            if not self.overlap_comm:   # DeepSpeed's overlap_comm=False: the reduction done here
+                while b.handles:
+                    self._land(b)
         if self.stage == 3:
             self._gradient_produced(p)
 
@@ -478,8 +617,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if n == 0:
             return
         start = max(b.lo, b.flat.lo) - b.flat.lo
-        into = b.flat.grad[start:start + n]
         scale = self.world_size if self.op == Average and self.world_size > 1 else 1
+        if b.flat.grad is None:     # stage 1 without master copies: into the parameters' gradients
+            rows = out.view(self.world_size, n) if self.world_size > 1 else out.view(1, n)
+            for piece, o, k in b.mine:
+                torch.sum(rows[:, o:o + k], 0, out=piece.grad_target())
+                if scale > 1:
+                    piece.grad.div_(scale)
+            return
+        into = b.flat.grad[start:start + n]
         if self.world_size == 1:
             part = out
         elif first and into.dtype == out.dtype and into.device == out.device:   # summed in place: the usual case
@@ -547,8 +693,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for f in (f for flats in self._flats for f in flats):
             for piece in f.pieces:
                 o = f.offset[piece.param] + piece.lo - f.lo
-                piece.tensor.grad = (f.grad[o:o + piece.hi - piece.lo]
-                                     if piece.param in present else None)
+                g = piece.grad if f.grad is None else f.grad[o:o + piece.hi - piece.lo]
+                piece.tensor.grad = g if piece.param in present else None
+                piece.grad = None
         self._reduced = True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
@@ -602,8 +749,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self.stage == 3:
             return
         written = getattr(self, "_written", {})
-        _copy_into_pieces(piece for piece in self._pieces()
-                          if written.get(piece.param) != (piece.param._version, piece.param.data_ptr()))
+        for f in (f for flats in self._flats for f in flats):
+            if f.views:     # the pieces are the parameters: only new storage matters
+                f.rebind()
+            else:
+                _copy_into_pieces(piece for piece in f.pieces
+                                  if written.get(piece.param) != (piece.param._version, piece.param.data_ptr()))
 
     @torch.no_grad()
     def _share_parameters(self) -> None:
@@ -614,7 +765,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         # Bucket by bucket: each rank's part of a bucket is a slice of its shard, and the
         # parts in rank order are the bucket's run of the flat buffer.
         pending = []
-        for b in self._buckets:
+        for b in self._gathers:
             f = b.flat
             lo, hi = max(b.lo, f.lo), min(b.hi, f.hi)
             mine = f.source(lo - f.lo, hi - f.lo) if lo < hi else f.source(0, 0)
@@ -899,13 +1050,46 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             if opt is not None:
                 opt._after_forward(module, output)
 
-        handles = []
+        def check(module: torch.nn.Module, args: Any) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._check_model(module)
+
+        self._model_params = dict(model.named_parameters())
+        handles = [model.register_forward_pre_hook(check, prepend=True)]
         for m in self._unit_of:
             handles.append(m.register_forward_pre_hook(before))
             handles.append(m.register_forward_hook(after))
         weakref.finalize(self, lambda hs: [h.remove() for h in hs], handles)
+        # Per parameter, the tensor the hooks gather it into, whose storage is freed in
+        # place (resized to nothing) when the unit is released and filled again for
+        # backward: autograd's saved views of a parameter (a transposed weight) share
+        # that storage, so they hold no memory between forward and backward either.
+        self._resident: dict[torch.Tensor, torch.Tensor] = {}
+        self._in_resident: set[torch.Tensor] = set()     # parameters whose data is theirs now
         for p in self._flat_of:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def _check_model(self, model: torch.nn.Module) -> None:
+        """Stage 3, before the model's forward (before any gather): the model still has
+        the parameters it had when sharded, with their dtype and device. A model changed
+        since would train parameters the optimizer does not know, silently."""
+        now = dict(model.named_parameters())
+        if now.keys() == self._model_params.keys() and all(
+                now[k] is p and p.dtype == self._flat_of[p].dtype and p.device == self._flat_of[p].device
+                for k, p in self._model_params.items() if p in self._flat_of):
+            return
+        added = sorted(now.keys() - self._model_params.keys())
+        removed = sorted(self._model_params.keys() - now.keys())
+        replaced = sorted(k for k in now.keys() & self._model_params.keys() if now[k] is not self._model_params[k])
+        moved = sorted(k for k, p in now.items() if p in self._flat_of and
+                       (p.dtype, p.device) != (self._flat_of[p].dtype, self._flat_of[p].device))
+        what = "; ".join(f"{label}: {', '.join(names)}" for label, names in (
+            ("added", added), ("removed", removed), ("replaced", replaced), ("moved to another dtype or device",
+                                                                           moved)) if names)
+        raise RuntimeError(f"stage 3: the model changed after ZeroRedundancyOptimizer sharded it ({what}); make "
+                           f"the model final (layers, tied weights, .to()) before building the optimizer, "
+                           f"or build it again")
 
     def _before_forward(self, module: torch.nn.Module) -> None:
         u = self._unit_of[module]
@@ -994,16 +1178,39 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             mine = (torch.cat(parts) if parts else f.source(0, 0)).to(f.dtype)
             u.pending.append((f, ps, allgather_async(mine, name=f"{u.name}.{k}", process_set=self.process_set)))
 
+    def _whole_tensor(self, p: torch.Tensor, resident: bool) -> torch.Tensor:
+        """Where ``p`` is gathered to: its resident tensor, its storage allocated again
+        (``resident``: the hooks' gathers), or a new tensor that whoever keeps it owns
+        (:meth:`gathered_parameters`, whose tensors a caller may keep)."""
+        n = math.prod(self._shapes[p])
+        f = self._flat_of[p]
+        if not resident:
+            return torch.empty(n, dtype=f.dtype, device=f.device)
+        t = self._resident.get(p)
+        if t is None:
+            t = self._resident[p] = torch.empty(n, dtype=f.dtype, device=f.device)
+        else:
+            t.untyped_storage().resize_(n * t.element_size())
+        self._in_resident.add(p)
+        return t
+
+    def _free(self, p: torch.Tensor) -> None:
+        """``p``'s gathered values dropped: its resident storage freed in place (with any
+        view autograd saved of it), or left to whoever still holds it."""
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if p in self._in_resident:
+            self._in_resident.discard(p)
+            self._resident[p].untyped_storage().resize_(0)
+
     @torch.no_grad()
-    def _gather(self, u: _Unit) -> None:
+    def _gather(self, u: _Unit, resident: bool = True) -> None:
         """Unit ``u``'s parameters whole on this rank until :meth:`_release`."""
         if u.held:
             return
         self._start_gather(u)
         for f, ps, handle in u.pending:
             out = synchronize(handle)
-            fulls = {p: torch.empty(math.prod(self._shapes[p]), dtype=f.dtype, device=f.device)
-                     for p in ps if self._holders[p] == 0}
+            fulls = {p: self._whole_tensor(p, resident) for p in ps if self._holders[p] == 0}
             at = 0
             for r in range(self.world_size):
                 for p in ps:
@@ -1027,8 +1234,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._holders.clear()
         self._in_backward = False
         for p in self._flat_of:
-            if p.numel():
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            if p.numel() or p in self._in_resident:
+                self._free(p)
 
     def _release(self, u: _Unit) -> None:
         if not u.held:
@@ -1037,7 +1244,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for p in u.params:
             self._holders[p] -= 1
             if self._holders[p] == 0:
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+                self._free(p)
 
     @contextlib.contextmanager
     def gathered_parameters(self, modify: bool = False) -> Iterator[None]:
@@ -1053,7 +1260,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for u in units:
             self._start_gather(u)
         for u in units:
-            self._gather(u)
+            self._gather(u, resident=False)
         try:
             yield
         finally:
@@ -1068,7 +1275,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         collective): quick to save, one file per rank, and loaded by
         :meth:`load_sharded_state_dict` on the same number of ranks."""
         return {"world_size": self.world_size, "rank": self.rank, "stage": self.stage,
-                "shards": [f.master.detach().clone() for fs in self._flats for f in fs],
+                "shards": [f.shard_values() for fs in self._flats for f in fs],
                 "optim": copy.deepcopy(self.optim.state_dict())}
 
     @torch.no_grad()
@@ -1083,7 +1290,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                              f"{self.world_size}: load it with as many ranks, or save the whole state "
                              f"(consolidate_state_dict) instead")
         shards = state_dict["shards"]
-        if len(shards) != len(flats) or any(s.numel() != f.master.numel() for s, f in zip(shards, flats)):
+        if len(shards) != len(flats) or any(s.numel() != f.shard for s, f in zip(shards, flats)):
             raise ValueError("the sharded state dict's shards do not match this optimizer's parameters")
         if self.stage == 3:
             self._load_shards(shards)
@@ -1115,3 +1322,94 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (f"ZeroRedundancyOptimizer({self.optimizer_class.__name__}, stage {self.stage}, "
                 f"rank {self.rank} of {self.world_size})")
+
+
+# -- DeepSpeed's configuration ----------------------------------------------------------
+
+#: The ZeRO settings of a DeepSpeed configuration that mean here what they mean there
+#: (each is a keyword argument of ZeroRedundancyOptimizer of the same name).
+DEEPSPEED_KEYS = ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
+                  "contiguous_gradients", "offload_optimizer")
+#: DeepSpeed settings accepted at the one value that is what hvdlite always does.
+DEEPSPEED_FIXED = {"reduce_scatter": True, "allgather_partitions": True, "round_robin_gradients": False,
+                   "offload_param": {"device": "none"}}
+
+
+def _zero_section(config: Any) -> tuple[dict[str, Any], list[str]]:
+    """The ``zero_optimization`` section of a DeepSpeed configuration (a dict, or the
+    path of its JSON file; the section itself is taken too), and the other top-level
+    keys, which are not read."""
+    import json
+    import os
+    if isinstance(config, (str, os.PathLike)):
+        with open(config) as fh:
+            config = json.load(fh)
+    if not isinstance(config, dict):
+        raise TypeError(f"a DeepSpeed configuration is a dict or the path of its JSON file, not "
+                        f"{type(config).__name__}")
+    if "zero_optimization" in config:
+        section = config["zero_optimization"]
+        if not isinstance(section, dict):
+            raise ValueError(f"zero_optimization must be a dict of ZeRO settings, not {section!r}")
+        return section, sorted(k for k in config if k != "zero_optimization")
+    return config, []
+
+
+def from_deepspeed_config(model: torch.nn.Module, optimizer_class: type[torch.optim.Optimizer],
+                          config: Any, **kwargs: Any) -> torch.optim.Optimizer:
+    """Build the optimizer a DeepSpeed configuration's ZeRO section describes, over
+    ``model``'s parameters: a :class:`ZeroRedundancyOptimizer` at ``stage`` 1 to 3 (with
+    ``model=`` at stage 3), or at stage 0 (ZeRO off) ``optimizer_class`` wrapped in
+    :func:`hvdlite.torch.DistributedOptimizer`.
+
+    ``config`` is the configuration (a dict, or the path of its JSON file) or its
+    ``zero_optimization`` section alone. Only that section is read: its settings in
+    :data:`DEEPSPEED_KEYS` become the keyword arguments of the same name
+    (``offload_optimizer`` as DeepSpeed's ``{"device": "cpu", "pin_memory": ...}``), a
+    value ``"auto"`` leaves hvdlite's default, and the settings of
+    :data:`DEEPSPEED_FIXED` are accepted at the value listed. Any other ZeRO setting is
+    refused by name (ValueError). The configuration's other sections (``optimizer``,
+    ``fp16``, batch sizes, ...) are not read, and a warning names them: give the
+    optimizer's hyperparameters, and hvdlite's own arguments (``process_set``, ``op``,
+    ``backward_passes_per_step``, ...), as ``kwargs``::
+
+        opt = from_deepspeed_config(model, torch.optim.AdamW, "ds_config.json", lr=1e-4)
+    """
+    import warnings
+    section, others = _zero_section(config)
+    settings: dict[str, Any] = {}
+    refused = []
+    for key, value in section.items():
+        if isinstance(value, str) and value == "auto":
+            continue
+        if key in DEEPSPEED_KEYS:
+            settings[key] = value
+        elif key in DEEPSPEED_FIXED and value == DEEPSPEED_FIXED[key]:
+            continue
+        elif key == "offload_param" and isinstance(value, dict) and value.get("device", "none") == "none":
+            continue
+        else:
+            refused.append(f"{key}={value!r}")
+    if refused:
+        fixed = ", ".join(f"{k}={v!r}" for k, v in DEEPSPEED_FIXED.items())
+        raise ValueError(f"DeepSpeed ZeRO settings hvdlite does not support: {', '.join(refused)} (it takes "
+                         f"{', '.join(DEEPSPEED_KEYS)}, and {fixed}); remove them")
+    if others:
+        warnings.warn(f"from_deepspeed_config reads only the ZeRO section; not read: {', '.join(others)} "
+                      f"(give the optimizer's hyperparameters as keyword arguments)", stacklevel=2)
+    both = sorted(settings.keys() & kwargs.keys())
+    if both:
+        raise ValueError(f"{', '.join(both)} given both in the DeepSpeed configuration and as arguments")
+    stage = settings.pop("stage", 0)
+    if stage == 0:
+        from hvdlite.torch.optimizer import DistributedOptimizer
+        dropped = sorted(k for k in settings if k not in ("overlap_comm", "contiguous_gradients"))
+        if dropped:
+            raise ValueError(f"stage 0 (ZeRO off) takes no {', '.join(dropped)}: they shard, and nothing is "
+                             f"sharded at stage 0")
+        hvd_args = {k: kwargs.pop(k) for k in ("backward_passes_per_step", "op", "process_set") if k in kwargs}
+        return DistributedOptimizer(optimizer_class(model.parameters(), **kwargs),
+                                    named_parameters=model.named_parameters(), **hvd_args)
+    if stage == 3:
+        settings["model"] = model
+    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class, stage=stage, **settings, **kwargs)
