@@ -27,6 +27,22 @@ on the GPUs by NCCL.
 ``--optimizer adam`` trains with Adam instead of SGD, and ``--optimizer onebit-adam``
 with ``hvd.OneBitAdam`` (1-bit compressed momentum after a warm-up; docs/zero.md).
 
+``--zero-stage 1``, ``2`` or ``3`` replaces ``hvd.DistributedOptimizer`` by
+``hvd.ZeroRedundancyOptimizer`` over the same SGD or Adam (docs/zero.md): each rank keeps
+the optimizer state of one shard of the parameters (stage 1), also only that shard's
+reduced gradients (stage 2), and also only that shard of the parameters (stage 3, which
+gathers each layer's parameters just before it runs). The steps are the same as with
+``DistributedOptimizer``, so the run ends with the same parameters up to rounding:
+
+    hvdlite-run -np 2 python examples/pytorch/train_digits_cnn.py --optimizer adam --zero-stage 3
+
+At stage 3 whatever reads the parameters outside forward and backward (the checkpoint,
+``--save-params``, the broadcast of rank 0's initial parameters) does so inside
+``optimizer.gathered_parameters()``, a collective every rank enters; the evaluation is
+an ordinary forward and needs nothing. The checkpoint holds the whole optimizer state,
+gathered on rank 0 by ``optimizer.consolidate_state_dict(to=0)``, so it is the same file
+as without ZeRO: a run resumes from it at any stage and on any number of ranks.
+
 Rank 0 shows a progress bar on stderr (its loss is the average over all ranks), prints
 metrics averaged over all ranks, and writes a checkpoint after every epoch
 (``--checkpoint``); ``--resume`` continues from it.
@@ -34,12 +50,13 @@ metrics averaged over all ranks, and writes a checkpoint after every epoch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, ContextManager, TextIO
 
 import numpy as np
 import torch
@@ -80,7 +97,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="default: 0.05 for sgd, 0.003 for the Adams")
     p.add_argument("--momentum", type=float, default=0.9, help="sgd's momentum")
     p.add_argument("--freeze-fraction", type=float, default=0.2,
-                   help="onebit-adam: the fraction of all steps run as uncompressed Adam")
+                   help="onebit-adam only: the fraction of all steps run as uncompressed Adam "
+                        "(it freezes Adam's variance, not parameters)")
+    p.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=0,
+                   help="0: the optimizer in hvd.DistributedOptimizer; 1, 2, 3: "
+                        "hvd.ZeroRedundancyOptimizer over sgd or adam, sharding the optimizer "
+                        "state (1), also the gradients (2), also the parameters (3). Not with "
+                        "onebit-adam (distributed by itself) or --reference (no hvdlite)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="digits_cnn_checkpoint.pt",
                    help="checkpoint written by rank 0 after every epoch ('' to disable)")
@@ -99,6 +122,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.float64 and args.optimizer == "onebit-adam":
         p.error("onebit-adam packs float32 values; drop --float64")
+    if args.zero_stage and args.optimizer == "onebit-adam":
+        p.error("--zero-stage does not combine with --optimizer onebit-adam: hvd.OneBitAdam "
+                "reduces its own compressed momentum and cannot be sharded by "
+                "ZeroRedundancyOptimizer; use --optimizer adam or sgd with --zero-stage")
+    if args.zero_stage and args.reference:
+        p.error("--zero-stage shards over hvdlite's ranks; --reference runs without hvdlite "
+                "(it ends where every stage ends: drop --zero-stage)")
     if args.resume and args.optimizer == "onebit-adam":
         p.error("--resume with onebit-adam: its error-feedback buffers differ on every rank, and this "
                 "example's checkpoint is rank 0's alone")
@@ -189,28 +219,49 @@ def main(argv: list[str] | None = None) -> int:
     hvd = comm.hvd
     steps = len(x_tr) // args.batch_size  # incomplete global batches are dropped
     onebit = args.optimizer == "onebit-adam" and hvd is not None
-    optimizer: torch.optim.Optimizer
-    if args.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    elif onebit:
-        optimizer = hvd.OneBitAdam(model.parameters(), lr=args.lr,
-                                   freeze_step=int(args.freeze_fraction * steps * args.epochs))
-    else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    zero = args.zero_stage if hvd is not None else 0
+
     start_epoch = 0
     ckpt = Path(args.checkpoint) if args.checkpoint else None
+    state = None
     if args.resume and ckpt is not None and rank == 0 and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False, map_location=device)
+        state = torch.load(ckpt, weights_only=False, map_location="cpu")
+    if zero:
+        # Every rank loads the whole optimizer state and keeps its shard's part of it.
+        state = hvd.broadcast_object(state, root_rank=0, name="checkpoint")
+    if state is not None:
+        # Before the optimizer is built: at stage 3 it takes the parameters into its shards.
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
 
+    optimizer: torch.optim.Optimizer
+    optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam
+    hyperparameters: dict[str, Any] = {"lr": args.lr}
+    if args.optimizer == "sgd":
+        optimizer_class, hyperparameters["momentum"] = torch.optim.SGD, args.momentum
+    if onebit:
+        optimizer = hvd.OneBitAdam(model.parameters(), lr=args.lr,
+                                   freeze_step=int(args.freeze_fraction * steps * args.epochs))
+    elif zero:
+        # It reduces the gradients itself: not wrapped in DistributedOptimizer.
+        optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class,
+                                                stage=zero, model=model if zero == 3 else None,
+                                                **hyperparameters)
+    else:
+        optimizer = optimizer_class(model.parameters(), **hyperparameters)
+    if state is not None and (zero or rank == 0):
+        optimizer.load_state_dict(state["optimizer"])
+
     if hvd is not None:
-        if not onebit:
+        if not onebit and not zero:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-        # Start every rank from rank 0's parameters, optimizer state and epoch.
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        if not onebit:   # (never resumed: see parse_args)
+        # Start every rank from rank 0's parameters, optimizer state and epoch. (At stage 3
+        # the parameters live in the shards: gathered for the broadcast, and what they hold
+        # afterwards goes back into the shards. ZeRO's optimizer state came from the
+        # checkpoint on every rank.)
+        with parameters_gathered(optimizer, zero, modify=True):
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        if not onebit and not zero:   # (onebit-adam never resumes: see parse_args)
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)
 
@@ -252,26 +303,44 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"epoch {epoch + 1:3d}: train loss {loss_sum / seen:.4f}  "
                   f"train accuracy {correct / seen:.4f}  test accuracy {test_acc:.4f}", flush=True)
-            if ckpt is not None:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "epoch": epoch}, ckpt)
+        if ckpt is not None:
+            if zero:
+                optimizer.consolidate_state_dict(to=0)   # every rank; the whole state on rank 0
+            with parameters_gathered(optimizer, zero):   # every rank (stage 3: a collective)
+                if rank == 0:
+                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                "epoch": epoch}, ckpt)
 
     test_acc = evaluate(model, x_te, y_te, comm)
     if rank == 0:
         mode = "single process (reference)" if args.reference else f"{size} ranks"
         mode += " on GPUs" if use_cuda else ""
+        mode += f" with ZeRO stage {zero}" if zero else ""
         print(f"trained on {mode} in {time.perf_counter() - t0:.1f} s")
         print(f"final test accuracy: {test_acc:.4f}", flush=True)
-        if args.save_params:
-            np.savez(args.save_params, **{k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
-            print(f"saved parameters to {args.save_params}")
+    if args.save_params:
+        with parameters_gathered(optimizer, zero):   # every rank (stage 3: a collective)
+            if rank == 0:
+                np.savez(args.save_params, **{k: v.detach().cpu().numpy()
+                                              for k, v in model.state_dict().items()})
+                print(f"saved parameters to {args.save_params}")
     if hvd is not None:
         hvd.shutdown()
     return 0
 
 
+def parameters_gathered(optimizer: torch.optim.Optimizer, zero: int,
+                        modify: bool = False) -> ContextManager[Any]:
+    """Inside, the model's parameters are whole on every rank. Only ZeRO stage 3 frees them
+    between uses; ``gathered_parameters()`` then is a collective that every rank enters
+    (``modify``: what the parameters hold at the end goes back into the shards; at stages
+    1 and 2 it does nothing). Without ZeRO nothing happens."""
+    return optimizer.gathered_parameters(modify=modify) if zero else contextlib.nullcontext()
+
+
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, comm: Comm) -> float:
-    """Accuracy on the test set; each rank scores a slice, the counts are summed."""
+    """Accuracy on the test set; each rank scores a slice, the counts are summed. (A
+    forward under no_grad: at ZeRO stage 3 it gathers each layer's parameters itself.)"""
     model.eval()
     mine = slice(comm.rank, None, comm.size)
     with torch.no_grad():

@@ -65,6 +65,59 @@ def test_digits_cnn_with_one_bit_adam_ends_within_a_point_of_adam() -> None:
     assert abs(accs["onebit-adam"] - accs["adam"]) <= 0.01, accs
 
 
+ZERO_RUN = ("--optimizer", "adam", "--float64", "--epochs", "3", "--no-progress")
+
+
+@pytest.fixture(scope="module")
+def distributed_optimizer_params(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The final parameters of ``ZERO_RUN`` on 2 ranks with hvd.DistributedOptimizer."""
+    params = tmp_path_factory.mktemp("zero0") / "stage0.npz"
+    out = run_ranks(2, DIGITS, *ZERO_RUN, "--checkpoint", "", "--save-params", str(params), timeout=200)
+    assert float(ACC.findall(out)[-1]) > 0.85, out
+    return dict(np.load(params))
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_digits_cnn_zero_stage_ends_where_distributed_optimizer_does(
+        tmp_path: Path, stage: int, distributed_optimizer_params: dict[str, np.ndarray]) -> None:
+    """``--zero-stage N`` (hvd.ZeroRedundancyOptimizer over Adam, in float64) takes the
+    steps hvd.DistributedOptimizer takes: the same final parameters up to rounding. At
+    stage 3 (parameters sharded) the run stops after 2 epochs and resumes from its
+    checkpoint (the whole optimizer state, consolidated on rank 0, and the parameters,
+    gathered) for the third, which checks the checkpoint as well."""
+    params = tmp_path / f"stage{stage}.npz"
+    ckpt = tmp_path / "ckpt.pt"
+    args = (*ZERO_RUN, "--zero-stage", str(stage), "--checkpoint", str(ckpt), "--save-params", str(params))
+    if stage == 3:
+        first = run_ranks(2, DIGITS, *args, "--epochs", "2", timeout=200)
+        assert "with ZeRO stage 3" in first, first
+        out = run_ranks(2, DIGITS, *args, "--resume", timeout=200)
+        assert "epoch   2:" not in out and "epoch   3:" in out, out
+    else:
+        out = run_ranks(2, DIGITS, *args, timeout=200)
+    assert f"trained on 2 ranks with ZeRO stage {stage}" in out, out
+    accs = ACC.findall(out)
+    assert len(accs) == 1 and float(accs[0]) > 0.85, out
+    got = dict(np.load(params))
+    assert got.keys() == distributed_optimizer_params.keys()
+    for k, want in distributed_optimizer_params.items():
+        assert got[k].shape == want.shape, k
+        np.testing.assert_allclose(got[k], want, rtol=1e-9, atol=1e-12, err_msg=k)
+    assert ckpt.exists(), "rank 0 writes a checkpoint"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("other,why", [(("--optimizer", "onebit-adam"), "onebit-adam"),
+                                       (("--reference",), "--reference")])
+def test_digits_cnn_refuses_zero_stage_with_what_it_cannot_shard(
+        tmp_path: Path, other: tuple[str, ...], why: str) -> None:
+    proc = subprocess.run([sys.executable, str(DIGITS), "--zero-stage", "2", *other, "--epochs", "1"],
+                          cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error: --zero-stage" in proc.stderr and why in proc.stderr, proc.stderr
+
+
 @pytest.mark.timeout(300)
 def test_digits_cnn_resumes_from_checkpoint(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
