@@ -246,6 +246,14 @@ def summary_items(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             api = "custom loop" if r["api"] == "loop" else "`model.fit`"
             add(doc, "TensorFlow MultiWorkerMirroredStrategy", f"Keras {model} training ({api}), samples/s",
                 r["hvdlite_over_mwms"], r.get("hvdlite_over_mwms_range"), f"tf_{r['model']}_{r['api']}")
+    for doc in by_benchmark(docs, "bench_zero")[:1]:
+        ratios, ranges = doc.get("peer_ratio") or {}, doc.get("peer_ratio_range") or {}
+        model = "MLP" if doc.get("settings", {}).get("model", "mlp") == "mlp" else "CNN"
+        for ours, peer, title in ZERO_PEERS:
+            key = f"{ours}_over_{peer}"
+            if key in ratios:
+                add(doc, title, f"ZeRO stage {ours[-1]}, Adam, PyTorch {model} training, steps/s", ratios[key],
+                    ranges.get(key), f"zero_{peer}")
     for doc in by_benchmark(docs, "bench_core")[:1]:
         rows = {r["name"]: r for r in doc["rows"]}
         for name, label in (("latency_4KiB_inplace", "lone 4 KiB allreduce"),
@@ -551,13 +559,25 @@ def hosts_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# The peers bench_zero.py sets hvdlite's stages against: (hvdlite, peer, the peer in words).
+ZERO_PEERS = [("hvd_zero2", "fsdp2_zero2", "PyTorch FSDP2 (`fully_shard`, gloo)"),
+              ("hvd_zero3", "fsdp2_zero3", "PyTorch FSDP2 (`fully_shard`, gloo)"),
+              ("hvd_zero2", "ds_zero2", "DeepSpeed ZeRO (CPU, gloo)"),
+              ("hvd_zero3", "ds_zero3", "DeepSpeed ZeRO (CPU, gloo)")]
+
+
 def zero_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
-    out = ["ZeRO with Adam on the PyTorch MLP, 2 ranks, all six in the same processes, "
+    out = ["ZeRO with Adam on the PyTorch MLP, on 2 ranks and on 4 (where a second run is shown; "
+           "4 ranks share this machine's 2 cores), all in the same processes, "
            "interleaved in rounds: hvdlite's `ZeroRedundancyOptimizer` at stage 1 (`hvd_zero`), "
            "stage 2 (`hvd_zero2`) and stage 3 (`hvd_zero3`), "
            "`DistributedOptimizer(Adam)` with the whole state on every rank (`hvd_dist`), "
            "`DistributedDataParallel` with PyTorch's own `ZeroRedundancyOptimizer` on gloo "
-           "(`torch_zero`) and DDP with plain Adam (`ddp_adam`). Steps per second of the median "
+           "(`torch_zero`), DDP with plain Adam (`ddp_adam`), PyTorch's FSDP2 (`fully_shard` per "
+           "layer and on the model, gloo) keeping the gathered parameters until backward "
+           "(`fsdp2_zero2`) or gathering them again for it (`fsdp2_zero3`), and DeepSpeed's ZeRO "
+           "stages 2 and 3 on its CPU accelerator (`ds_zero2`, `ds_zero3`) where it is installed. "
+           "Steps per second of the median "
            "window, median over rounds (range); `hvd_zero` ÷ it is taken within each round. Bytes "
            "sent: hvdlite's ZeRO counts its own; the others are counted from their algorithms.", ""]
     for doc in docs:
@@ -567,13 +587,28 @@ def zero_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
                 f"{r['bytes_per_step'] / MiB:.1f} MiB"] for r in doc["summary"]]
         out += table(["optimizer", "steps/s", "`hvd_zero` ÷ it, steps/s", "bytes sent per rank per step"], trs)
         out.append("")
+        ratios, ranges = doc.get("peer_ratio") or {}, doc.get("peer_ratio_range") or {}
+        shown = [f"`{a}` ÷ `{b}` {fmt_ratio(ratios[f'{a}_over_{b}'], ranges.get(f'{a}_over_{b}'), bold=True)}"
+                 for a, b, _ in ZERO_PEERS if f"{a}_over_{b}" in ratios]
+        if shown:
+            version = f" (DeepSpeed {doc['deepspeed']})" if doc.get("deepspeed") and any(
+                k.endswith(("_ds_zero2", "_ds_zero3")) for k in ratios) else ""
+            out += ["- hvdlite's stages over their peers, steps/s, within each round (above 1: hvdlite is "
+                    "faster): " + ", ".join(shown) + version + "."]
+        for config, why in (doc.get("skipped") or {}).items():
+            out += [f"- `{config}` did not run: {why}."]
         f = doc.get("figures") or {}
         if f:
             per_rank = ", ".join(f"{b / MiB:.1f}" for b in f["state_bytes"]["per_rank"])
+            diffs = {"hvd_zero": f["max_param_diff"], **(f.get("peer_param_diff") or {})}
+            shown_diffs = (f"**{f['max_param_diff']:.3g}**" if len(diffs) == 1 else
+                           ", ".join(f"`{c}` **{v:.3g}**" for c, v in diffs.items()))
             out += [f"- Largest per-rank share of Adam's state: **{f['state_share_max']:.3f}** of the unsharded "
                     f"{f['state_bytes']['unsharded'] / MiB:.1f} MiB (per rank: {per_rank} MiB).",
                     f"- Largest difference between its parameters and `DistributedOptimizer(Adam)`'s after the "
-                    f"same {doc['settings'].get('check_steps', '?')} steps: **{f['max_param_diff']:.3g}**.", ""]
+                    f"same {doc['settings'].get('check_steps', '?')} steps: {shown_diffs}."]
+        if shown or f or doc.get("skipped"):
+            out.append("")
     return out
 
 
@@ -581,19 +616,78 @@ def zero_memory_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     out = ["Bytes a rank holds for training (the distinct storages of the parameters, their "
            "gradients, the optimizer state and hvdlite ZeRO's shards; not activations or "
            "communication buffers), largest rank over replicated Adam's "
-           "(`DistributedOptimizer(Adam)`), after backward or after `step()`, whichever is more: "
-           "PyTorch's `ZeroRedundancyOptimizer` (whole parameters per rank) beside hvdlite's stages 1 "
-           "to 3 (equal shards). `tied`: an embedding tied to the output layer, 97 % of the "
-           "parameters; `mlp`: eight equal layers. Full sharding of all of it would be 1/N.", ""]
+           "(`DistributedOptimizer(Adam)`), after backward or after `step()`, whichever is more; in "
+           "brackets the most during forward and backward (taken after each module's forward and as "
+           "each gradient is accumulated): PyTorch's `ZeroRedundancyOptimizer` (whole parameters per "
+           "rank) beside hvdlite's stages 1 to 3 (equal shards). `tied`: an embedding tied to the "
+           "output layer; `mlp`: eight equal layers. Full sharding of all of it would be 1/N.", ""]
     for doc in docs:
         out += [ctx.run_line(doc), ""]
         configs = list(dict.fromkeys(r["config"] for r in doc["summary"]))
-        models = list(dict.fromkeys(r["model"] for r in doc["summary"]))
-        by = {(r["model"], r["config"]): r for r in doc["summary"]}
-        trs = [[f"`{m}`"] + [fmt_ratio(by[(m, c)]["over_replicated"], bold=c.startswith("stage"))
-                             for c in configs] for m in models]
-        out += table(["model"] + [f"`{c}`" for c in configs], trs)
+        keys = list(dict.fromkeys((r.get("ranks", doc.get("settings", {}).get("ranks")), r["model"])
+                                  for r in doc["summary"]))
+        by = {(r.get("ranks", doc.get("settings", {}).get("ranks")), r["model"], r["config"]): r
+              for r in doc["summary"]}
+        trs = []
+        for n, m in keys:
+            share = by[(n, m, configs[0])].get("largest_parameter_share")
+            cells = []
+            for c in configs:
+                r = by[(n, m, c)]
+                cell = fmt_ratio(r["over_replicated"], bold=c.startswith("stage"))
+                if "peak_over_replicated" in r and r["peak_over_replicated"] != r["over_replicated"]:
+                    cell += f" ({r['peak_over_replicated']:.3f})"
+                cells.append(cell)
+            trs.append([str(n), f"`{m}`", "–" if share is None else f"{share:.0%}"] + cells)
+        out += table(["ranks", "model", "largest parameter"] + [f"`{c}`" for c in configs], trs)
         out.append("")
+    return out
+
+
+CAPPED_JOBS = {"reference": "reference, no cap", "stage3_uncapped": "stage 3, no cap",
+               "replicated_capped": "replicated, capped", "stage3_capped": "stage 3, capped"}
+
+
+def zero_capped_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["A model that does not fit: each rank runs in a memory cgroup of its own, and under a "
+           "per-rank cap that replicated Adam (`DistributedOptimizer(Adam)`, 16 bytes per parameter "
+           "on every rank) exceeds, ZeRO stage 3 trains the model on 4 ranks from the same start on the "
+           "same batches as an uncapped replicated reference. The cap lies halfway between the two "
+           "optimizers' peaks measured without one. Peak: the high-water mark of the largest rank's "
+           "cgroup, which the rank joined before importing torch; final loss: the mean over the ranks "
+           "at the last step, and its relative difference from the reference's.", ""]
+    for doc in docs:
+        s, f = doc["settings"], doc.get("figures") or {}
+        out += [ctx.run_line(doc) + f" {f.get('params', 0) / 1e6:.1f} M parameters ({s.get('layers')} Linear "
+                f"layers of {s.get('width')}), {s.get('ranks')} ranks, {s.get('steps')} steps; cap "
+                f"{f.get('cap_bytes', 0) / MiB:.0f} MiB per rank (`{str(f.get('cap_file', '?')).split()[0]}`).", ""]
+        trs = []
+        for r in doc["summary"]:
+            if r["finished"]:
+                outcome = f"trained {s.get('steps')} steps"
+            elif r["oom_kills"]:
+                ranks = r.get("oom_killed_ranks", r["oom_kills"])
+                outcome = f"killed by the OOM killer ({ranks} of {s.get('ranks')} ranks)"
+            else:
+                outcome = "timed out" if r.get("timed_out") else f"failed (status {r['returncode']})"
+            capped = r["cap_bytes"] is not None
+            trs.append([CAPPED_JOBS.get(r["job"], r["job"]), f"`{r['optimizer']}`",
+                        f"{r['cap_bytes'] / MiB:.0f} MiB" if capped else "none",
+                        f"**{outcome}**" if capped else outcome,
+                        "–" if r["largest_peak_bytes"] is None else f"{r['largest_peak_bytes'] / MiB:.0f} MiB",
+                        "–" if r["final_loss"] is None else f"{r['final_loss']:.6f}",
+                        "–" if r["loss_rel_diff"] is None else f"{r['loss_rel_diff']:.1e}"])
+        out += table(["job", "optimizer", "cap per rank", "outcome", "peak, largest rank", "final loss",
+                      "relative difference from the reference"], trs)
+        out.append("")
+        if f:
+            per_param = [(f[k] - f["baseline_bytes"]) / f["params"] for k in
+                         ("peak_replicated_uncapped_bytes", "peak_stage3_uncapped_bytes")]
+            out += [f"- Baseline per rank (torch and hvdlite imported, `hvd.init()`, a first optimizer built): "
+                    f"{f['baseline_bytes'] / MiB:.0f} MiB. Above it, uncapped, replicated Adam peaks at "
+                    f"{per_param[0]:.1f} bytes per parameter and stage 3 at **{per_param[1]:.1f}**"
+                    + (f"; after the last step they hold {f['held_replicated_bytes'] / MiB:.0f} MiB and "
+                       f"{f['held_stage3_bytes'] / MiB:.0f} MiB" if "held_stage3_bytes" in f else "") + ".", ""]
     return out
 
 
@@ -783,6 +877,7 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_hosts", "Many hosts, emulated {#many-hosts}", hosts_section),
     ("bench_zero", "ZeRO stages 1 to 3 {#zero}", zero_section),
     ("bench_zero_memory", "ZeRO: memory per rank {#zero-memory}", zero_memory_section),
+    ("bench_zero_capped", "ZeRO stage 3 under a memory cap {#zero-capped}", zero_capped_section),
     ("bench_offload_step", "ZeRO-Offload: the CPU step {#offload}", offload_step_section),
     ("bench_onebit", "1-bit Adam and top-k compression {#onebit}", onebit_section),
     ("bench_autotune", "Autotune {#autotune}", autotune_section),
@@ -801,6 +896,7 @@ MISSING = {
     "bench_hosts": "python benchmarks/bench_hosts.py",
     "bench_zero": "python benchmarks/bench_zero.py",
     "bench_zero_memory": "python benchmarks/bench_zero_memory.py",
+    "bench_zero_capped": "python benchmarks/bench_zero_capped.py",
     "bench_offload_step": "python benchmarks/bench_offload_step.py",
     "bench_onebit": "python benchmarks/bench_onebit.py",
     "bench_autotune": "python benchmarks/bench_autotune.py",
@@ -813,6 +909,7 @@ MISSING = {
 }
 NEEDS = {"bench_gpu": "a GPU with PyTorch's CUDA build and NCCL, which the machine above lacks",
          "bench_hosts": "root (network namespaces and `tc`)",
+         "bench_zero_capped": "root and a memory cgroup controller (cgroup v1's `memory`, or v2 with `memory` enabled)",
          "bench_faults": "root (network namespaces and `tc`)",
          "bench_onebit": "root for its emulated hosts (or `--hosts 0`)",
          "bench_horovod": "a Horovod 0.28.1 build made by `benchmarks/build_horovod.sh HOROVOD_VENV`"}
