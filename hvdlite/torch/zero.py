@@ -529,7 +529,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             if b.handles:
                 raise RuntimeError("ZeroRedundancyOptimizer: parameter groups changed while gradients "
                                    "were in flight; call step() first")
-        self._offload_active = self._offloaded()
+        self._in_flight: list[_Bucket] = []     # buckets with reductions not yet landed, oldest first
         if self.reduce_bucket_size is None:
             self._buckets = self._runs(self.bucket_bytes, False, "bucket")
         else:
@@ -576,10 +576,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         bucket is sent the same number of times a step on every rank (once at stage 1,
         ``backward_passes_per_step`` times at stages 2 and 3), so that the reductions
         match whichever rank's gradients came when; sending never waits for another
-        rank (earlier reductions are summed into the shard once they are done; with the
-        shards offloaded, every bucket's, so that their copies to host memory overlap
-        backward)."""
-        for done in (self._buckets if self._offload_active else [b]):
+        rank. The reductions already done, of every bucket, are summed into the shard
+        first: that frees their buffers (the gradients sent and received), so a rank
+        holds a bucket or two in flight rather than the whole model's gradients, and
+        with the shards offloaded their copies to host memory overlap backward."""
+        for done in list(self._in_flight):
             self._land_done(done)
         flat = torch.empty(b.hi - b.lo, dtype=b.flat.dtype, device=b.flat.device)
         for p in b.order:
@@ -594,6 +595,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             for p in b.order:
                 p.grad = None
         b.sent += 1
+        if not b.handles:
+            self._in_flight.append(b)
         if self.world_size == 1:
             b.handles.append(flat)
         else:
@@ -605,6 +608,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         without waiting."""
         while b.handles and (self.world_size == 1 or poll(b.handles[0])):
             self._land(b)
+        if not b.handles and b in self._in_flight:
+            self._in_flight.remove(b)
 
     def _land(self, b: _Bucket) -> None:
         """Wait for bucket ``b``'s oldest reduction in flight and put this rank's part of
@@ -689,6 +694,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             while b.handles:
                 self._land(b)
             b.passes, b.present, b.sent, b.landed = {}, None, 0, 0
+        self._in_flight = []
         self._wait_for_copies()
         for f in (f for flats in self._flats for f in flats):
             for piece in f.pieces:
