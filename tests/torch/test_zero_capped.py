@@ -5,7 +5,6 @@ the performance page renders the benchmark's results file.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,19 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.faults.harness import memory_cgroup_root
+from tests.test_performance_page import _load
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
-
-
-def _load(name: str):
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _no_cgroups() -> str:
