@@ -106,7 +106,7 @@ class _Piece:
         same elements of the parameter's own gradient (sent already, no longer needed as
         it was); a separate tensor where this rank had no gradient for the parameter."""
         g = self.param.grad
-        if g is not None and g.is_contiguous() and g.dtype == self.param.dtype:
+        if g is not None and g.is_contiguous():
             self.grad = g.detach().view(-1)[self.lo:self.hi]
         else:
             self.grad = torch.empty(self.hi - self.lo, dtype=self.param.dtype, device=self.param.device)
@@ -189,7 +189,7 @@ class _Flat:
         """:attr:`views`: pieces whose parameter was given new storage (``p.data = ...``)
         view it again; the local optimizer keeps the same tensors."""
         for piece in self.pieces:
-            if piece.tensor.data_ptr() != piece.own_slice().data_ptr():
+            if piece.tensor.data_ptr() != piece.param.data_ptr() + piece.lo * piece.param.element_size():
                 piece.tensor.data = piece.own_slice()
 
     def shard_values(self) -> torch.Tensor:
@@ -624,7 +624,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         start = max(b.lo, b.flat.lo) - b.flat.lo
         scale = self.world_size if self.op == Average and self.world_size > 1 else 1
         if b.flat.grad is None:     # stage 1 without master copies: into the parameters' gradients
-            rows = out.view(self.world_size, n) if self.world_size > 1 else out.view(1, n)
+            rows = out.view(self.world_size, n)
             for piece, o, k in b.mine:
                 torch.sum(rows[:, o:o + k], 0, out=piece.grad_target())
                 if scale > 1:
@@ -1062,6 +1062,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 opt._check_model(module)
 
         self._model_params = dict(model.named_parameters())
+        # What the check before each forward compares, in model.parameters()' order:
+        # each parameter, and for the sharded ones their dtype and device.
+        self._model_layout = self._layout_of(model)
         handles = [model.register_forward_pre_hook(check, prepend=True)]
         for m in self._unit_of:
             handles.append(m.register_forward_pre_hook(before))
@@ -1076,15 +1079,25 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for p in self._flat_of:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
+    def _layout_of(self, model: torch.nn.Module) -> list[tuple[torch.Tensor, Any]]:
+        """Each of the model's parameters in order, with the dtype and device of those
+        sharded."""
+        return [(p, (p.dtype, p.device) if p in self._flat_of else None) for p in model.parameters()]
+
     def _check_model(self, model: torch.nn.Module) -> None:
         """Stage 3, before the model's forward (before any gather): the model still has
         the parameters it had when sharded, with their dtype and device. A model changed
         since would train parameters the optimizer does not know, silently."""
+        layout, at = self._model_layout, 0
+        for p in model.parameters():   # the usual case: nothing changed, no names built
+            if at == len(layout) or p is not layout[at][0] or (
+                    layout[at][1] is not None and (p.dtype, p.device) != layout[at][1]):
+                break
+            at += 1
+        else:
+            if at == len(layout):
+                return
         now = dict(model.named_parameters())
-        if now.keys() == self._model_params.keys() and all(
-                now[k] is p and p.dtype == self._flat_of[p].dtype and p.device == self._flat_of[p].device
-                for k, p in self._model_params.items() if p in self._flat_of):
-            return
         added = sorted(now.keys() - self._model_params.keys())
         removed = sorted(self._model_params.keys() - now.keys())
         replaced = sorted(k for k in now.keys() & self._model_params.keys() if now[k] is not self._model_params[k])
@@ -1093,6 +1106,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         what = "; ".join(f"{label}: {', '.join(names)}" for label, names in (
             ("added", added), ("removed", removed), ("replaced", replaced), ("moved to another dtype or device",
                                                                            moved)) if names)
+        if not what:     # the same parameters, in another order: compare in that order from now on
+            self._model_layout = self._layout_of(model)
+            return
         raise RuntimeError(f"stage 3: the model changed after ZeroRedundancyOptimizer sharded it ({what}); make "
                            f"the model final (layers, tied weights, .to()) before building the optimizer, "
                            f"or build it again")
