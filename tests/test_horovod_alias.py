@@ -94,7 +94,7 @@ def test_horovod_names_are_hvdlites_modules(installed: tuple[Path, Path]) -> Non
         from horovod.runner.util.threads import in_thread
         import horovod.runner
         errors = {}
-        for name in ("horovod.spark", "horovod.ray", "horovod.mxnet", "horovod.runner.launch",
+        for name in ("horovod.spark.keras", "horovod.ray.elastic", "horovod.mxnet", "horovod.runner.launch",
                      "horovod.tensorflow.data.compute_service", "horovod.torch.no_such_module"):
             try:
                 __import__(name)
@@ -115,7 +115,10 @@ def test_horovod_names_are_hvdlites_modules(installed: tuple[Path, Path]) -> Non
                         BroadcastGlobalVariablesCallback is hvdlite.keras.callbacks.BroadcastGlobalVariablesCallback,
                         HorovodInternalError is hvdlite.HvdliteError,
                         horovod.run is hvdlite.run, horovod.runner.run is hvdlite.run,
-                        ProcessSet is hvdlite.torch.ProcessSet],
+                        ProcessSet is hvdlite.torch.ProcessSet,
+                        __import__("horovod.ray.runner").ray.runner.RayExecutor is
+                        __import__("hvdlite.ray").ray.RayExecutor,
+                        __import__("horovod.spark").spark.run is __import__("hvdlite.spark").spark.run],
             "version": horovod.__version__, "hvdlite_version": hvdlite.__version__,
             "file": horovod.__file__, "built": [mpi_built(), gloo_built()],
             "errors": errors}))
@@ -124,7 +127,7 @@ def test_horovod_names_are_hvdlites_modules(installed: tuple[Path, Path]) -> Non
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["modules"] == [True] * 6
     assert got["names"] == ["hvdlite.torch", "hvdlite.torch.mpi_ops"]
-    assert got["objects"] == [True] * 8
+    assert got["objects"] == [True] * 10
     assert got["version"] == got["hvdlite_version"]
     assert got["file"] == str(site / "horovod" / "__init__.py")
     assert got["built"] == [True, False]
@@ -133,12 +136,13 @@ def test_horovod_names_are_hvdlites_modules(installed: tuple[Path, Path]) -> Non
     assert fromlist.startswith("No module named 'horovod.runner.common.util.config_parser' in hvdlite's "
                                "horovod alias: Horovod's launcher internals are not part of hvdlite")
     errors["horovod.tensorflow.data"] = errors.pop("horovod.tensorflow.data.compute_service")  # its parent fails
-    assert set(errors) == {"horovod.spark", "horovod.ray", "horovod.mxnet", "horovod.runner.launch",
+    assert set(errors) == {"horovod.spark.keras", "horovod.ray.elastic", "horovod.mxnet", "horovod.runner.launch",
                            "horovod.tensorflow.data", "horovod.torch.no_such_module"}
     assert all(text.startswith(f"No module named {name!r} in hvdlite's horovod alias: ")
                for name, text in errors.items())
-    assert "Spark integration is not part of hvdlite" in errors["horovod.spark"]
-    assert "hvdlite-run -np N" in errors["horovod.spark"] and "horovod.run(" in errors["horovod.ray"]
+    assert "estimators" in errors["horovod.spark.keras"]
+    assert "hvdlite-run -np N" in errors["horovod.spark.keras"]
+    assert "RayExecutor" in errors["horovod.ray.elastic"]
     assert "no MXNet front end" in errors["horovod.mxnet"] and "horovod.torch" in errors["horovod.mxnet"]
     assert "launcher internals" in errors["horovod.runner.launch"]
     assert "get_env_rank_and_size" in errors["horovod.runner.launch"]

@@ -66,7 +66,7 @@ def test_every_documented_variable_has_an_entry() -> None:
 def test_honoured_entries_are_read_where_they_say() -> None:
     """An entry marked honoured by the engine names a suffix parameters.cc reads; one
     marked honoured by the launcher is read by hvdlite/runner, one by the front ends in
-    hvdlite/common."""
+    hvdlite/common, one by the integrations in hvdlite/ray or hvdlite/spark."""
     core = (REPO / "hvdlite/csrc/common/parameters.cc").read_text()
     read = set(re.findall(r'"([A-Z_]+)"', core))
     runner = "".join(p.read_text() for p in (REPO / "hvdlite/runner").glob("*.py"))
@@ -79,6 +79,10 @@ def test_honoured_entries_are_read_where_they_say() -> None:
             common = "".join(p.read_text() for p in (REPO / "hvdlite/common").glob("*.py")
                              if p.name != "horovod_env.py")
             assert f'"{v.name}"' in common, v.name
+        elif v.where == "integrations":
+            engines = "".join(p.read_text() for part in ("ray", "spark")
+                              for p in (REPO / "hvdlite" / part).glob("*.py"))
+            assert f'"{v.name}"' in engines, v.name
         else:
             assert v.status != HONOURED, v.name
 

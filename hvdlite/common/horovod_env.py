@@ -191,6 +191,9 @@ VARIABLES: tuple[Variable, ...] = (
                where="launcher")
       for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
                    "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")),
+    Variable("HOROVOD_SPARK_START_TIMEOUT", HONOURED,
+             "seconds hvdlite.spark.run waits for all its Spark tasks to start, when "
+             "start_timeout is not given (default 600)", where="integrations"),
     Variable("HOROVOD_HOSTNAME", HONOURED,
              "set for each worker by hvdlite-run: the host's name as the launch gave it "
              "(-H, the discovery script), else the machine's; hvd.init() sets it only "

@@ -198,6 +198,12 @@ VARIABLES: tuple[EnvVariable, ...] = (
     EnvVariable("HVDLITE_RUN_KEY", "unset",
                 "the key by which `hvdlite.run`'s ranks prove they belong to the job",
                 "hvdlite.run's ranks", internal=True),
+    EnvVariable("HVDLITE_PAIRED_LINKS", "unset",
+                "`host:port` of each rank's Ray actor or Spark task, by rank",
+                "the ranks of hvdlite.ray and hvdlite.spark", internal=True),
+    EnvVariable("HVDLITE_PAIRED_KEY", "unset",
+                "the key by which the ranks of hvdlite.ray and hvdlite.spark prove they belong "
+                "to the job", "the ranks of hvdlite.ray and hvdlite.spark", internal=True),
     EnvVariable("HVDLITE_INIT_PID", "unset",
                 "set by `hvd.init()`: a child process of a rank that calls `hvd.init()` gets "
                 "a clear error instead of posing as that rank", FRONT_ENDS, internal=True),

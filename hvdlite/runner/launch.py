@@ -20,9 +20,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from typing import TextIO
 
 from hvdlite.common import kept_commits
 from hvdlite.common.discovery import LAUNCHER_REQUEST, format_hosts, same_host
@@ -52,8 +54,15 @@ STOP_GRACE_SECONDS = 8.0
 FINISH_GRACE_SECONDS = 10.0
 
 
-def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
+def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None,
+           stop: threading.Event | None = None,
+           streams: tuple[TextIO, TextIO] | None = None) -> int:
     """Launch ``config`` through mpirun and return the job's exit status.
+
+    ``stop``: for a launch run in a thread other than the main one (the Ray and Spark
+    integrations), where signals cannot be handled; once set, the job is stopped as on
+    SIGTERM. ``streams``: where the ranks' stdout and stderr go (default: this
+    process's).
 
     In elastic mode with a host discovery script, the script is run first, until
     its hosts offer ``-np`` slots or ``--elastic-timeout`` passes
@@ -108,7 +117,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
             requests = Requests(env, _say)
             try:
                 returncode = _run_mpirun(
-                    argv, env, live=live, requests=requests,
+                    argv, env, live=live, requests=requests, stop=stop, streams=streams,
                     finished=(lambda: requests.finished or _finished(status_path)) if status_path else None)
             finally:
                 finished = (status_path is not None and _finished(status_path)) or requests.finished
@@ -183,8 +192,28 @@ def _finished(status_path: str) -> bool:
         return False
 
 
+def _copy_output(proc: subprocess.Popen, out: TextIO, err: TextIO) -> Callable[[float], None]:
+    """Copy mpirun's own (not live) output to the given streams, line by line."""
+    def pump(pipe, stream: TextIO) -> None:
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                try:
+                    stream.write(line.decode("utf-8", "replace"))
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+
+    threads = [threading.Thread(target=pump, args=(p, s), daemon=True)
+               for p, s in ((proc.stdout, out), (proc.stderr, err))]
+    for t in threads:
+        t.start()
+    return lambda timeout: [t.join(timeout) for t in threads] and None
+
+
 def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
-                finished: Callable[[], bool] | None = None, requests: Requests | None = None) -> int:
+                finished: Callable[[], bool] | None = None, requests: Requests | None = None,
+                stop: threading.Event | None = None,
+                streams: tuple[TextIO, TextIO] | None = None) -> int:
     """Run mpirun, stopping the job on SIGINT, SIGTERM or SIGHUP; returns its exit status
     (128 + N for signal N, and 128 + N when this process was asked to stop by signal N).
 
@@ -201,8 +230,11 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
 
     ``finished``: says whether an elastic job's training finished; mpirun still running
     :data:`FINISH_GRACE_SECONDS` after it does is ended, and the job counts as a success
-    (exit status 0)."""
+    (exit status 0).
+
+    ``stop`` and ``streams``: as :func:`launch`'s."""
     finish = None
+    out_stream, err_stream = streams or (sys.stdout, sys.stderr)
     if live:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -214,9 +246,12 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
             raise
         os.close(out_w)
         os.close(err_w)
-        finish = output.forward(out_r, err_r, sys.stdout, sys.stderr,
+        finish = output.forward(out_r, err_r, out_stream, err_stream,
                                 requests=(LAUNCHER_REQUEST.encode(), requests.handle) if requests else None,
                                 runtime=requests.runtime_line if requests else None)
+    elif streams is not None:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        finish = _copy_output(proc, out_stream, err_stream)
     else:
         proc = subprocess.Popen(argv, env=env)
     received: list[int] = []
@@ -270,6 +305,8 @@ def _run_mpirun(argv: list[str], env: dict[str, str], live: bool = False,
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if stop is not None and stop.is_set() and not received:
+                on_signal(signal.SIGTERM, None)
             if asked_at and not killed and time.monotonic() - asked_at[0] > STOP_GRACE_SECONDS:
                 _say(f"the job did not stop within {STOP_GRACE_SECONDS:g} s; killing it")
                 job.update(process_tree(proc.pid))

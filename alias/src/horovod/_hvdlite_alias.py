@@ -51,6 +51,12 @@ ALIASES = {
     "horovod.keras": "hvdlite.keras",
     "horovod.keras.callbacks": "hvdlite.tensorflow.keras.callbacks",
     "horovod.keras.elastic": "hvdlite.tensorflow.keras.elastic",
+    "horovod.ray": "hvdlite.ray",
+    "horovod.ray.runner": "hvdlite.ray.runner",
+    "horovod.ray.strategy": "hvdlite.ray.strategy",
+    "horovod.ray.worker": "hvdlite.ray.worker",
+    "horovod.spark": "hvdlite.spark",
+    "horovod.spark.runner": "hvdlite.spark.runner",
     "horovod.runner.common.util.env": "hvdlite.runner.rank_env",
     "horovod.runner.util.threads": "hvdlite.runner.threads",
 }
@@ -81,8 +87,12 @@ _LAUNCH = ("launch a script with hvdlite's launcher, `hvdlite-run -np N python t
 # Parts of Horovod that hvdlite does not have: (module prefix, what to say). The longest
 # matching prefix applies.
 UNSUPPORTED = (
-    ("horovod.spark", f"Horovod's Spark integration is not part of hvdlite; {_LAUNCH}."),
-    ("horovod.ray", f"Horovod's Ray integration is not part of hvdlite; {_LAUNCH}."),
+    ("horovod.spark", "Of Horovod's Spark integration, hvdlite has horovod.spark.run "
+                      "(hvdlite.spark.run); the estimators, stores and Gloo-based run_elastic are "
+                      f"not part of hvdlite; {_LAUNCH}."),
+    ("horovod.ray", "Of Horovod's Ray integration, hvdlite has horovod.ray.RayExecutor and "
+                    "its runner, strategy and worker modules (hvdlite.ray); "
+                    "the others are not part of hvdlite."),
     ("horovod.mxnet", "hvdlite has no MXNet front end; it has PyTorch (horovod.torch), TensorFlow "
                       "(horovod.tensorflow), Keras 3 (horovod.tensorflow.keras, horovod.keras) and "
                       "NumPy arrays (import hvdlite)."),
