@@ -254,16 +254,18 @@ class RayExecutor:
         self._get(ray, env_updates, "set the workers' environment", self.settings.start_timeout)
 
         hosts = [(h, len(ix)) for h, ix in by_host.items()]
-        if len(hosts) > 1:
-            raise NotImplementedError(
-                f"RayExecutor: the workers landed on {len(hosts)} hosts "
-                f"({', '.join(h for h, _ in hosts)}); this version of hvdlite runs a "
-                f"RayExecutor on one host only")
         key = secrets.token_hex(32)
         addresses = self._get(ray, [w.open_link.remote(key) for w in self.workers],
                               "open the workers' links", self.settings.start_timeout)
+        # Open MPI reaches each host through a command service in its first worker.
+        leaders = {}
+        for rank, info in enumerate(infos):
+            leaders.setdefault(info["hostname"], self.workers[rank])
+        services = dict(zip(leaders, self._get(
+            ray, [w.start_service.remote(key) for w in leaders.values()],
+            "start the workers' command services", self.settings.start_timeout)))
         left = max(1.0, self.settings.start_timeout - (time.monotonic() - started))
-        self._job = PairedJob(hosts, addresses, key,
+        self._job = PairedJob(hosts, addresses, key, services=services,
                               network_interfaces=sorted(self.settings.nics or []),
                               verbose=self.settings.verbose >= 2)
         pairs = [w.pair.remote(rank, left) for rank, w in enumerate(self.workers)]
@@ -287,6 +289,12 @@ class RayExecutor:
             if not self._job.wait(10.0):
                 self._job.stop()
             self._job = None
+        if ray is not None and self.workers:
+            refs = [w.stop_service.remote() for w in self.workers]
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=5.0)
+            except Exception:
+                pass
         if self.strategy is not None:
             self.strategy.shutdown()
             self.strategy = None

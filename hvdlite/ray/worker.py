@@ -22,6 +22,7 @@ class BaseHorovodWorker:
         os.environ["HOROVOD_SIZE"] = str(world_size)
         self.executable: Any = None
         self._link: paired.RankLink | None = None
+        self._service: Any = None
 
     # Where this actor is.
     def hostname(self) -> str:
@@ -70,10 +71,26 @@ class BaseHorovodWorker:
         self._link.accept(rank, timeout)
         return self._link.call(os.getpid)
 
+    def start_service(self, key: str) -> str:
+        """Serve Open MPI's agent on this host (see :mod:`hvdlite.runner.remote`); returns
+        the address it listens on."""
+        import ray
+
+        from hvdlite.runner.remote import CommandService
+        if self._service is None:
+            self._service = CommandService(key)
+        return f"{ray.util.get_node_ip_address()}:{self._service.port}"
+
     def close_link(self) -> None:
+        """Tell the rank to exit; the command service (if any) stays until the job ends."""
         if self._link is not None:
             link, self._link = self._link, None
             link.close()
+
+    def stop_service(self) -> None:
+        if self._service is not None:
+            service, self._service = self._service, None
+            service.close()
 
     # Running functions.
     def start_executable(self, executable_cls: type | None = None,

@@ -323,13 +323,19 @@ class PairedJob:
     in a thread of its own, so that the caller goes on serving its engine.
 
     ``hosts``: ``[(hostname, ranks there)]`` in rank order; ``addresses``: each rank's
-    host, ``"ip:port"``, indexed by rank."""
+    host, ``"ip:port"``, indexed by rank. ``services``: ``{hostname: "ip:port"}`` of a
+    :class:`~hvdlite.runner.remote.CommandService` on each host, which Open MPI reaches
+    through the agent in place of ssh, with ``service_key``."""
 
     def __init__(self, hosts: list[tuple[str, int]], addresses: list[str], key: str,
                  environ: dict[str, str] | None = None, mpi_args: list[str] | None = None,
                  executable: str | None = None, network_interfaces: list[str] | None = None,
                  streams: tuple | None = None, verbose: bool = False,
-                 prefix_timestamp: bool = False) -> None:
+                 prefix_timestamp: bool = False, services: dict[str, str] | None = None,
+                 service_key: str | None = None) -> None:
+        import tempfile
+
+        from hvdlite.runner import remote
         from hvdlite.runner.config import LaunchConfig
         from hvdlite.runner.launch import launch
 
@@ -343,6 +349,12 @@ class PairedJob:
         env = dict(os.environ if environ is None else environ)
         env[LINKS_ENV] = ",".join(addresses)
         env[KEY_ENV] = key
+        self._folder: tempfile.TemporaryDirectory | None = None
+        if services:
+            self._folder = tempfile.TemporaryDirectory(prefix="hvdlite-paired-")
+            env["PRTE_MCA_plm_ssh_agent"] = remote.write_agent(self._folder.name)
+            env[remote.SERVICES_ENV] = ",".join(f"{h}={a}" for h, a in services.items())
+            env[remote.KEY_ENV] = service_key or key
         self._env = env
         self._launch = launch
         self._streams = streams
@@ -359,6 +371,9 @@ class PairedJob:
         except BaseException as exc:  # reported by whoever waits on the job
             self.error = exc
             self.returncode = -1
+        finally:
+            if self._folder is not None:
+                self._folder.cleanup()
 
     @property
     def running(self) -> bool:

@@ -24,6 +24,7 @@ from typing import Any, Callable, TextIO
 import cloudpickle
 
 from hvdlite.runner.function import func_name, receive_message, send_message
+from hvdlite.runner.remote import CommandService
 from hvdlite.runner.paired import (PairedJob, RankLink, RankLost, host_environment, reply_failed,
                                    reply_traceback, reply_value)
 
@@ -91,6 +92,14 @@ class _Registry:
             except OSError:
                 pass
 
+    def release(self) -> None:
+        """Tell every task that the job has ended."""
+        for conn in self._conns.values():
+            try:
+                send_message(conn, b"done")
+            except OSError:
+                pass
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
@@ -103,7 +112,8 @@ class _Registry:
 
 
 def _task_function(driver: str, key: str, start_timeout: float, call: bytes) -> Callable:
-    """What each Spark task runs: register, pair with its rank, have it run the call."""
+    """What each Spark task runs: register, pair with its rank, have it run the call,
+    and stay until the driver says the job has ended."""
 
     def task(_: Any) -> Any:
         from pyspark import BarrierTaskContext
@@ -111,30 +121,42 @@ def _task_function(driver: str, key: str, start_timeout: float, call: bytes) -> 
         ctx = BarrierTaskContext.get()
         partition = ctx.partitionId()
         link = RankLink(key)
+        # Open MPI reaches this host through a task's command service here (no ssh);
+        # the daemon it starts lives as long as the job, so the task stays as long.
+        service = CommandService(key)
         gpus = ctx.resources().get("gpu")
         gpu_ids = ",".join(gpus.addresses) if gpus is not None else ""
         host, _, port = driver.rpartition(":")
-        with socket.create_connection((host, int(port)), timeout=60.0) as sock:
-            send_message(sock, f"{key} partition={partition}\nhostname={socket.gethostname()}\n"
-                               f"address={link.address}\ngpus={gpu_ids}".encode())
-            sock.settimeout(start_timeout + 30.0)
-            try:
-                rank = int(receive_message(sock, limit=64).decode())
-            except (OSError, ConnectionError, ValueError):
-                link.close()
-                yield (partition, None, "lost", "the driver went away before the job started")
-                return
-        forced = {"CUDA_VISIBLE_DEVICES": gpu_ids} if gpus is not None else {}
+        rank = None
         try:
-            link.accept(rank, start_timeout, environ=forced, defaults=host_environment())
-            reply = link.call_pickled(call)
-        except (RankLost, TimeoutError) as exc:
+            with socket.create_connection((host, int(port)), timeout=60.0) as sock:
+                here = sock.getsockname()[0]  # the address the driver reaches this host by
+                send_message(sock, f"{key} partition={partition}\nhostname={socket.gethostname()}\n"
+                                   f"address={link.address}\ngpus={gpu_ids}\n"
+                                   f"service={here}:{service.port}".encode())
+                sock.settimeout(start_timeout + 30.0)
+                try:
+                    rank = int(receive_message(sock, limit=64).decode())
+                except (OSError, ConnectionError, ValueError):
+                    return [(partition, None, "lost", "the driver went away before the job started")]
+                forced = {"CUDA_VISIBLE_DEVICES": gpu_ids} if gpus is not None else {}
+                try:
+                    link.accept(rank, start_timeout, environ=forced, defaults=host_environment())
+                    reply = link.call_pickled(call)
+                except (RankLost, TimeoutError) as exc:
+                    return [(partition, rank, "lost", str(exc))]
+                # A rank that raised ends the job: the others may be waiting for it.
+                link.close(status=1 if reply_failed(reply) else 0)
+                # Wait for the driver to see the job end (or go away itself).
+                sock.settimeout(None)
+                try:
+                    receive_message(sock, limit=64)
+                except (OSError, ConnectionError):
+                    pass
+                return [(partition, rank, "reply", reply)]
+        finally:
             link.close()
-            yield (partition, rank, "lost", str(exc))
-            return
-        # A rank that raised ends the job: the others may be waiting for it.
-        link.close(status=1 if reply_failed(reply) else 0)
-        yield (partition, rank, "reply", reply)
+            service.close()
 
     return task
 
@@ -224,10 +246,6 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
         for partition in sorted(tasks):
             hosts.setdefault(tasks[partition]["hostname"], []).append(partition)
         order = [p for ps in hosts.values() for p in ps]
-        if len(hosts) > 1:
-            raise NotImplementedError(
-                f"hvdlite.spark.run: the tasks run on {len(hosts)} hosts "
-                f"({', '.join(hosts)}); this version of hvdlite runs Spark jobs on one host only")
         ranks = {p: r for r, p in enumerate(order)}
         streams = (stdout or sys.stdout, stderr or sys.stderr)
         job = PairedJob([(h, len(ps)) for h, ps in hosts.items()],
@@ -236,10 +254,15 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
                         mpi_args=shlex.split(extra_mpi_args) if extra_mpi_args else [],
                         executable=executable, network_interfaces=sorted(nics or []),
                         streams=streams, verbose=verbose >= 2,
-                        prefix_timestamp=prefix_output_with_timestamp)
+                        prefix_timestamp=prefix_output_with_timestamp,
+                        services={h: tasks[ps[0]]["service"] for h, ps in hosts.items()})
         registry.answer(ranks)
+        released = False
         while spark_job.is_alive():
             spark_job.join(0.2)
+            if not released and not job.running:
+                registry.release()
+                released = True
     except BaseException:
         sc.cancelJobGroup(group)
         if job is not None:
