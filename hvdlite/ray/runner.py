@@ -15,7 +15,10 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
+import cloudpickle
+
 from hvdlite.ray.strategy import ColocatedStrategy, PGStrategy
+from hvdlite.runner import paired
 from hvdlite.runner.paired import PairedJob
 
 #: Settings of Horovod's Gloo controller, which hvdlite does not have.
@@ -97,6 +100,10 @@ class Coordinator:
         raise NotImplementedError(
             "Coordinator.establish_rendezvous: this is Horovod's Gloo rendezvous; hvdlite runs "
             "on MPI, whose launcher connects the ranks")
+
+
+def _pickled(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bytes:
+    return cloudpickle.dumps((fn, args, kwargs))
 
 
 def _refuse_gloo(env: dict[str, Any] | None, where: str) -> None:
@@ -271,8 +278,9 @@ class RayExecutor:
         pairs = [w.pair.remote(rank, left) for rank, w in enumerate(self.workers)]
         self._get(ray, pairs, "start the ranks", left + 5.0)
         if executable_cls is not None:
-            self._get(ray, [w.start_executable.remote(executable_cls, executable_args,
-                                                      executable_kwargs) for w in self.workers],
+            payload = _pickled(paired.start_executable, executable_cls, list(executable_args or []),
+                               dict(executable_kwargs or {}))
+            self._get(ray, [w.execute_pickled.remote(payload) for w in self.workers],
                       "create the executables", None)
 
     def shutdown(self) -> None:
@@ -309,30 +317,34 @@ class RayExecutor:
         it in a collective) and raises that exception, with the rank's traceback."""
         del callbacks
         ray = self._ready()
-        return self._get(ray, [w.execute.remote(fn) for w in self.workers], "run the function", None,
-                         fatal=True)
+        payload = _pickled(paired.apply_to_executable, fn)
+        return self._get(ray, [w.execute_pickled.remote(payload) for w in self.workers],
+                         "run the function", None, fatal=True)
 
     def run(self, fn: Callable[..., Any], args: list | None = None, kwargs: dict | None = None,
             callbacks: list[Callable] | None = None) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every worker and return the values, ordered by
         rank. A rank that raises ends the job, as in :meth:`execute`."""
-        args, kwargs = list(args or []), dict(kwargs or {})
-        return self.execute(lambda _: fn(*args, **kwargs), callbacks)
+        del callbacks
+        ray = self._ready()
+        payload = _pickled(fn, *(args or []), **(kwargs or {}))
+        return self._get(ray, [w.execute_pickled.remote(payload) for w in self.workers],
+                         "run the function", None, fatal=True)
 
     def run_remote(self, fn: Callable[..., Any], args: list | None = None,
                    kwargs: dict | None = None) -> list[Any]:
         """As :meth:`run`, but returns the Ray object references at once, ordered by
         rank. A rank that raises does not end the job here: call :meth:`shutdown`."""
-        ray = self._ready()
-        del ray
-        args, kwargs = list(args or []), dict(kwargs or {})
-        return [w.execute.remote(lambda _: fn(*args, **kwargs)) for w in self.workers]
+        self._ready()
+        payload = _pickled(fn, *(args or []), **(kwargs or {}))
+        return [w.execute_pickled.remote(payload) for w in self.workers]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(executable)`` on rank 0 only and return its value."""
         ray = self._ready()
-        return self._get(ray, [self.workers[0].execute.remote(fn)], "run the function", None,
-                         fatal=True)[0]
+        payload = _pickled(paired.apply_to_executable, fn)
+        return self._get(ray, [self.workers[0].execute_pickled.remote(payload)],
+                         "run the function", None, fatal=True)[0]
 
     def _ready(self) -> Any:
         ray = _import_ray()

@@ -109,3 +109,14 @@ class BaseHorovodWorker:
         if self._link is not None:
             return self._link.call(paired.apply_to_executable, (func,))
         return func(self.executable)
+
+    def execute_pickled(self, payload: bytes) -> Any:
+        """A call pickled by the driver with cloudpickle, ``(fn, args, kwargs)``, run
+        where the rank runs. The driver pickles it rather than Ray, whose own copy of
+        cloudpickle ignores ``cloudpickle.register_pickle_by_value``; this actor never
+        unpickles the function, so it needs none of the caller's modules."""
+        if self._link is not None:
+            return paired.reply_value(self._link.call_pickled(payload), self._link.rank)
+        import cloudpickle
+        fn, args, kwargs = cloudpickle.loads(payload)
+        return fn(*args, **kwargs)
