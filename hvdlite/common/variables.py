@@ -204,6 +204,13 @@ VARIABLES: tuple[EnvVariable, ...] = (
     EnvVariable("HVDLITE_PAIRED_KEY", "unset",
                 "the key by which the ranks of hvdlite.ray and hvdlite.spark prove they belong "
                 "to the job", "the ranks of hvdlite.ray and hvdlite.spark", internal=True),
+    EnvVariable("HVDLITE_REMOTE_SERVICES", "unset",
+                "`host=address:port` of the command service on each host of a Ray or Spark job, "
+                "which Open MPI's agent asks to start its daemon there",
+                "the agent of hvdlite.ray and hvdlite.spark", internal=True),
+    EnvVariable("HVDLITE_REMOTE_KEY", "unset",
+                "the key by which that agent proves it belongs to the job",
+                "the agent of hvdlite.ray and hvdlite.spark", internal=True),
     EnvVariable("HVDLITE_INIT_PID", "unset",
                 "set by `hvd.init()`: a child process of a rank that calls `hvd.init()` gets "
                 "a clear error instead of posing as that rank", FRONT_ENDS, internal=True),

@@ -123,15 +123,24 @@ class RayExecutor:
     Args:
         settings: from :meth:`create_settings`.
         num_workers: the number of workers, packed onto as few nodes as Ray can
-            (``PACK``); or give ``num_hosts`` and ``num_workers_per_host`` instead, one
-            bundle per node (``STRICT_SPREAD``).
-        cpus_per_worker, use_gpu, gpus_per_worker: resources each actor reserves. With
-            GPUs, every worker of a node sees all the GPUs of that node's workers in
-            ``CUDA_VISIBLE_DEVICES`` (pin one with ``hvd.local_rank()``).
+            (``PACK``); or give ``num_hosts`` and ``num_workers_per_host`` instead.
+        num_hosts: the number of nodes, one placement bundle each (``STRICT_SPREAD``).
+        num_workers_per_host: workers on each of the ``num_hosts`` nodes.
+        cpus_per_worker: CPUs each actor reserves.
+        use_gpu: whether each actor reserves GPUs; every worker of a node then sees all
+            the GPUs of that node's workers in ``CUDA_VISIBLE_DEVICES`` (pin one with
+            ``hvd.local_rank()``).
+        gpus_per_worker: GPUs each actor reserves (default 1 with ``use_gpu``).
         use_current_placement_group: when the caller runs inside a placement group
             (a Ray Tune trial, say), place the workers there.
-        min_workers, max_workers, reset_limit, cooldown_range, elastic_timeout,
-            override_discovery: elastic training; see the Ray guide.
+        min_workers: elastic training (not available on Ray in this version: raises
+            ``NotImplementedError``), as are ``max_workers``, ``reset_limit``,
+            ``cooldown_range``, ``elastic_timeout`` and ``override_discovery``.
+        max_workers: see ``min_workers``.
+        reset_limit: see ``min_workers``.
+        cooldown_range: see ``min_workers``.
+        elastic_timeout: see ``min_workers``.
+        override_discovery: see ``min_workers``.
     """
 
     def __init__(self, settings: MiniSettings, num_workers: int | None = None,
@@ -177,6 +186,12 @@ class RayExecutor:
         self.coordinator: Coordinator | None = None
         self._job: PairedJob | None = None
         self._broken: str | None = None
+
+    @property
+    def adapter(self) -> "RayExecutor":
+        """Horovod keeps the placement in an adapter object (``executor.adapter.strategy``);
+        in hvdlite the executor holds it itself, and this is the executor."""
+        return self
 
     @classmethod
     def create_settings(cls, timeout_s: int = 30, ssh_identity_file: str | None = None,

@@ -178,7 +178,8 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
         extra_mpi_args: more ``mpirun`` options, as one string.
         env: the ranks' environment (default ``os.environ``); the executors' variables
             fill in what it does not set.
-        stdout, stderr: where the ranks' output goes (default: this process's).
+        stdout: where the ranks' standard output goes (default: this process's).
+        stderr: where the ranks' standard error goes (default: this process's).
         verbose: 2 or more prints the ``mpirun`` command.
         nics: the network interfaces MPI uses.
         prefix_output_with_timestamp: start each output line with the time.
