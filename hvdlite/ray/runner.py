@@ -133,14 +133,14 @@ class RayExecutor:
         gpus_per_worker: GPUs each actor reserves (default 1 with ``use_gpu``).
         use_current_placement_group: when the caller runs inside a placement group
             (a Ray Tune trial, say), place the workers there.
-        min_workers: elastic training (not available on Ray in this version: raises
-            ``NotImplementedError``), as are ``max_workers``, ``reset_limit``,
-            ``cooldown_range``, ``elastic_timeout`` and ``override_discovery``.
-        max_workers: see ``min_workers``.
-        reset_limit: see ``min_workers``.
-        cooldown_range: see ``min_workers``.
-        elastic_timeout: see ``min_workers``.
-        override_discovery: see ``min_workers``.
+        min_workers: elastic training: the fewest workers (see the Ray guide); the
+            workers then come from Ray's live nodes, and only :meth:`run` is available.
+        max_workers: elastic training: the most workers (default: no limit).
+        reset_limit: elastic training: how many times the job may reset.
+        cooldown_range: elastic training: how long a failed host stays excluded
+            (``(low, high)`` seconds).
+        elastic_timeout: elastic training: how long to wait for ``min_workers`` slots.
+        override_discovery: accepted; the hosts always come from Ray.
     """
 
     def __init__(self, settings: MiniSettings, num_workers: int | None = None,
@@ -161,12 +161,7 @@ class RayExecutor:
                              "True if gpus_per_worker is set.")
         if use_gpu and gpus_per_worker is not None and gpus_per_worker < 1:
             raise ValueError(f"gpus_per_worker must be >= 1: Got {gpus_per_worker}.")
-        if min_workers is not None:
-            raise NotImplementedError(
-                "RayExecutor(min_workers=...): elastic training on Ray is not available in "
-                "this version of hvdlite; run the training script under hvdlite-run "
-                "--min-np/--max-np with a host discovery script")
-        if num_workers is None and num_hosts is None:
+        if num_workers is None and num_hosts is None and min_workers is None:
             raise ValueError("RayExecutor: give num_workers, or num_hosts and num_workers_per_host")
         if num_workers is not None and num_workers < 1:
             raise ValueError(f"RayExecutor: num_workers must be at least 1, got {num_workers}")
@@ -186,6 +181,17 @@ class RayExecutor:
         self.coordinator: Coordinator | None = None
         self._job: PairedJob | None = None
         self._broken: str | None = None
+        self._elastic: Any = None
+        if min_workers is not None:
+            from hvdlite.ray.elastic import ElasticRayExecutor
+            self._elastic = ElasticRayExecutor(
+                ElasticRayExecutor.create_settings(
+                    min_num_proc=min_workers, max_num_proc=max_workers, reset_limit=reset_limit,
+                    elastic_timeout=elastic_timeout, timeout_s=settings.timeout_s,
+                    nics=settings.nics),
+                use_gpu=use_gpu, cpus_per_slot=cpus_per_worker, gpus_per_slot=gpus_per_worker,
+                override_discovery=override_discovery)
+            self._elastic.settings.cooldown_range = cooldown_range
 
     @property
     def adapter(self) -> "RayExecutor":
@@ -218,6 +224,13 @@ class RayExecutor:
         nothing is left running then."""
         ray = _import_ray()
         _refuse_gloo(extra_env_vars, "RayExecutor.start(extra_env_vars=...)")
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise NotImplementedError("RayExecutor.start(executable_cls=...) with min_workers: "
+                                          "an elastic job's workers run one function, in run()")
+            self._elastic.env_vars.update({str(k): str(v) for k, v in (extra_env_vars or {}).items()})
+            self._elastic.start()
+            return
         if ray.util.client.ray.is_connected():
             raise NotImplementedError(
                 "RayExecutor under Ray Client (ray://): mpirun runs where the executor "
@@ -301,6 +314,8 @@ class RayExecutor:
     def shutdown(self) -> None:
         """Stop the ranks, end the actors and remove the placement group this executor
         made. Calling it again does nothing."""
+        if self._elastic is not None:
+            self._elastic.shutdown()
         ray = sys.modules.get("ray")
         if ray is not None and self.workers:
             refs = [w.close_link.remote() for w in self.workers]
@@ -331,6 +346,9 @@ class RayExecutor:
         If a rank raises, the executor ends the job (the other ranks may be waiting for
         it in a collective) and raises that exception, with the rank's traceback."""
         del callbacks
+        if self._elastic is not None:
+            raise NotImplementedError("RayExecutor.execute with min_workers: an elastic job runs "
+                                      "one function, through run()")
         ray = self._ready()
         payload = _pickled(paired.apply_to_executable, fn)
         return self._get(ray, [w.execute_pickled.remote(payload) for w in self.workers],
@@ -340,6 +358,8 @@ class RayExecutor:
             callbacks: list[Callable] | None = None) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every worker and return the values, ordered by
         rank. A rank that raises ends the job, as in :meth:`execute`."""
+        if self._elastic is not None:
+            return self._elastic.run(fn, args, kwargs, callbacks)
         del callbacks
         ray = self._ready()
         payload = _pickled(fn, *(args or []), **(kwargs or {}))
@@ -350,12 +370,16 @@ class RayExecutor:
                    kwargs: dict | None = None) -> list[Any]:
         """As :meth:`run`, but returns the Ray object references at once, ordered by
         rank. A rank that raises does not end the job here: call :meth:`shutdown`."""
+        if self._elastic is not None:
+            raise NotImplementedError("RayExecutor.run_remote with min_workers: use run()")
         self._ready()
         payload = _pickled(fn, *(args or []), **(kwargs or {}))
         return [w.execute_pickled.remote(payload) for w in self.workers]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(executable)`` on rank 0 only and return its value."""
+        if self._elastic is not None:
+            raise NotImplementedError("RayExecutor.execute_single with min_workers: use run()")
         ray = self._ready()
         payload = _pickled(paired.apply_to_executable, fn)
         return self._get(ray, [self.workers[0].execute_pickled.remote(payload)],

@@ -31,7 +31,8 @@ import threading
 
 from hvdlite.runner.function import receive_message, send_message
 
-#: ``host=address:port`` of every host's command service, comma-separated.
+#: ``host=address:port`` of every host's command service, comma-separated; or ``@PATH``,
+#: a file of such lines, read at each start (an elastic job's hosts change).
 SERVICES_ENV = "HVDLITE_REMOTE_SERVICES"
 #: The job's key (hexadecimal); the agent sends it first.
 KEY_ENV = "HVDLITE_REMOTE_KEY"
@@ -169,6 +170,25 @@ def write_agent(folder: str) -> str:
     return path
 
 
+def read_services(value: str) -> dict[str, str]:
+    """The host -> service address map that :data:`SERVICES_ENV` holds or names."""
+    if value.startswith("@"):
+        try:
+            with open(value[1:]) as f:
+                value = ",".join(f.read().split())
+        except OSError:
+            value = ""
+    return dict(item.split("=", 1) for item in value.split(",") if "=" in item)
+
+
+def write_services(path: str, services: dict[str, str]) -> None:
+    """Replace the map file at ``path`` at once (the agent may be reading it)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(f"{h}={a}\n" for h, a in services.items()))
+    os.replace(tmp, path)
+
+
 def _parse_agent_argv(argv: list[str]) -> tuple[str, str]:
     """``[ssh options] HOST COMMAND...`` -> (HOST, the command line)."""
     i = 0
@@ -186,8 +206,7 @@ def agent(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"hvdlite agent: {exc}", file=sys.stderr)
         return 255
-    services = dict(item.split("=", 1) for item in os.environ.get(SERVICES_ENV, "").split(",")
-                    if "=" in item)
+    services = read_services(os.environ.get(SERVICES_ENV, ""))
     key = os.environ.get(KEY_ENV, "")
     address = services.get(host) or services.get(host.split(".")[0])
     if address is None or not key:

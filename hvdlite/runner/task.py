@@ -21,13 +21,16 @@ def _rank() -> int:
                        "started by hvdlite.run through mpirun")
 
 
-def main() -> int:
+def main(hello_id: int | None = None) -> int:
+    """Run the driver's call; ``hello_id``: the number this process gives the driver
+    (default its rank; an elastic job's workers give numbers of their own, since ranks
+    repeat across the job's worlds)."""
     driver, key = os.environ.get(DRIVER_ENV), os.environ.get(KEY_ENV)
     if not driver or not key:
         print(f"hvdlite.runner.task: {DRIVER_ENV} and {KEY_ENV} are not set; this module is "
               f"started by hvdlite.run", file=sys.stderr)
         return 2
-    rank = _rank()
+    rank = _rank() if hello_id is None else hello_id
     host, _, port = driver.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=60.0) as sock:
         send_message(sock, f"{key} {rank}".encode("ascii"))

@@ -78,3 +78,35 @@ def wait_for_no_paired_ranks(timeout: float = 20.0) -> list[int]:
     while (left := paired_ranks()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def elastic_steps(steps: int, log_path: str, pause: float = 0.2) -> tuple[str, int, int]:
+    """Elastic PyTorch training (``hvd.elastic.run``, a commit every step); rank 0 logs
+    ``time step size`` after each step to ``log_path``. Returns (host, steps, size)."""
+    import socket
+
+    import torch
+
+    import hvdlite.torch as hvd
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            opt.zero_grad()
+            model(torch.ones(8, 4)).sum().backward()
+            opt.step()
+            state.step += 1
+            state.commit()
+            if hvd.rank() == 0:
+                with open(log_path, "a") as f:
+                    f.write(f"{time.time()} {state.step} {hvd.size()}\n")
+            time.sleep(pause)
+
+    train(state)
+    return socket.gethostname(), state.step, hvd.size()

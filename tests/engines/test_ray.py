@@ -197,3 +197,36 @@ def test_coordinator_gives_local_and_cross_ranks_per_node():
     info = coord.finalize_registration()
     assert [info[r]["HOROVOD_CROSS_SIZE"] for r in range(5)] == [2, 2, 1, 1, 1]
     assert [info[r]["HOROVOD_CROSS_RANK"] for r in (5, 6)] == [1, 1]
+
+
+def test_elastic_executor_returns_the_last_worlds_values_by_rank(ray_cluster):
+    # One node of 4 CPUs: 4 slots, of which max_workers takes 3.
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=2, max_workers=3)
+    try:
+        ex.start()
+        assert ex.run(allreduce_rank, args=[1.0]) == [(r, 3, [3.0] * 3) for r in range(3)]
+        for call in (lambda: ex.execute(lambda _: 1), lambda: ex.run_remote(os.getpid),
+                     lambda: ex.execute_single(lambda _: 1)):
+            with pytest.raises(NotImplementedError, match="use run|through run"):
+                call()
+        with pytest.raises(RuntimeError, match=r"raise_on_rank_one raised:(.|\n)*rank one refuses"):
+            ex.run(raise_on_rank_one)
+    finally:
+        ex.shutdown()
+    assert wait_for_no_paired_ranks() == []
+
+
+def test_host_discovery_counts_slots_of_live_nodes(monkeypatch):
+    from hvdlite.ray.elastic import RayHostDiscovery
+    nodes = [
+        {"NodeID": "a", "Alive": True, "NodeManagerAddress": "10.0.0.1",
+         "Resources": {"CPU": 8.0, "GPU": 2.0}},
+        {"NodeID": "b", "Alive": True, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 3.0}},
+        {"NodeID": "c", "Alive": False, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 8.0}},
+        {"NodeID": "d", "Alive": True, "NodeManagerAddress": "10.0.0.4", "Resources": {"CPU": 1.0}},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert RayHostDiscovery(cpus_per_worker=2).find_available_hosts_and_slots() == \
+        {"10.0.0.1": 4, "10.0.0.2": 1}
+    assert RayHostDiscovery(use_gpu=True, cpus_per_worker=1, gpus_per_worker=1) \
+        .find_available_hosts_and_slots() == {"10.0.0.1": 2}

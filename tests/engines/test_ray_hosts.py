@@ -1,10 +1,12 @@
 """``RayExecutor`` on a Ray cluster over emulated hosts (a worker node under each host's
 name, the head with no CPUs): Open MPI reaches the hosts through the workers' command
-services, with no ssh; ranks run on the hosts of their actors, and a node's death ends
-a static job with a clear error and nothing left behind. Needs root and Ray."""
+services, with no ssh; ranks run on the hosts of their actors; a node's death ends a
+static job with a clear error and nothing left behind, and an elastic job goes on with
+the survivors from its last commit. Needs root and Ray."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -18,7 +20,8 @@ if why:
 import ray  # noqa: E402
 
 from hvdlite.ray import RayExecutor  # noqa: E402
-from tests.engines.common import allreduce_rank, wait_for_no_paired_ranks  # noqa: E402
+from tests.engines.common import (allreduce_rank, elastic_steps,  # noqa: E402
+                                  wait_for_no_paired_ranks)
 from tests.hosts.emulated import EmulatedHosts  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
@@ -26,11 +29,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture
-def cluster():
+def cluster(request):
+    """Emulated hosts with a Ray node each: ``(hosts, CPUs per node)`` by parameter."""
+    n, cpus = getattr(request, "param", (2, 2))
     saved = dict(os.environ)
     os.environ["PYTHONPATH"] = ROOT
     try:
-        with EmulatedHosts(2) as hosts, ray_cluster.RayCluster(hosts) as nodes:
+        with EmulatedHosts(n) as hosts, ray_cluster.RayCluster(hosts, cpus=cpus) as nodes:
             os.environ.update(hosts.env())
             ray.init(address=nodes.address, log_to_driver=False, logging_level="ERROR")
             try:
@@ -77,3 +82,42 @@ def test_ranks_run_on_the_hosts_of_their_actors_and_a_lost_node_ends_the_job(clu
         assert wait_for_no_paired_ranks() == []
     finally:
         ex.shutdown()
+
+
+# Three hosts of one worker each: losing one leaves a majority, so the survivors go on
+# whichever host rank 0 was on (with two hosts, the half without rank 0 would stop, as
+# on the far side of a network partition: see the elastic guide).
+@pytest.mark.parametrize("cluster", [(3, 1)], indirect=True)
+def test_an_elastic_job_goes_on_without_a_lost_node(cluster, tmp_path):
+    log = tmp_path / "steps.log"
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=2, max_workers=4)
+    ex.start()
+    failure = {}
+
+    def kill_when_training() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if log.exists() and len(log.read_text().splitlines()) >= 10:
+                cluster.kill_node("h2")
+                return
+            time.sleep(0.1)
+        failure["kill"] = "training did not reach step 10"
+
+    killer = threading.Thread(target=kill_when_training, daemon=True)
+    killer.start()
+    try:
+        got = ex.run(elastic_steps, args=[40, str(log)])
+    finally:
+        ex.shutdown()
+    killer.join(5)
+    assert not failure
+    # The last world: the workers of h1 and h3, at the last step.
+    assert sorted(got) == [("h1", 40, 2), ("h3", 40, 2)]
+    steps = [line.split() for line in log.read_text().splitlines()]
+    sizes = [int(s) for _, _, s in steps]
+    assert sizes[0] == 3 and sizes[-1] == 2
+    # After the loss the survivors went on from a commit, not from the start.
+    first_after = next(int(step) for _, step, size in steps if size == "2")
+    assert first_after > 5
+    assert [int(step) for _, step, _ in steps][-1] == 40
+    assert wait_for_no_paired_ranks() == []
