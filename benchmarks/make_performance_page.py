@@ -814,6 +814,48 @@ def elastic_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+ENGINE_LABELS = {"ray_started": "`RayExecutor.run`, executor already started",
+                 "ray_from_scratch": "`RayExecutor(...)`, `start()`, `run` on a running Ray instance",
+                 "spark_local": "`hvdlite.spark.run` on an active `local[N]` session"}
+
+
+def engines_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["The same ranks launched through `hvdlite.run` (the launch of `hvdlite-run`), Ray's "
+           "`RayExecutor` and `hvdlite.spark.run` (guides: `docs/guides/ray.md`, `docs/guides/spark.md`). "
+           "Start-up: from the call until the user's function has started on every rank (medians). "
+           "Training: an MLP's steps per second under `DistributedOptimizer`, each launcher's median over "
+           "`hvdlite.run`'s.", ""]
+    for doc in docs:
+        out += [ctx.run_line(doc), ""]
+        figures = {x["name"]: x["value"] for x in doc["summary"]}
+        base = figures["startup_hvdlite_run_s"]
+        trs = [["`hvdlite.run`", f"{base:.3f} s", "", fmt_ratio(1.0)]]
+        for name, label in ENGINE_LABELS.items():
+            extra = figures.get(f"startup_{name}_beyond_s")
+            ratio = figures.get(f"training_{name}_ratio")
+            trs.append([label, f"{base + extra:.3f} s" if extra is not None else "",
+                        f"**{extra:+.3f} s**" if extra is not None else "",
+                        fmt_ratio(ratio, bold=True) if ratio is not None else "(not measured)"])
+        out += table(["launcher", "start-up", "beyond `hvdlite.run`", "training steps/s ÷ `hvdlite.run`"],
+                     trs)
+        out.append("")
+    return out
+
+
+def ray_elastic_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["`RayExecutor(min_workers=2, max_workers=3)` on three emulated hosts with a Ray node of one "
+           "CPU each, training with `hvd.elastic.run` and a commit every step; one node's Ray processes "
+           "are killed mid-run, and the two survivors go on from their last commit. The figure is the "
+           "longest gap between two completed steps (rank 0's log).", ""]
+    for doc in docs:
+        out += [ctx.run_line(doc), ""]
+        trs = [[str(r["round"]), f"{r['median_gap_before_s']:.2f} s", f"**{r['longest_gap_s']:.2f} s**",
+                str(r["workers_after"])] for r in doc["rows"]]
+        out += table(["round", "step before the loss", "longest gap", "workers at the end"], trs)
+        out.append("")
+    return out
+
+
 GRAPH_LABELS = {"allreduce_4KiB": "allreduce 4 KiB", "allreduce_4MiB": "allreduce 4 MiB",
                 "mlp_gradients_38MB": "the MLP's 20 gradients (38 MB), one group",
                 "allgather_64KiB": "allgather 64 KiB per rank",
@@ -883,6 +925,8 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_autotune", "Autotune {#autotune}", autotune_section),
     ("bench_elastic", "Elastic training: time lost when a worker dies or joins {#elastic}", elastic_section),
     ("bench_faults", "Elastic training under faults: a soak {#faults}", faults_section),
+    ("bench_engines", "Ray and Spark against hvdlite.run {#engines}", engines_section),
+    ("bench_ray_elastic", "Elastic training on Ray: a node lost {#ray-elastic}", ray_elastic_section),
     ("bench_tf_graph_ops", "TensorFlow collectives inside graphs {#tf-graph-ops}", graph_ops_section),
     ("bench_host_memory", "What two processes get of this machine {#host-memory}", host_memory_section),
     ("bench_gpu", "GPU {#gpu}", gpu_section),
@@ -902,6 +946,8 @@ MISSING = {
     "bench_autotune": "python benchmarks/bench_autotune.py",
     "bench_elastic": "python benchmarks/bench_elastic.py",
     "bench_faults": "python benchmarks/bench_faults.py --runs 100",
+    "bench_engines": "python benchmarks/bench_engines.py",
+    "bench_ray_elastic": "python benchmarks/bench_ray_elastic.py",
     "bench_tf_graph_ops": "python benchmarks/bench_tf_graph_ops.py",
     "bench_host_memory": "python benchmarks/bench_host_memory.py",
     "bench_gpu": "hvdlite-run -np 1 python benchmarks/bench_gpu.py",
@@ -911,6 +957,8 @@ NEEDS = {"bench_gpu": "a GPU with PyTorch's CUDA build and NCCL, which the machi
          "bench_hosts": "root (network namespaces and `tc`)",
          "bench_zero_capped": "root and a memory cgroup controller (cgroup v1's `memory`, or v2 with `memory` enabled)",
          "bench_faults": "root (network namespaces and `tc`)",
+         "bench_ray_elastic": "root (network namespaces and `tc`) and Ray",
+         "bench_engines": "Ray, PySpark and Java",
          "bench_onebit": "root for its emulated hosts (or `--hosts 0`)",
          "bench_horovod": "a Horovod 0.28.1 build made by `benchmarks/build_horovod.sh HOROVOD_VENV`"}
 

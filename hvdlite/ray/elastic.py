@@ -57,7 +57,8 @@ class RayHostDiscovery:
                 continue
             slots = self._slots(node.get("Resources", {}))
             if slots > 0:
-                found[node["NodeID"]] = (node["NodeManagerAddress"], slots)
+                node_id = node.get("NodeID") or node["NodeManagerAddress"]
+                found[node_id] = (node["NodeManagerAddress"], slots)
         return found
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
