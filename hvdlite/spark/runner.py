@@ -200,6 +200,10 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
             raise ValueError(f"hvdlite.spark.run(env=...): {name}={value} asks for Horovod's Gloo "
                              f"controller; hvdlite runs on MPI only")
     sc = _active_context()
+    if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        raise ValueError("hvdlite.spark.run: spark.dynamicAllocation.enabled is true; hvdlite runs its "
+                         "tasks in Spark's barrier mode, which Spark refuses with dynamic allocation "
+                         "(set spark.dynamicAllocation.enabled=false for this application)")
     num_proc = int(num_proc or sc.defaultParallelism)
     if num_proc < 1:
         raise ValueError(f"hvdlite.spark.run: num_proc must be at least 1, got {num_proc}")

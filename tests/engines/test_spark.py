@@ -183,3 +183,12 @@ def test_refusals_by_name(spark):
         hvdlite.spark.run(allreduce_rank, num_proc=1, env={"HOROVOD_CPU_OPERATIONS": "gloo"})
     with pytest.raises(NotImplementedError, match="run_elastic.*barrier mode"):
         hvdlite.spark.run_elastic(allreduce_rank, num_proc=1)
+    # Barrier mode, which Spark refuses under dynamic allocation.
+    conf = spark.sparkContext.getConf()
+    real_get_conf = type(spark.sparkContext).getConf
+    try:
+        type(spark.sparkContext).getConf = lambda self: conf.set("spark.dynamicAllocation.enabled", "true")
+        with pytest.raises(ValueError, match="spark.dynamicAllocation.enabled is true.*barrier mode"):
+            hvdlite.spark.run(allreduce_rank, num_proc=1)
+    finally:
+        type(spark.sparkContext).getConf = real_get_conf

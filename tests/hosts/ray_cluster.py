@@ -60,7 +60,7 @@ class RayCluster(SetUpAndTearDown):
         # Quick to notice a node that died (the defaults take about half a minute).
         return dict(os.environ, RAY_health_check_period_ms="1000",
                     RAY_health_check_failure_threshold="3", RAY_health_check_timeout_ms="1000",
-                    RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+                    RAY_USAGE_STATS_ENABLED="0")
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.out", "w")
