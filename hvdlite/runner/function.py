@@ -81,26 +81,8 @@ class Driver:
         self.errors: dict[int, str] = {}
         self.rejected = 0
         self._lock = threading.Lock()
-        self._server = socket.create_server((host, 0))
-        self._server.settimeout(0.2)
-        self.port = self._server.getsockname()[1]
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._acceptor = threading.Thread(target=self._accept, name="hvdlite-run-driver",
-                                          daemon=True)
-        self._acceptor.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except (socket.timeout, TimeoutError):
-                continue
-            except OSError:
-                return
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._listener = Listener(host, self._serve, "hvdlite-run-driver")
+        self.port = self._listener.port
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -125,11 +107,49 @@ class Driver:
                     self.errors[rank] = value
 
     def close(self) -> None:
+        self._listener.close(wait_for_handlers=5.0)
+
+
+class Listener:
+    """A TCP listener on ``host`` (``""``: every interface), on a port of its own: each
+    connection goes to ``handle(conn)``, in a thread of its own, or in the accepting
+    thread with ``inline`` (for handlers that return at once), until :meth:`close`."""
+
+    def __init__(self, host: str, handle: Callable[[socket.socket], None], name: str,
+                 inline: bool = False) -> None:
+        self._handle = handle
+        self._inline = inline
+        self._server = socket.create_server((host, 0))
+        self._server.settimeout(0.2)
+        self.port: int = self._server.getsockname()[1]
+        self._stop = threading.Event()
+        self._handlers: list[threading.Thread] = []
+        self._acceptor = threading.Thread(target=self._accept, name=name, daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except (socket.timeout, TimeoutError):
+                continue
+            except OSError:
+                return
+            if self._inline:
+                self._handle(conn)
+                continue
+            t = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            t.start()
+            self._handlers.append(t)
+
+    def close(self, wait_for_handlers: float = 0.0) -> None:
+        """Stop accepting; wait up to ``wait_for_handlers`` seconds for each handler."""
         self._stop.set()
         self._acceptor.join()
         self._server.close()
-        for t in self._threads:
-            t.join(timeout=5.0)
+        if wait_for_handlers:
+            for t in self._handlers:
+                t.join(timeout=wait_for_handlers)
 
 
 def _driver_address(hosts: list[tuple[str, int | None]]) -> tuple[str, str]:

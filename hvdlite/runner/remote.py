@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 
-from hvdlite.runner.function import receive_message, send_message
+from hvdlite.runner.function import Listener, receive_message, send_message
 
 #: ``host=address:port`` of every host's command service, comma-separated; or ``@PATH``,
 #: a file of such lines, read at each start (an elastic job's hosts change).
@@ -62,25 +62,10 @@ class CommandService:
 
     def __init__(self, key: str) -> None:
         self.key = key
-        self._server = socket.create_server(("", 0))
-        self._server.settimeout(0.5)
-        self.port: int = self._server.getsockname()[1]
-        self._stop = threading.Event()
         self._children: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept, name="hvdlite-command-service",
-                                        daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except (socket.timeout, TimeoutError):
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        self._listener = Listener("", self._serve, "hvdlite-command-service")
+        self.port: int = self._listener.port
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -123,8 +108,7 @@ class CommandService:
 
     def close(self) -> None:
         """Stop listening and end the commands still running."""
-        self._stop.set()
-        self._server.close()
+        self._listener.close()
         with self._lock:
             children = list(self._children)
         for child in children:

@@ -23,7 +23,7 @@ from typing import Any, Callable, TextIO
 
 import cloudpickle
 
-from hvdlite.runner.function import func_name, receive_message, send_message
+from hvdlite.runner.function import Listener, func_name, receive_message, send_message
 from hvdlite.runner.remote import CommandService
 from hvdlite.runner.paired import (PairedJob, RankLink, RankLost, host_environment, reply_failed,
                                    reply_traceback, reply_value)
@@ -53,37 +53,25 @@ class _Registry:
         self.tasks: dict[int, dict[str, Any]] = {}
         self._conns: dict[int, socket.socket] = {}
         self._lock = threading.Lock()
-        self._server = socket.create_server(("", 0))
-        self._server.settimeout(0.2)
-        self.port = self._server.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="hvdlite-spark-registry",
-                                        daemon=True)
-        self._thread.start()
+        self._listener = Listener("", self._register, "hvdlite-spark-registry")
+        self.port = self._listener.port
 
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except (socket.timeout, TimeoutError):
-                continue
-            except OSError:
-                return
-            try:
-                conn.settimeout(10.0)
-                key, _, rest = receive_message(conn, limit=4096).decode("utf-8", "replace").partition(" ")
-                if not hmac.compare_digest(key, self.key):
-                    conn.close()
-                    continue
-                info = dict(item.split("=", 1) for item in rest.split("\n") if "=" in item)
-                partition = int(info["partition"])
-                conn.settimeout(None)
-            except (OSError, ConnectionError, ValueError, KeyError):
+    def _register(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(10.0)
+            key, _, rest = receive_message(conn, limit=4096).decode("utf-8", "replace").partition(" ")
+            if not hmac.compare_digest(key, self.key):
                 conn.close()
-                continue
-            with self._lock:
-                self.tasks[partition] = info
-                self._conns[partition] = conn
+                return
+            info = dict(item.split("=", 1) for item in rest.split("\n") if "=" in item)
+            partition = int(info["partition"])
+            conn.settimeout(None)
+        except (OSError, ConnectionError, ValueError, KeyError):
+            conn.close()
+            return
+        with self._lock:
+            self.tasks[partition] = info
+            self._conns[partition] = conn
 
     def answer(self, ranks: dict[int, int]) -> None:
         for partition, rank in ranks.items():
@@ -101,9 +89,7 @@ class _Registry:
                 pass
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._server.close()
+        self._listener.close()
         for conn in self._conns.values():
             try:
                 conn.close()

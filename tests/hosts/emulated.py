@@ -99,6 +99,14 @@ def _free_subnet() -> int:
     raise RuntimeError("no free 10.77.N.0/24 subnet for emulated hosts")
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now (for daemons that need one given)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.hosts.emulated import EmulatedHosts, SetUpAndTearDown
+from tests.hosts.emulated import EmulatedHosts, SetUpAndTearDown, free_port
 from tests.hosts.emulated import unavailable as hosts_unavailable
 
 
@@ -31,12 +30,6 @@ def unavailable() -> str | None:
     except ImportError:
         return "Ray is not installed (pip install 'hvdlite[ray]')"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class RayCluster(SetUpAndTearDown):
@@ -72,7 +65,7 @@ class RayCluster(SetUpAndTearDown):
         self._dir = tempfile.TemporaryDirectory(prefix="hvdlite_ray_", dir="/tmp")
         self.root = Path(self._dir.name)
         bridge = f"10.77.{self.hosts.octet}.254"
-        port = _free_port()
+        port = free_port()
         self.address = f"{bridge}:{port}"
         common = ["--block", "--disable-usage-stats", "--num-gpus", "0"]
         self._head = self._start("head", [

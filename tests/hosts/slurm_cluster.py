@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.hosts.emulated import EmulatedHosts, SetUpAndTearDown
+from tests.hosts.emulated import EmulatedHosts, SetUpAndTearDown, free_port
 from tests.hosts.emulated import unavailable as hosts_unavailable
 
 _DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -46,12 +45,6 @@ def unavailable() -> str | None:
         return (f"no {', '.join(missing)} here "
                 "(apt-get install slurmctld slurmd slurm-client munge)")
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster(SetUpAndTearDown):
@@ -107,8 +100,8 @@ class SlurmCluster(SetUpAndTearDown):
         self.conf.write_text(f"""\
 ClusterName=hvdemu
 SlurmctldHost=ctl({controller_addr})
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.hosts.emulated import EmulatedHosts, SetUpAndTearDown
+from tests.hosts.emulated import EmulatedHosts, SetUpAndTearDown, free_port
 from tests.hosts.emulated import unavailable as hosts_unavailable
 
 
@@ -30,12 +29,6 @@ def unavailable() -> str | None:
     except ImportError:
         return "PySpark is not installed (pip install 'hvdlite[spark]')"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class SparkCluster(SetUpAndTearDown):
@@ -70,12 +63,12 @@ class SparkCluster(SetUpAndTearDown):
         self._dir = tempfile.TemporaryDirectory(prefix="hvdlite_spark_")
         self.root = Path(self._dir.name)
         self.address = f"10.77.{self.hosts.octet}.254"
-        port = _free_port()
+        port = free_port()
         self.master_url = f"spark://{self.address}:{port}"
         spark_class = os.path.join(self.spark_home, "bin", "spark-class")
         self._start("master", [spark_class, "org.apache.spark.deploy.master.Master",
                                "--host", self.address, "--port", str(port),
-                               "--webui-port", str(_free_port())])
+                               "--webui-port", str(free_port())])
         for i, (host, ns) in enumerate(self.hosts.namespaces.items(), start=1):
             work = self.root / f"work-{host}"
             work.mkdir()
@@ -86,7 +79,7 @@ class SparkCluster(SetUpAndTearDown):
                 f"SPARK_LOCAL_IP=10.77.{self.hosts.octet}.{i}", spark_class,
                 "org.apache.spark.deploy.worker.Worker", "--host", f"10.77.{self.hosts.octet}.{i}",
                 "--cores", str(self.cores), "--memory", "1g", "--work-dir", str(work),
-                "--webui-port", str(_free_port()), self.master_url])
+                "--webui-port", str(free_port()), self.master_url])
         deadline = time.monotonic() + self.timeout
         while self._registered() < len(self.hosts.hosts):
             for proc in self._procs:
