@@ -125,10 +125,6 @@ class RankLink:
             self._conn, self.rank = conn, rank
             return
 
-    @property
-    def paired(self) -> bool:
-        return self._conn is not None
-
     def call(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
         """Run ``fn(*args, **kwargs)`` on the rank and return its value. An exception
         raised there is raised here with the rank's traceback as its cause (or as

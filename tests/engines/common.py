@@ -56,6 +56,30 @@ def reference_linear(seed: int, size: int, steps: int = 20) -> np.ndarray:
     return w
 
 
+def hold(seconds: float = 120.0) -> None:
+    """Join the job, then wait (for a test to break something meanwhile)."""
+    import hvdlite as hvd
+    hvd.init()
+    time.sleep(seconds)
+
+
+def call_in_background(fn, *args, **kwargs):
+    """Start ``fn(*args, **kwargs)`` in a thread; returns the thread and a dict that
+    gets the exception it raised under ``"error"``."""
+    import threading
+    failure: dict = {}
+
+    def call() -> None:
+        try:
+            fn(*args, **kwargs)
+        except BaseException as exc:
+            failure["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, failure
+
+
 def paired_ranks() -> list[int]:
     """Process ids of the ranks of paired jobs (Ray and Spark) still on this machine."""
     found = []

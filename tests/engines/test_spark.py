@@ -9,7 +9,6 @@ import os
 import signal
 import shutil
 import sys
-import threading
 import time
 
 import numpy as np
@@ -20,8 +19,10 @@ if shutil.which("java") is None:
     pytest.skip("Spark needs Java (apt-get install openjdk-17-jre-headless)", allow_module_level=True)
 
 import hvdlite.spark  # noqa: E402
-from tests.engines.common import (allreduce_rank, raise_on_rank_one, reference_linear,  # noqa: E402
-                                  train_linear, wait_for_no_paired_ranks)
+from tests.engines.common import (allreduce_rank, call_in_background, hold,  # noqa: E402
+                                  raise_on_rank_one, reference_linear, train_linear,
+                                  wait_for_no_paired_ranks)
+from tests.hosts.spark_cluster import executors_on  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -124,28 +125,12 @@ def test_too_few_slots_time_out_with_the_numbers(spark):
 
 @pytest.mark.parametrize("spark", ["local-cluster[2,1,1024]"], indirect=True)
 def test_a_lost_executor_fails_the_job(spark):
-
-    def hold():
-        import hvdlite as hvd
-        hvd.init()
-        time.sleep(120)
-
-    failure = {}
-
-    def call():
-        try:
-            hvdlite.spark.run(hold, num_proc=2)
-        except BaseException as exc:
-            failure["error"] = exc
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    pids = []
+    thread, failure = call_in_background(hvdlite.spark.run, hold, num_proc=2)
     deadline = time.monotonic() + 60
-    while len(_executors()) < 2 or len(wait_for_no_paired_ranks(0)) < 2:
+    while len(executors_on()) < 2 or len(wait_for_no_paired_ranks(0)) < 2:
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.2)
-    pids = _executors()
+    pids = executors_on()
     os.kill(pids[0], signal.SIGKILL)
     started = time.monotonic()
     thread.join(90)
@@ -154,19 +139,6 @@ def test_a_lost_executor_fails_the_job(spark):
     assert isinstance(failure.get("error"), RuntimeError), failure
     assert "Spark job failed" in str(failure["error"]) or "no result" in str(failure["error"])
     _no_jobs_left(spark)
-
-
-def _executors() -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"CoarseGrainedExecutorBackend" in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-    return sorted(found)
 
 
 def test_no_active_session_is_named(monkeypatch):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -18,7 +17,8 @@ if why:
     pytest.skip(why, allow_module_level=True)
 
 import hvdlite.spark  # noqa: E402
-from tests.engines.common import allreduce_rank, wait_for_no_paired_ranks  # noqa: E402
+from tests.engines.common import (allreduce_rank, call_in_background, hold,  # noqa: E402
+                                  wait_for_no_paired_ranks)
 from tests.hosts.emulated import EmulatedHosts  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
@@ -61,22 +61,7 @@ def test_ranks_run_on_the_hosts_of_their_tasks(cluster):
 
 def test_a_lost_executor_on_one_host_ends_the_job(cluster):
     spark, _ = cluster
-
-    def hold():
-        import hvdlite as hvd
-        hvd.init()
-        time.sleep(120)
-
-    failure = {}
-
-    def call():
-        try:
-            hvdlite.spark.run(hold, num_proc=2, start_timeout=120)
-        except BaseException as exc:
-            failure["error"] = exc
-
-    thread = threading.Thread(target=call)
-    thread.start()
+    thread, failure = call_in_background(hvdlite.spark.run, hold, num_proc=2, start_timeout=120)
     deadline = time.monotonic() + 90
     while len(wait_for_no_paired_ranks(0)) < 2:
         assert time.monotonic() < deadline, "the job did not start"

@@ -132,10 +132,14 @@ class SparkCluster(SetUpAndTearDown):
             self._dir = None
 
 
-def executors_on(namespace: str) -> list[int]:
-    """Process ids of the Spark executors running in an emulated host's namespace."""
-    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
-                          text=True).stdout.split()
+def executors_on(namespace: str | None = None) -> list[int]:
+    """Process ids of the Spark executors in an emulated host's namespace (None: on
+    this whole machine), in ascending order."""
+    if namespace is None:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    else:
+        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                              text=True).stdout.split()
     found = []
     for pid in pids:
         try:
@@ -144,4 +148,4 @@ def executors_on(namespace: str) -> list[int]:
                     found.append(int(pid))
         except OSError:
             pass
-    return found
+    return sorted(found)
