@@ -1,13 +1,18 @@
 """``DistributedOptimizer``: averages gradients across ranks while backward still runs.
 
 Each trainable parameter gets a hook (``Tensor.register_post_accumulate_grad_hook``)
-that fires as soon as its gradient is final for this backward pass and hands that
-gradient to the engine as an asynchronous in-place allreduce. Gradients of the last
-layers are therefore on the wire while autograd is still computing the first layers'.
-``step()`` waits for whatever is still outstanding, then runs the wrapped optimizer.
+that fires as soon as its gradient is final for this backward pass. Dense gradients
+live in buckets (:mod:`hvdlite.torch.buckets`): a bucket whose gradients are all final
+goes to the engine as one asynchronous in-place allreduce. Gradients the buckets cannot
+take (explicit groups, sparse gradients, ``Compression.topk`` and other compressors
+than ``none``/``fp16``/``bf16``, ``bucket_cap_mb=None``) go one allreduce per tensor (or
+group) as soon as they are final. Either way the gradients of the last layers are on
+the wire while autograd is still computing the first layers'. ``step()`` waits for
+whatever is still outstanding, then runs the wrapped optimizer.
 """
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -19,10 +24,11 @@ from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import resolve as _process_set_id
 from hvdlite.common.discovery import in_elastic_job
 from hvdlite.torch import uneven
+from hvdlite.torch.buckets import DEFAULT_CAP_MB, Bucket, Buckets, plan
 from hvdlite.torch.compression import Compression, Compressor, TopKCompressor
-from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl,
-                                   allreduce_async, allreduce_async_, sparse_allreduce_async,
-                                   synchronize)
+from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl, allgather,
+                                   allgather_async, allreduce_async, allreduce_async_,
+                                   sparse_allreduce_async, synchronize)
 
 # Each DistributedOptimizer gets the next index at construction; every rank builds its
 # optimizers in the same order, so the index (part of the default allreduce names) agrees
@@ -40,11 +46,13 @@ def _next_optimizer_index() -> int:
 class _Pending:
     """One submitted allreduce of the optimizer: a parameter or a group of them."""
 
-    __slots__ = ("params", "handle", "ctxs", "sent", "kind", "grads")
+    __slots__ = ("params", "handle", "ctxs", "sent", "kind", "grads", "bucket", "lost")
 
     def __init__(self, params: tuple[torch.Tensor, ...], handle: Handle, ctxs: list[Any],
-                 sent: list[torch.Tensor], kind: str) -> None:
+                 sent: list[torch.Tensor], kind: str, bucket: Bucket | None = None) -> None:
         self.params, self.handle, self.ctxs, self.sent, self.kind = params, handle, ctxs, sent, kind
+        self.bucket = bucket
+        self.lost: tuple[torch.Tensor, ...] = ()  # bucket members whose gradient was cleared
         # The gradient tensors as submitted: the result is written back into them, so a
         # parameter whose ``.grad`` was meanwhile cleared or replaced is detected.
         self.grads = [p.grad for p in params]
@@ -65,6 +73,26 @@ def _outside(process_set: Any) -> bool:
     return process_set is not None and getattr(process_set, "included", lambda: True)() is False
 
 
+def _bucket_cap_bytes(cap_mb: Any) -> tuple[int, str | None]:
+    """``bucket_cap_mb`` in bytes (0 for None: no buckets), or what is wrong with it."""
+    if cap_mb is None:
+        return 0, None
+    try:
+        value = float(cap_mb)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(cap_mb, bool) or not (value > 0 and math.isfinite(value)):
+        return 0, repr(cap_mb)
+    return max(1, int(value * 1024 * 1024)), None
+
+
+def _bucket_cap_error(problem: str | None, ranks: list[int] | None = None) -> str:
+    where = f"rank(s) {', '.join(map(str, ranks))} got another value" if ranks else "got"
+    here = f" ({'here: ' if ranks else ''}{problem})" if problem else ""
+    return (f"DistributedOptimizer: bucket_cap_mb must be a positive number of MiB, or None to "
+            f"reduce each gradient on its own; {where}{here}")
+
+
 class GradientsInFlightError(AssertionError, RuntimeError):
     """``zero_grad()`` was called while gradient allreduces were in flight. An
     ``AssertionError``, the type Horovod raises here, and a ``RuntimeError``."""
@@ -79,7 +107,7 @@ class _DistributedOptimizer:
     def _hvd_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                    compression: type[Compressor], backward_passes_per_step: int, op: int,
                    gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
-                   process_set: Any = None) -> None:
+                   process_set: Any = None, bucket_cap_mb: Any = DEFAULT_CAP_MB) -> None:
         self._hvd_compression = compression
         self._hvd_process_set = process_set  # gradients are reduced over its ranks
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -149,9 +177,42 @@ class _DistributedOptimizer:
             with _ops.process_set_scope(process_set):  # group ids count per process set
                 self._hvd_make_groups(groups, [p for p in all_params if p.requires_grad])
 
+        self._hvd_buckets: Buckets | None = None
+        cap_bytes, cap_problem = _bucket_cap_bytes(bucket_cap_mb)
+        if self._hvd_active and op != Adasum:
+            self._hvd_setup_buckets(cap_bytes, cap_problem, all_params)
+        elif cap_problem is not None:
+            raise ValueError(_bucket_cap_error(cap_problem))
+
         if self._hvd_active:
             for p in all_params:
                 self._hvd_hook(p)
+
+    def _hvd_setup_buckets(self, cap_bytes: int, problem: str | None,
+                           all_params: list[torch.Tensor]) -> None:
+        """Lay out the gradient buckets, after every rank has shown its settings to the
+        others: a bad ``bucket_cap_mb`` on one rank, or ranks that would lay out
+        different buckets, fail on every rank here instead of leaving the others waiting
+        for buckets that never come."""
+        usable = (cap_bytes > 0 and self._hvd_groups_spec is None
+                  and self._hvd_compression in (Compression.none, Compression.fp16, Compression.bf16))
+        members = [p for p in reversed(all_params) if p.requires_grad] if usable else []
+        mine = torch.tensor([[1 if problem else 0, cap_bytes, len(members),
+                              sum(p.numel() for p in members)]], dtype=torch.int64)
+        first = self._hvd_names[all_params[0]] if all_params else "none"
+        rows = allgather(mine, name=f"hvdlite.optimizer.buckets.{first}.{len(all_params)}",
+                         process_set=self._hvd_process_set).tolist()
+        bad = [r for r, row in enumerate(rows) if row[0]]
+        if bad:
+            raise ValueError(_bucket_cap_error(problem, bad))
+        if any(row[1:] != rows[0][1:] for row in rows):
+            said = "; ".join(f"rank {r}: {row[2]} parameter(s), {row[3]} elements, buckets of "
+                             f"{row[1]} bytes" for r, row in enumerate(rows))
+            raise ValueError(f"DistributedOptimizer: the ranks would lay out different gradient "
+                             f"buckets ({said}); every rank must wrap the same parameters with "
+                             f"the same bucket_cap_mb, groups and compression")
+        if members:
+            self._hvd_buckets = Buckets(members, cap_bytes, f"bucket.{self._hvd_names[members[0]]}")
 
     @property
     def _parameter_names(self) -> dict[torch.Tensor, str]:
@@ -219,15 +280,29 @@ class _DistributedOptimizer:
     def _hvd_grad_ready(self, p: torch.Tensor) -> None:
         if p not in self._hvd_delay:
             return
-        if p in self._hvd_submitted:
+        if p in self._hvd_submitted or self._hvd_delay[p] <= 0:
             raise RuntimeError(
                 f"hvdlite: the gradient of '{self._hvd_names.get(p)}' was computed more than "
                 f"backward_passes_per_step={self.backward_passes_per_step} times before "
                 f"optimizer.step(); increase backward_passes_per_step to accumulate more "
                 f"backward passes locally")
         self._hvd_fired.add(p)
+        buckets = self._hvd_buckets
+        bucket = buckets.bucket_of.get(p) if buckets is not None else None
+        if bucket is not None:
+            # Every pass's gradient lands in the bucket: later passes accumulate into it.
+            bucket.adopt(p, self._hvd_names[p])
+            if p in bucket.sparse:
+                buckets.sparse_seen.add(p)
         self._hvd_delay[p] -= 1
         if self._hvd_delay[p] > 0:
+            return
+        if bucket is not None:
+            if not buckets.reordered:
+                buckets.arrival.append(p)
+            bucket.ready.add(p)
+            if bucket.full():
+                self._hvd_submit_bucket(bucket, frozenset())
             return
         unit = self._hvd_unit_of.get(p, (p,))
         if len(unit) == 1:
@@ -287,6 +362,34 @@ class _DistributedOptimizer:
         self._hvd_pending[unit] = pending
         self._hvd_submitted.update(unit)
 
+    def _hvd_submit_bucket(self, bucket: Bucket, present: Any) -> None:
+        """Submit `bucket` as one in-place allreduce (members without a gradient here
+        contribute zeros; see :meth:`Bucket.fill_absent`). A bucket this rank cannot
+        reduce (a member changed shape, dtype or device) is refused, so that it fails on
+        every rank."""
+        # Gradients cleared or replaced between their hook and now (model.zero_grad()
+        # before step()): the bucket still goes, so that no rank waits, and step() raises.
+        lost = tuple(p for p in bucket.ready if not bucket.holds(p))
+        with _ops.process_set_scope(self._hvd_process_set):
+            bucket.fill_absent(present)
+            if bucket.problem is not None:
+                name = f"allreduce.{bucket.name}"
+                refused = _ops.refusal(_ops.ALLREDUCE, name, bucket.problem)
+                handle = Handle([refused], lambda _: None, name)
+                pending = _Pending(bucket.params, handle, [None], [], "bucket", bucket)
+            else:
+                scale = self._hvd_uneven_scale()
+                if scale != 1.0:
+                    bucket.flat.mul_(scale)
+                sent, ctx = self._hvd_compression.compress(bucket.flat)
+                handle = allreduce_async_(sent, name=bucket.name, op=self.op,
+                                          prescale_factor=self._hvd_prescale,
+                                          postscale_factor=self._hvd_postscale)
+                pending = _Pending(bucket.params, handle, [ctx], [sent], "bucket", bucket)
+        pending.lost = lost
+        self._hvd_pending[bucket] = pending
+        self._hvd_submitted.update(bucket.params)
+
     def _hvd_uneven_scale(self) -> float:
         """What this rank's gradient is multiplied by in a step where only some ranks have
         data (an ``ElasticSampler``'s padding batch, :mod:`hvdlite.torch.uneven`): 0 on a
@@ -320,15 +423,18 @@ class _DistributedOptimizer:
             self._hvd_synchronized = True
             return
         managed = self._hvd_managed()
+        buckets = self._hvd_buckets
+        bucket_of = buckets.bucket_of if buckets is not None else {}
         units: list[tuple[torch.Tensor, ...]] = []
         seen: set[torch.Tensor] = set()
         for p in managed:
-            if p in seen:
+            if p in seen or p in bucket_of:
                 continue
             unit = self._hvd_unit_of.get(p, (p,))
             seen.update(unit)
             units.append(unit)
         missing = [u for u in units if not any(q in self._hvd_submitted for q in u)]
+        unsent = [b for b in buckets.buckets if b not in self._hvd_pending] if buckets is not None else []
         # Every rank tells the others which gradients it has, so a parameter is reduced
         # if some rank has a gradient for it, and left alone if none has.
         flags = torch.tensor([1 if (p in self._hvd_fired or p.grad is not None) else 0
@@ -338,9 +444,13 @@ class _DistributedOptimizer:
         flag_handle = allreduce_async(flags, name=f"hvdlite.optimizer.has_grad.{len(managed)}",
                                       op=_ops.Max, process_set=self._hvd_process_set)
         absent: list[torch.Tensor] = []
-        if missing:
+        if missing or unsent:
             index = {p: i for i, p in enumerate(managed)}
             present = synchronize(flag_handle)
+            have = {p for p in managed if present[index[p]]}
+            for bucket in unsent:
+                if any(p in have for p in bucket.params):
+                    self._hvd_submit_bucket(bucket, have)
             for unit in missing:
                 have = [p in index and bool(present[index[p]]) for p in unit]
                 if any(have):
@@ -363,22 +473,61 @@ class _DistributedOptimizer:
             self._hvd_reset()
         for p in absent:
             p.grad = None
+        if buckets is not None and not buckets.reordered:
+            self._hvd_reorder_buckets()
         self._hvd_synchronized = True
         for p in managed:
             self._hvd_hook(p)
 
+    def _hvd_reorder_buckets(self) -> None:
+        """After the first step: lay the buckets out again in the order the gradients
+        arrived on rank 0 (every rank takes that order, so the buckets agree). Members
+        whose gradient came sparse on any rank leave the buckets for the per-tensor path."""
+        buckets = self._hvd_buckets
+        assert buckets is not None
+        buckets.reordered = True
+        order = torch.tensor(buckets.first_step_order(), dtype=torch.int64)  # rank 0's counts
+        sparse = torch.tensor([1 if p in buckets.sparse_seen else 0 for p in buckets.members],
+                              dtype=torch.uint8)
+        tag = f"{buckets.prefix}.{len(buckets.members)}"
+        with _ops.process_set_scope(self._hvd_process_set):
+            # (Gathered rather than broadcast: the set's first rank need not be world rank 0.)
+            sent_order = allgather_async(order.unsqueeze(0), name=f"hvdlite.optimizer.bucket_order.{tag}")
+            sent_sparse = allreduce_async(sparse, name=f"hvdlite.optimizer.bucket_sparse.{tag}",
+                                          op=_ops.Max)
+            order = synchronize(sent_order)[0]
+            sparse = synchronize(sent_sparse)
+        buckets.arrival.clear()
+        indices = order.tolist()
+        cut = indices.index(-1)
+        arrived, late = ([buckets.members[i] for i in part if not sparse[i]]
+                         for part in (indices[:cut], indices[cut + 1:]))
+        now = [[id(p) for p in b.params] for b in buckets.buckets]
+        runs = plan(arrived, buckets.cap_bytes) + plan(late, buckets.cap_bytes)
+        if [[id(p) for p in run] for run in runs] != now:
+            buckets.layout(arrived, late)
+
     def _hvd_finish(self, pending: _Pending) -> None:
         result = synchronize(pending.handle)
-        for p, g in zip(pending.params, pending.grads):
-            if p.grad is not g:
-                raise RuntimeError(
-                    f"hvdlite: the gradient of '{self._hvd_names.get(p)}' was "
-                    f"{'set to None' if p.grad is None else 'replaced'} (e.g. by "
-                    f"model.zero_grad()) after loss.backward() but before optimizer.step() or "
-                    f"optimizer.synchronize(), while the gradient allreduces are still in "
-                    f"flight; call optimizer.step() (or optimizer.synchronize()) before "
-                    f"zero_grad()")
+        changed = [p for p, g in zip(pending.params, pending.grads) if p.grad is not g]
+        for p in (*pending.lost, *changed):
+            raise RuntimeError(
+                f"hvdlite: the gradient of '{self._hvd_names.get(p)}' was "
+                f"{'set to None' if p.grad is None else 'replaced'} (e.g. by "
+                f"model.zero_grad()) after loss.backward() but before optimizer.step() or "
+                f"optimizer.synchronize(), while the gradient allreduces are still in "
+                f"flight; call optimizer.step() (or optimizer.synchronize()) before "
+                f"zero_grad()")
         with torch.no_grad():
+            if pending.kind == "bucket":
+                bucket = pending.bucket
+                assert bucket is not None
+                value = self._hvd_compression.decompress(result, pending.ctxs[0])
+                if value is not bucket.flat:
+                    bucket.flat.copy_(value)
+                for p in bucket.sparse:
+                    p.grad = bucket.views[p].to_sparse()
+                return
             if pending.kind == "sparse":
                 pending.params[0].grad = result.coalesce()
                 return
@@ -403,6 +552,8 @@ class _DistributedOptimizer:
         self._hvd_submitted.clear()
         self._hvd_fired.clear()
         self._hvd_group_ready.clear()
+        if self._hvd_buckets is not None:
+            self._hvd_buckets.clear()
         for p in self._hvd_delay:
             self._hvd_delay[p] = self.backward_passes_per_step
 
@@ -452,7 +603,9 @@ class _DistributedOptimizer:
         """Clear gradients. Raises :class:`GradientsInFlightError` while gradient
         allreduces started by ``loss.backward()`` are still in flight (call ``step()`` or
         ``synchronize()`` first), since clearing them then would race with the reduction."""
-        if getattr(self, "_hvd_pending", None):
+        buckets = getattr(self, "_hvd_buckets", None)
+        if getattr(self, "_hvd_pending", None) or (
+                buckets is not None and any(b.ready for b in buckets.buckets)):
             raise GradientsInFlightError(
                 "hvdlite: optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(), while the gradient allreduces "
@@ -460,6 +613,8 @@ class _DistributedOptimizer:
         if getattr(self, "_hvd_delay", None) is not None:
             self._hvd_fired.clear()
             self._hvd_group_ready.clear()
+            if self._hvd_buckets is not None:
+                self._hvd_buckets.clear()
             for p in self._hvd_delay:
                 self._hvd_delay[p] = self.backward_passes_per_step
         return super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
@@ -565,7 +720,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          backward_passes_per_step: int = 1, op: int = Average,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: Any = None) -> torch.optim.Optimizer:
+                         process_set: Any = None,
+                         bucket_cap_mb: float | None = DEFAULT_CAP_MB) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged across all ranks before each step.
 
     The returned object is an instance of the optimizer's own class (``isinstance``
@@ -599,6 +755,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         process_set: the :class:`~hvdlite.common.process_sets.ProcessSet` whose ranks
             average the gradients (default: all ranks). On a rank outside the set the
             optimizer reduces nothing and trains on its own gradients, as in Horovod.
+        bucket_cap_mb: (hvdlite addition) size of the gradient buckets in MiB, as in
+            ``DistributedDataParallel``: dense gradients become views into flat buckets
+            of about this size, and each bucket is reduced as one allreduce once its
+            gradients are final. ``None`` reduces each gradient on its own (Horovod's
+            way, with the engine's tensor fusion). Explicit ``groups``, sparse
+            gradients and compressors other than ``Compression.none``, ``fp16`` and
+            ``bf16`` always go per tensor. Every rank must pass the same value; a value
+            that is not positive fails on every rank.
 
     The arguments are in Horovod's order, so positional calls written for Horovod bind
     the same way.
@@ -641,5 +805,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     state.pop("step", None)
     dist.__dict__.update(state)
     dist._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
-                    gradient_predivide_factor, groups, sparse_as_dense, process_set)
+                    gradient_predivide_factor, groups, sparse_as_dense, process_set, bucket_cap_mb)
     return dist

@@ -4,7 +4,7 @@ and MPI (HOROVOD_GPU_OPERATIONS=MPI).
 
 Needs PyTorch with CUDA: skipped on machines without a GPU (the GPU path itself is
 tested there on the fake CUDA runtime and NCCL, tests/gpu). NCCL refuses two ranks on
-one GPU, so the 2-rank NCCL run needs two GPUs; through MPI two ranks may share one.
+one GPU, so the 2-rank NCCL run needs two GPUs; through MPI two or four ranks share one.
 Each rank uses GPU ``local_rank % device_count``.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ import torch
 from tests.torch.torch_mp import assert_passed, run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU available")
-CASES = ["gpu_collectives", "gpu_training", "gpu_sync_batch_norm", "gpu_digits_cnn_matches_cpu",
+CASES = ["gpu_collectives", "gpu_training", "gpu_buckets", "gpu_sync_batch_norm", "gpu_digits_cnn_matches_cpu",
          "gpu_zero_and_one_bit_adam", "gpu_zero_offload", "gpu_topk_compression"]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("n", [1, 2, 4])
 @pytest.mark.parametrize("backend", ["NCCL", "MPI"])
 def test_cuda_tensors(n: int, backend: str) -> None:
     if backend == "NCCL" and n > torch.cuda.device_count():

@@ -58,18 +58,37 @@ def collective(phases: dict[str, list[tuple[int, int]]]) -> list[tuple[int, int]
     return spans
 
 
+def merged(phases: dict[str, dict[str, list[tuple[int, int]]]], names: list[str]) -> dict[str, list[tuple[int, int]]]:
+    """The phases of several timeline rows as one row (a bucket under each of its names)."""
+    out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for name in names:
+        for phase, spans in phases[name].items():
+            out[phase].extend(spans)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 @pytest.mark.timeout(180)
-def test_allreduce_overlaps_backward(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["per_tensor", "buckets"])
+def test_allreduce_overlaps_backward(tmp_path: Path, mode: str) -> None:
     trace = tmp_path / "timeline.json"
-    out = run_ranks(2, "overlap_worker.py", env={"HVDLITE_TIMELINE": str(trace)}, timeout=150)
+    out = run_ranks(2, "overlap_worker.py", mode, env={"HVDLITE_TIMELINE": str(trace)}, timeout=150)
     assert out.count("BACKWARD_S") == 3
     phases = load_phases(trace)
-    last, first = f"allreduce.layers.{LAYERS - 1}.weight", "allreduce.layers.0.weight"
-    for name in (last, first):
-        assert name in phases, f"tensor {name} missing from the trace: {sorted(phases)[:20]}"
-        assert "QUEUE" in phases[name], f"{name} has no QUEUE phase: {sorted(phases[name])}"
-    last_done = collective(phases[last])
-    first_submitted = phases[first]["QUEUE"]
+    if mode == "per_tensor":
+        last, first = [f"allreduce.layers.{LAYERS - 1}.weight"], ["allreduce.layers.0.weight"]
+    else:
+        # A bucket per layer, the last layer's first; the layout may change after the
+        # first step (a new generation of names), so a bucket is its rows of both.
+        buckets = [n for n in phases if n.startswith(f"allreduce.bucket.layers.{LAYERS - 1}.bias.")]
+        last = [n for n in buckets if n.endswith(".0")]
+        first = [n for n in buckets if n.endswith(f".{LAYERS - 1}")]
+        assert last and first, f"no bucket rows among {sorted(phases)}"
+    for names in (last, first):
+        for name in names:
+            assert name in phases, f"tensor {name} missing from the trace: {sorted(phases)[:20]}"
+            assert "QUEUE" in phases[name], f"{name} has no QUEUE phase: {sorted(phases[name])}"
+    last_done = collective(merged(phases, last))
+    first_submitted = merged(phases, first)["QUEUE"]
     assert len(last_done) == len(first_submitted) == 3, (last_done, first_submitted)
     for step, ((_, done), (submitted, _)) in enumerate(zip(last_done, first_submitted)):
         # The last layer's allreduce ended at least one layer's backward time before the

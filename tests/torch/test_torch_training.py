@@ -20,7 +20,7 @@ OPTIMIZER_CASES = [
     "step_with_closure_averages_gradients", "lbfgs_closure_is_averaged_every_evaluation", "two_unnamed_optimizers_one_loss",
     "frozen_then_unfrozen_and_added_group",
     "lr_scheduler_and_state_dict", "sparse_embedding_gradients", "torch_compile_matches_global_batch",
-    "wrong_arguments_raise"]
+    "buckets_equal_per_tensor", "bucket_bad_input_fails_on_every_rank", "wrong_arguments_raise"]
 FUNCTION_CASES = ["broadcast_parameters_forms", "optimizer_state_makes_fresh_rank_identical",
                   "optimizer_state_cleared_when_root_has_none", "objects"]
 SYNCBN_CASES = ["syncbn_1d", "syncbn_2d", "syncbn_float32_and_convert"]

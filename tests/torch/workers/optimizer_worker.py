@@ -506,6 +506,139 @@ def torch_compile_matches_global_batch() -> None:
     check_params(model, ref, "torch.compile (aot_eager)")
 
 
+class ReversedNet(nn.Module):
+    """Layers registered in the reverse of the order they run: the gradients arrive in
+    the order of the parameters, not their reverse, so the buckets are laid out again."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.out = nn.Linear(16, 3)
+        self.mid = nn.Linear(16, 16)
+        self.inp = nn.Linear(6, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mid(torch.tanh(self.inp(x)))))
+
+
+class PlainNet(ReversedNet):
+    """ReversedNet's layers, registered in the order they run."""
+
+    def __init__(self, seed: int) -> None:
+        nn.Module.__init__(self)
+        torch.manual_seed(seed)
+        self.inp = nn.Linear(6, 16)
+        self.mid = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 3)
+
+
+def params_after(net: type, bucket_cap_mb: Any, passes: int, steps: int = 4,
+                 use_extra: Callable[[int, int], bool] = never) -> tuple[torch.Tensor, Any]:
+    r = hvd.rank()
+    model = net(0)
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes, bucket_cap_mb=bucket_cap_mb)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=step % 2 == 0)  # both ways of clearing the bucket views
+        for micro in range(passes):
+            x, y = batch(10 * step + micro, r)
+            out = model(x, use_extra(step, r)) if net is Net else model(x)
+            (F.mse_loss(out, y) / passes).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), opt
+
+
+@case
+def buckets_equal_per_tensor() -> None:
+    # Several buckets (a 1 KiB cap), one bucket (the default), and a bucket per tensor
+    # (bucket_cap_mb=None: Horovod's way): the same parameters to 1e-12, with and
+    # without backward_passes_per_step, with parameters some ranks do not use.
+    sometimes = lambda s, k: k == 0 and s % 2 == 1  # noqa: E731
+    for net, extra in ((Net, never), (Net, sometimes), (ReversedNet, never), (PlainNet, never)):
+        for passes in (1, 3):
+            want, _ = params_after(net, None, passes, use_extra=extra)
+            for cap in (1 / 1024, 25):
+                got, opt = params_after(net, cap, passes, use_extra=extra)
+                diff = (got - want).abs().max().item()
+                assert diff <= 1e-12, f"{net.__name__} cap={cap} passes={passes}: differs by {diff:.3g}"
+                if hvd.size() == 1:
+                    assert opt._hvd_buckets is None  # one rank reduces nothing
+                    continue
+                layout = opt._hvd_buckets
+                sizes = [len(b.params) for b in layout.buckets]
+                # At 25 MiB one bucket, and one more for Net's parameters that got no
+                # gradient in the first step; at 1 KiB each of the larger weights alone.
+                assert len(sizes) == (2 if net is Net else 1) if cap > 1 else len(sizes) >= 3, (cap, sizes)
+                # The first step's reverse order is kept when the gradients arrive in it
+                # (PlainNet). ReversedNet's arrive the other way, and Net's first two
+                # parameters in reverse order get no gradient in the first step (they go
+                # to buckets of their own at the end): both get a second layout.
+                assert layout.generation == (1 if net is PlainNet else 2), (net, layout.generation)
+                used = [p for p in opt._hvd_managed() if p.grad is not None]
+                assert len(used) >= 6, len(used)
+                for p in used:
+                    b = layout.bucket_of.get(p)
+                    assert b is not None, "every dense gradient is in a bucket"
+                    flat = b.flat
+                    start = flat.data_ptr()
+                    assert start <= p.grad.data_ptr() < start + flat.numel() * flat.element_size(), \
+                        "the gradient is a view into its bucket"
+    model, _ = make_replicas()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    F.mse_loss(model(batch(0, hvd.rank())[0]), batch(0, hvd.rank())[1]).backward()
+    opt.step()
+    assert model.unused.weight.grad is None, "a parameter no rank used keeps grad None"
+
+
+def expect_on_every_rank(what: str, fn: Callable[[], Any], *needles: str) -> str:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the type is checked by the caller's needles
+        text = f"{type(exc).__name__}: {exc}"
+    else:
+        raise AssertionError(f"{what}: no error on rank {hvd.rank()}")
+    for needle in needles:
+        assert needle in text, f"{what}: {needle!r} not in {text!r}"
+    return text
+
+
+@case
+def bucket_bad_input_fails_on_every_rank() -> None:
+    r, n = hvd.rank(), hvd.size()
+    last = n - 1
+    model, _ = make_replicas()
+    # A bucket size of 0 (here on the last rank only; on one rank, the rank alone).
+    for bad in (0, -1.0, "big"):
+        expect_on_every_rank(
+            f"bucket_cap_mb={bad!r}",
+            lambda: hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                             bucket_cap_mb=bad if r == last else 25),
+            "ValueError", "bucket_cap_mb must be a positive number", f"rank(s) {last}" if n > 1 else "got")
+    if n > 1:
+        # Ranks that would lay out different buckets.
+        expect_on_every_rank(
+            "different caps",
+            lambda: hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                             bucket_cap_mb=None if r == last else 25),
+            "ValueError", "different gradient buckets")
+        # A parameter that changes shape after the optimizer was built (on the last rank):
+        # that rank refuses the bucket, so step() fails on every rank, naming it.
+        opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+        x, y = batch(0, r)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        if r == last:
+            with torch.no_grad():
+                model.fc3.bias.data = torch.zeros(1)  # still broadcasts in forward
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        expect_on_every_rank("a parameter that changed shape", opt.step,
+                             f"rank {last}", "fc3.bias", "changed shape")
+    # The library is still usable: a fresh model trains and agrees across ranks.
+    train(sgd, dist(), steps=2, what="after the bad input")
+
+
 @case
 def wrong_arguments_raise() -> None:
     model, _ = make_replicas()

@@ -4,11 +4,13 @@ Each layer's backward takes at least ``DELAY`` seconds (a sleeping autograd func
 a backward pass lasts several times ``DELAY``. With hooks that start each gradient's
 allreduce as soon as it is ready, the last layers' allreduces run while the first
 layers' gradients are still being computed; the test reads that from the trace file
-(HVDLITE_TIMELINE) rank 0 writes. Rank 0 prints ``STEP <i> BACKWARD_S <seconds>`` (the
+(HVDLITE_TIMELINE) rank 0 writes. The argument is ``per_tensor`` (an allreduce per
+gradient) or ``buckets`` (gradient buckets of one layer each). Rank 0 prints ``STEP <i> BACKWARD_S <seconds>`` (the
 duration of each backward pass) so the test can see that all steps ran.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -48,8 +50,10 @@ def main() -> None:
     hvd.init()
     torch.manual_seed(0)
     model = Net()
+    layer_mib = sum(p.numel() * p.element_size() for p in model.layers[0].parameters()) / 2 ** 20
+    cap = None if sys.argv[1] == "per_tensor" else layer_mib * 1.1
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters())
+                                   named_parameters=model.named_parameters(), bucket_cap_mb=cap)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     for step in range(3):
         opt.zero_grad()
