@@ -18,7 +18,11 @@ alike. From each run it takes hvdlite's own times, not its ratios to peers:
 - ``tf``: ``bench_tf_training.py``: the same in TensorFlow, with a custom loop and with
   ``model.fit``;
 - ``hosts``: ``bench_hosts.py``: a 64 MiB allreduce on 2 emulated hosts of 2 ranks at
-  1 Gbit/s, with hvdlite's default algorithm (needs root).
+  1 Gbit/s, with hvdlite's default algorithm (needs root);
+- ``gpu_host``: ``bench_gpu_host.py``: host microseconds of GPU collectives on the fake
+  CUDA runtime (a lone 4 KiB allreduce, a small CNN's gradients per tensor and as one
+  bucket). This suite runs this tree's copy of the script in both trees, so that a
+  baseline older than the script can be measured too.
 
 It prints, for every figure, the median over repetitions in each tree and the ratio
 candidate / baseline (above 1: the candidate is slower), with the spread of each tree's
@@ -61,6 +65,10 @@ def _training(results: dict[str, Any], keys: tuple[str, ...]) -> dict[str, float
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def _gpu_host(results: dict[str, Any]) -> dict[str, float]:
+    return {f"host {r['name']}": r["step_us"] for r in results["rows"]}
+
+
 def _hosts(results: dict[str, Any]) -> dict[str, float]:
     return {f"2x2 hosts allreduce {r['bytes'] // (1024 * 1024)} MiB": r["default_s"] * 1e3
             for r in results["rows"] if r.get("config") == "2x2@1gbit"}
@@ -75,6 +83,8 @@ SUITES: dict[str, tuple[list[str], str, Extract, bool]] = {
             "--steps", "4", "--windows", "3"], "ms", lambda r: _training(r, ("model", "api")), False),
     "hosts": (["benchmarks/bench_hosts.py", "--configs", "2x2@1gbit", "--sizes", "64M", "--rounds", "3"], "ms",
               _hosts, False),
+    "gpu_host": ([str(REPO / "benchmarks" / "bench_gpu_host.py"), "--iters", "1000", "--reps", "3"], "us",
+                 _gpu_host, False),
 }
 
 

@@ -1,0 +1,163 @@
+"""Host microseconds per GPU collective, on the fake CUDA runtime and NCCL.
+
+What a GPU training step pays on the CPU for each collective, where no GPU is needed
+to see it: the fake runtime (``tests/fake_cuda``) runs no kernels, so everything timed
+here is hvdlite's host work and the CUDA and NCCL calls it makes. Run it on any
+machine; it builds the fake libraries (g++) and launches its own ranks::
+
+    python benchmarks/bench_gpu_host.py [--np 1] [--iters 2000] [--reps 5] [--results PATH]
+
+Each collective is an allreduce of float32 device memory in place, submitted as the
+PyTorch front end submits a CUDA tensor (``hvdlite.common.ops.submit`` with the
+tensor's stream; waiting orders that stream after the collective), and split in three:
+
+- **submit**: the call that hands the request to the engine;
+- **engine**: from there until the engine reports the request done (the negotiation,
+  or the response cache's agreement, and NCCL queued on hvdlite's stream), watched by
+  polling;
+- **completion**: the wait that follows: the consumer stream ordered after the
+  collective's event, the handle released.
+
+Three workloads: a lone 4 KiB allreduce, and the 8 gradients of ``bench_gpu.py``'s small
+CNN sent per tensor and as one bucket, as ``DistributedOptimizer`` sends them with
+``bucket_cap_mb=None`` and by default (their sizes divided by 256, see ``SMALL_CNN``). The rows are medians over
+repetitions of the per-collective (or per-step) time on rank 0. Compare two builds side
+by side with ``benchmarks/bench_builds.py --suites gpu_host``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import REPO, ResultsRun, add_results_options, command_line, results_path  # noqa: E402
+
+# bench_gpu.py's SmallCNN: conv1..3 weights and biases, fc weight and bias, in float32
+# elements divided by 256: the fake runtime moves the bytes with the CPU (its stand-in
+# for the GPU's work), which would otherwise compete with the host work measured here.
+SMALL_CNN = [max(1, n // 256) for n in (64 * 3 * 9, 64, 128 * 64 * 9, 128, 256 * 128 * 9, 256, 1000 * 256 * 16,
+                                        1000)]
+
+
+def worker(args: argparse.Namespace) -> None:
+    # hvdlite and the fake's helpers come from PYTHONPATH: this tree, or another build
+    # that bench_builds.py compares.
+    import numpy as np
+
+    from tests.fake_cuda import device as fake
+    fake.load(os.path.dirname(os.environ["HVDLITE_CUDART_LIBRARY"]))
+    import hvdlite as hvd
+    from hvdlite.common import ops as _ops
+
+    hvd.init()
+    stream = fake.create_stream()
+
+    def tensors(sizes: list[int]) -> list[tuple[object, object]]:
+        out = []
+        for n in sizes:
+            arr = fake.FakeDeviceArray.from_numpy(np.ones(n, np.float32))
+            raw = _ops.RawTensor(arr.__cuda_array_interface__["data"][0], "float32", (n,), 0, stream)
+            out.append((arr, raw))
+        return out
+
+    workloads = {
+        "lone allreduce 4 KiB": tensors([1024]),
+        "small CNN per tensor (8 allreduces)": tensors(SMALL_CNN),
+        "small CNN as one bucket (1 allreduce)": tensors([sum(SMALL_CNN)]),
+    }
+    rows = []
+    for label, ts in workloads.items():
+        names = [f"bench.{label}.{i}" for i in range(len(ts))]
+
+        def step() -> tuple[float, float, float]:
+            t0 = time.perf_counter_ns()
+            reqs = [_ops.submit(_ops.ALLREDUCE, raw, raw, name=nm, op=_ops.Sum)
+                    for (_, raw), nm in zip(ts, names)]
+            t1 = time.perf_counter_ns()
+            for r in reqs:
+                while not r.poll():
+                    pass
+            t2 = time.perf_counter_ns()
+            for r in reqs:
+                r.wait()
+            t3 = time.perf_counter_ns()
+            return t1 - t0, t2 - t1, t3 - t2
+
+        for _ in range(50):  # warm up: communicator, response cache
+            step()
+        reps = []
+        for _ in range(args.reps):
+            acc = [0, 0, 0]
+            for _ in range(args.iters):
+                for k, v in enumerate(step()):
+                    acc[k] += v
+            reps.append([v / args.iters / 1e3 for v in acc])  # µs per step
+        submit, engine, completion = (statistics.median(r[k] for r in reps) for k in range(3))
+        rows.append({"name": label, "collectives_per_step": len(ts), "submit_us": submit, "engine_us": engine,
+                     "completion_us": completion, "step_us": submit + engine + completion,
+                     "per_collective_us": (submit + engine + completion) / len(ts),
+                     "bytes_per_step": 4 * sum(int(raw.shape[0]) for _, raw in ts)})
+    fake.stream_synchronize(stream)
+    if hvd.rank() == 0:
+        Path(args.worker_out).write_text(json.dumps(rows))
+    hvd.shutdown()
+
+
+def build_fake(outdir: Path) -> None:
+    subprocess.run(["bash", str(REPO / "tests" / "fake_cuda" / "build.sh"), str(outdir)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=1, help="ranks (default 1: one rank's host cost, no peer to wait for)")
+    p.add_argument("--iters", type=int, default=2000, help="steps per repetition (default 2000)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--worker-out", help=argparse.SUPPRESS)
+    add_results_options(p, "bench_gpu_host")
+    args = p.parse_args()
+    if args.worker_out:
+        worker(args)
+        return 0
+    run = ResultsRun("bench_gpu_host")
+    with tempfile.TemporaryDirectory() as tmp:
+        fake_dir = Path(tmp) / "fake"
+        build_fake(fake_dir)
+        out = Path(tmp) / "rows.json"
+        env = dict(os.environ, HVDLITE_CUDART_LIBRARY=str(fake_dir / "libcudart.so"),
+                   HVDLITE_NCCL_LIBRARY=str(fake_dir / "libnccl.so"), HVDLITE_FAKE_CUDA_DELAY_US="0",
+                   OMP_NUM_THREADS="1", PYTHONPATH=os.environ.get("PYTHONPATH") or str(REPO))
+        cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(args.np), sys.executable, __file__,
+               "--iters", str(args.iters), "--reps", str(args.reps), "--worker-out", str(out)]
+        subprocess.run(cmd, env=env, check=True)
+        rows = json.loads(out.read_text())
+    print(f"\nhost µs on the fake CUDA runtime, {args.np} rank(s), medians of {args.reps} x {args.iters} steps")
+    head = (f"{'workload':40} {'calls':>5} {'submit':>8} {'engine':>8} {'complete':>9} {'per step':>9} "
+            f"{'per call':>9}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['name']:40} {r['collectives_per_step']:5d} {r['submit_us']:8.1f} {r['engine_us']:8.1f} "
+              f"{r['completion_us']:9.1f} {r['step_us']:9.1f} {r['per_collective_us']:9.1f}")
+    per_tensor, bucket = rows[1], rows[2]
+    summary = [{"name": "small CNN step, bucket / per tensor", "ratio": bucket["step_us"] / per_tensor["step_us"],
+                "peer": "per tensor"}]
+    print(f"\nsmall CNN step host time, one bucket / per tensor: {summary[0]['ratio']:.3f}")
+    path = results_path(args, "bench_gpu_host")
+    if path:
+        run.write(path, rows, summary, {k: v for k, v in vars(args).items() if k != "worker_out"}, args.notes,
+                  command=command_line())
+        print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
