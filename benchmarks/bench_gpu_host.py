@@ -7,9 +7,12 @@ machine; it builds the fake libraries (g++) and launches its own ranks::
 
     python benchmarks/bench_gpu_host.py [--np 1] [--iters 2000] [--reps 5] [--results PATH]
 
-Each collective is an allreduce of float32 device memory in place, submitted as the
-PyTorch front end submits a CUDA tensor (``hvdlite.common.ops.submit`` with the
-tensor's stream; waiting orders that stream after the collective), and split in three:
+Each collective is an allreduce of float32 device memory in place, submitted in one of
+two ways: as one request each time, as the PyTorch front end submits a CUDA tensor
+(``hvdlite.common.ops.submit`` with the tensor's stream, a ``Request`` waited for), or
+as a persistent request prepared once, as ``DistributedOptimizer`` starts a gradient
+bucket every step (``hvdlite.common.ops.Persistent``: one call to start, one to wait).
+Waiting orders the tensor's stream after the collective. Each is split in three:
 
 - **submit**: the call that hands the request to the engine;
 - **engine**: from there until the engine reports the request done (the negotiation,
@@ -18,9 +21,9 @@ tensor's stream; waiting orders that stream after the collective), and split in 
 - **completion**: the wait that follows: the consumer stream ordered after the
   collective's event, the handle released.
 
-Three workloads: a lone 4 KiB allreduce, and the 8 gradients of ``bench_gpu.py``'s small
-CNN sent per tensor and as one bucket, as ``DistributedOptimizer`` sends them with
-``bucket_cap_mb=None`` and by default (their sizes divided by 256, see ``SMALL_CNN``). The rows are medians over
+Workloads: a lone 4 KiB allreduce both ways, and the 8 gradients of ``bench_gpu.py``'s
+small CNN sent per tensor (``bucket_cap_mb=None``) and as one persistent bucket (the
+default), their sizes divided by 256 (see ``SMALL_CNN``). The rows are medians over
 repetitions of the per-collective (or per-step) time on rank 0. Compare two builds side
 by side with ``benchmarks/bench_builds.py --suites gpu_host``.
 """
@@ -60,39 +63,66 @@ def worker(args: argparse.Namespace) -> None:
     hvd.init()
     stream = fake.create_stream()
 
-    def tensors(sizes: list[int]) -> list[tuple[object, object]]:
+    def tensors(sizes: list[int], host: bool = False) -> list[tuple[object, object]]:
         out = []
         for n in sizes:
-            arr = fake.FakeDeviceArray.from_numpy(np.ones(n, np.float32))
-            raw = _ops.RawTensor(arr.__cuda_array_interface__["data"][0], "float32", (n,), 0, stream)
+            if host:
+                arr = np.ones(n, np.float32)
+                raw = _ops.RawTensor(arr.ctypes.data, "float32", (n,))
+            else:
+                arr = fake.FakeDeviceArray.from_numpy(np.ones(n, np.float32))
+                raw = _ops.RawTensor(arr.__cuda_array_interface__["data"][0], "float32", (n,), 0, stream)
             out.append((arr, raw))
         return out
 
+    persistent = hasattr(_ops, "Persistent")  # (a build from before persistent requests has none)
     workloads = {
-        "lone allreduce 4 KiB": tensors([1024]),
-        "small CNN per tensor (8 allreduces)": tensors(SMALL_CNN),
-        "small CNN as one bucket (1 allreduce)": tensors([sum(SMALL_CNN)]),
+        "lone allreduce 4 KiB, a request each time": (tensors([1024]), False),
+        "lone allreduce 4 KiB, persistent": (tensors([1024]), True),
+        "small CNN per tensor (8 allreduces)": (tensors(SMALL_CNN), False),
+        "small CNN as one bucket (persistent)": (tensors([sum(SMALL_CNN)]), True),
+        "host memory: 4 KiB, a request each time": (tensors([1024], host=True), False),
+        "host memory: 4 KiB, persistent": (tensors([1024], host=True), True),
     }
     rows = []
-    for label, ts in workloads.items():
+    for label, (ts, prepared) in workloads.items():
+        if prepared and not persistent:
+            continue
         names = [f"bench.{label}.{i}" for i in range(len(ts))]
+        on = None if label.startswith("host") else stream
+        if prepared:
+            (_, raw), = ts
+            req = _ops.Persistent(_ops.ALLREDUCE, raw, raw, name=names[0], op=_ops.Sum)
 
-        def step() -> tuple[float, float, float]:
-            t0 = time.perf_counter_ns()
-            reqs = [_ops.submit(_ops.ALLREDUCE, raw, raw, name=nm, op=_ops.Sum)
-                    for (_, raw), nm in zip(ts, names)]
-            t1 = time.perf_counter_ns()
-            for r in reqs:
-                while not r.poll():
+            def step() -> tuple[float, float, float]:
+                t0 = time.perf_counter_ns()
+                req.start(on)
+                t1 = time.perf_counter_ns()
+                while not req.poll():
                     pass
-            t2 = time.perf_counter_ns()
-            for r in reqs:
-                r.wait()
-            t3 = time.perf_counter_ns()
-            return t1 - t0, t2 - t1, t3 - t2
+                t2 = time.perf_counter_ns()
+                req.wait(on)
+                t3 = time.perf_counter_ns()
+                return t1 - t0, t2 - t1, t3 - t2
+        else:
+            def step() -> tuple[float, float, float]:
+                t0 = time.perf_counter_ns()
+                reqs = [_ops.submit(_ops.ALLREDUCE, raw, raw, name=nm, op=_ops.Sum)
+                        for (_, raw), nm in zip(ts, names)]
+                t1 = time.perf_counter_ns()
+                for r in reqs:
+                    while not r.poll():
+                        pass
+                t2 = time.perf_counter_ns()
+                for r in reqs:
+                    r.wait()
+                t3 = time.perf_counter_ns()
+                return t1 - t0, t2 - t1, t3 - t2
 
         for _ in range(50):  # warm up: communicator, response cache
             step()
+        stats = _ops._basics.core().stats()
+        before = (stats["requests_in_full"], stats["requests_as_ids"])
         reps = []
         for _ in range(args.reps):
             acc = [0, 0, 0]
@@ -101,10 +131,14 @@ def worker(args: argparse.Namespace) -> None:
                     acc[k] += v
             reps.append([v / args.iters / 1e3 for v in acc])  # µs per step
         submit, engine, completion = (statistics.median(r[k] for r in reps) for k in range(3))
+        stats = _ops._basics.core().stats()
+        # Negotiated through rank 0 (in full) or agreed in cycles as response-cache ids.
+        in_full, as_ids = stats["requests_in_full"] - before[0], stats["requests_as_ids"] - before[1]
         rows.append({"name": label, "collectives_per_step": len(ts), "submit_us": submit, "engine_us": engine,
                      "completion_us": completion, "step_us": submit + engine + completion,
                      "per_collective_us": (submit + engine + completion) / len(ts),
-                     "bytes_per_step": 4 * sum(int(raw.shape[0]) for _, raw in ts)})
+                     "bytes_per_step": 4 * sum(int(raw.shape[0]) for _, raw in ts),
+                     "requests_through_rank0": in_full, "requests_as_cache_ids": as_ids})
     fake.stream_synchronize(stream)
     if hvd.rank() == 0:
         Path(args.worker_out).write_text(json.dumps(rows))
@@ -140,17 +174,24 @@ def main() -> int:
         subprocess.run(cmd, env=env, check=True)
         rows = json.loads(out.read_text())
     print(f"\nhost µs on the fake CUDA runtime, {args.np} rank(s), medians of {args.reps} x {args.iters} steps")
-    head = (f"{'workload':40} {'calls':>5} {'submit':>8} {'engine':>8} {'complete':>9} {'per step':>9} "
+    head = (f"{'workload':44} {'calls':>5} {'submit':>8} {'engine':>8} {'complete':>9} {'per step':>9} "
             f"{'per call':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['name']:40} {r['collectives_per_step']:5d} {r['submit_us']:8.1f} {r['engine_us']:8.1f} "
+        print(f"{r['name']:44} {r['collectives_per_step']:5d} {r['submit_us']:8.1f} {r['engine_us']:8.1f} "
               f"{r['completion_us']:9.1f} {r['step_us']:9.1f} {r['per_collective_us']:9.1f}")
-    per_tensor, bucket = rows[1], rows[2]
-    summary = [{"name": "small CNN step, bucket / per tensor", "ratio": bucket["step_us"] / per_tensor["step_us"],
-                "peer": "per tensor"}]
-    print(f"\nsmall CNN step host time, one bucket / per tensor: {summary[0]['ratio']:.3f}")
+    by_name = {r["name"]: r for r in rows}
+    summary = []
+    for label, new, old in [("small CNN step, one persistent bucket / per tensor",
+                             "small CNN as one bucket (persistent)", "small CNN per tensor (8 allreduces)"),
+                            ("lone 4 KiB on the GPU, persistent / a request each time",
+                             "lone allreduce 4 KiB, persistent", "lone allreduce 4 KiB, a request each time"),
+                            ("lone 4 KiB in host memory, persistent / a request each time",
+                             "host memory: 4 KiB, persistent", "host memory: 4 KiB, a request each time")]:
+        if new in by_name and old in by_name:
+            summary.append({"name": label, "ratio": by_name[new]["step_us"] / by_name[old]["step_us"], "peer": old})
+            print(f"{label}: {summary[-1]['ratio']:.3f}")
     path = results_path(args, "bench_gpu_host")
     if path:
         run.write(path, rows, summary, {k: v for k, v in vars(args).items() if k != "worker_out"}, args.notes,

@@ -718,7 +718,8 @@ def builds_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
         out += [ctx.run_line(doc) + f" Baseline `{s.get('baseline_commit', '?')}`, candidate "
                 f"`{s.get('candidate_commit', '?')}`, {s.get('repeats', '?')} runs of each suite in each tree.", ""]
         suites = {"core": "core, 2 ranks", "torch": "PyTorch training, 2 ranks",
-                  "tf": "TensorFlow training, 2 ranks", "hosts": "emulated hosts"}
+                  "tf": "TensorFlow training, 2 ranks", "hosts": "emulated hosts",
+                  "gpu_host": "GPU host cost, fake CUDA runtime"}
         trs = [[suites.get(r["suite"], r["suite"]), r["figure"], f"{fmt_num(r['baseline'], 4)} {r['unit']}",
                 f"{fmt_num(r['candidate'], 4)} {r['unit']}", fmt_ratio(r["ratio"], bold=True),
                 fmt_ratio(r["baseline_spread"]), fmt_ratio(r["candidate_spread"])] for r in doc["summary"]]
@@ -909,6 +910,24 @@ def gpu_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def gpu_host_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
+    out = ["What a GPU collective costs the host, measured where no GPU is: on the fake CUDA runtime "
+           "and NCCL (`tests/fake_cuda`), which run no kernels, so each figure is hvdlite's host work "
+           "plus the fake's own CUDA and NCCL calls (the fake hands each queued operation to a thread, "
+           "which a real driver does not). Microseconds per step on rank 0, medians over repetitions: "
+           "*submit* is the call that hands the request over, *engine* the time until the engine "
+           "reports it done (negotiated and queued on hvdlite's stream), *completion* the wait that "
+           "orders the tensor's stream after it. A request each time is how every PyTorch collective "
+           "is submitted; persistent is how `DistributedOptimizer` starts a gradient bucket.", ""]
+    for doc in docs:
+        out += [ctx.run_line(doc) + f" {doc['settings'].get('np', 1)} rank(s).", ""]
+        trs = [[r["name"], str(r["collectives_per_step"]), fmt_num(r["submit_us"]), fmt_num(r["engine_us"]),
+                fmt_num(r["completion_us"]), f"**{fmt_num(r['step_us'])}**"] for r in doc["rows"]]
+        out += table(["workload", "collectives", "submit µs", "engine µs", "completion µs", "per step µs"], trs)
+        out.append("")
+    return out
+
+
 # name, title, renderer; the order of the page. The command is the one to run when there
 # is no results file yet.
 SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[str]]]] = [
@@ -930,6 +949,7 @@ SECTIONS: list[tuple[str, str, Callable[[Context, list[dict[str, Any]]], list[st
     ("bench_tf_graph_ops", "TensorFlow collectives inside graphs {#tf-graph-ops}", graph_ops_section),
     ("bench_host_memory", "What two processes get of this machine {#host-memory}", host_memory_section),
     ("bench_gpu", "GPU {#gpu}", gpu_section),
+    ("bench_gpu_host", "GPU collectives' host cost, on the fake CUDA runtime {#gpu-host}", gpu_host_section),
     ("bench_builds", "This build against the one before {#builds}", builds_section),
 ]
 MISSING = {
@@ -951,6 +971,7 @@ MISSING = {
     "bench_tf_graph_ops": "python benchmarks/bench_tf_graph_ops.py",
     "bench_host_memory": "python benchmarks/bench_host_memory.py",
     "bench_gpu": "hvdlite-run -np 1 python benchmarks/bench_gpu.py",
+    "bench_gpu_host": "python benchmarks/bench_gpu_host.py",
     "bench_builds": "python benchmarks/bench_builds.py --baseline BASELINE_CHECKOUT",
 }
 NEEDS = {"bench_gpu": "a GPU with PyTorch's CUDA build and NCCL, which the machine above lacks",

@@ -32,7 +32,7 @@ from hvdlite.common.codes import (  # noqa: F401
     SUPPORTED_OPS, Adasum, Average, Max, Min, Product, Sum)
 from hvdlite.common.exceptions import (HvdliteError, HvdliteTypeError,
                                        HvdliteValueError, refusal_error_for)
-from hvdlite.common.handles import Handle, Refusal, Request, _orphans, _reap_orphans  # noqa: F401
+from hvdlite.common.handles import Handle, Refusal, Request, _orphans, _reap_orphans, _set_note  # noqa: F401
 from hvdlite.common import naming as _naming
 
 
@@ -236,6 +236,78 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
             # later work (reuse of the input's memory included) comes after hvdlite's.
             req.consumers = (tensor.stream,)
     return req
+
+
+class Persistent:
+    """A collective submitted again and again with the same name, memory and options (a
+    gradient bucket, every step): built and checked once, then each :meth:`start` and
+    :meth:`wait` is a single call into the engine that creates no Python object.
+
+    ``kind`` is ALLREDUCE (``output`` may be ``tensor``: in place) or BROADCAST (in
+    place). ``keepalive`` owns the memory: it is kept until a start still in flight when
+    the request is closed (or dropped) has finished. Unlike :func:`submit`, a bad dtype
+    or op raises here, on this rank only: build persistent requests from input every
+    rank has checked alike."""
+
+    __slots__ = ("name", "process_set", "start", "_wait", "_id", "_keepalive", "__weakref__")
+
+    def __init__(self, kind: int, tensor: RawTensor, output: RawTensor | None = None, *, name: str,
+                 op: int = Sum, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                 keepalive: Any = None, process_set: Any = None) -> None:
+        if tensor.dtype not in DTYPES:
+            raise HvdliteTypeError(f"unsupported dtype {tensor.dtype!r}; supported: {', '.join(DTYPES)}")
+        if (problem := op_problem(op)) is not None:
+            raise problem[1](problem[0])
+        pid = 0
+        if process_set is None:
+            process_set = _scope.process_set
+        if process_set is not None:
+            pid, _ = _process_sets.resolve(process_set)
+        core = _basics.core()
+        if tensor.device != CPU_DEVICE:
+            gpu_libraries.configure(core)
+        out = output if output is not None else tensor
+        self._id = core.persistent_prepare(kind, name, tensor.ptr, out.ptr, DTYPES[tensor.dtype], tensor.shape,
+                                           tensor.device, op, float(prescale_factor), float(postscale_factor),
+                                           process_set=pid)
+        self.name = name
+        self.process_set = pid
+        self._keepalive = keepalive
+        #: ``start(stream)``: queue the collective again, after the work queued so far on
+        #: ``stream`` (a cudaStream_t as an int; None for host memory).
+        self.start = functools.partial(core.persistent_start, self._id)
+        self._wait = functools.partial(core.persistent_wait, self._id)
+
+    def poll(self) -> bool:
+        """True once the last start has finished (or when none is in flight)."""
+        return bool(_basics._load_core().persistent_done(self._id))
+
+    def wait(self, consumer: int | None = None) -> None:
+        """Wait for the last start; order ``consumer`` (a cudaStream_t, or None) and the
+        stream it was started after behind it. Raises :class:`HvdliteError` if it failed."""
+        try:
+            self._wait(consumer)
+        except HvdliteError as exc:
+            if self.process_set:
+                raise type(exc)(str(exc) + _set_note(self.process_set)) from None
+            raise
+
+    def close(self) -> None:
+        """Forget the request; a start still in flight keeps its memory until it is done."""
+        if self._id < 0:
+            return
+        core = _basics._core_module
+        hid = core.persistent_close(self._id) if core is not None else 0
+        self._id = -1
+        if hid:
+            _orphans.append((hid, self._keepalive))
+        self._keepalive = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the engine may be gone
+            pass
 
 
 def _prepare(kind: int, name: str | None, dtype: str, op: int, pid: int = 0) -> tuple[Any, str]:

@@ -22,6 +22,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from hvdlite.common import basics as _basics, ops as _ops
+from hvdlite.torch.mpi_ops import _NATIVE
+
 DEFAULT_CAP_MB = 25.0
 
 
@@ -45,10 +48,26 @@ def plan(params: Iterable[torch.Tensor], cap_bytes: int) -> list[list[torch.Tens
     return buckets
 
 
+class Started:
+    """A bucket's allreduce in flight, as the optimizer waits for it: one object per
+    bucket, used every step. Waiting orders the current CUDA stream after it."""
+
+    __slots__ = ("request", "flat")
+
+    def __init__(self, request: _ops.Persistent, flat: torch.Tensor) -> None:
+        self.request, self.flat = request, flat
+
+    def wait(self) -> torch.Tensor:
+        flat = self.flat
+        self.request.wait(torch.cuda.current_stream(flat.device).cuda_stream if flat.is_cuda else None)
+        torch.autograd.graph.increment_version(flat)  # the engine wrote into it in place
+        return flat
+
+
 class Bucket:
     """One bucket: its flat tensor, its parameters' views into it, and this step's state."""
 
-    __slots__ = ("name", "flat", "params", "views", "ready", "expected", "problem", "sparse")
+    __slots__ = ("name", "flat", "params", "views", "ready", "expected", "problem", "sparse", "started")
 
     def __init__(self, name: str, params: Sequence[torch.Tensor]) -> None:
         self.name = name
@@ -66,6 +85,30 @@ class Bucket:
         self.expected = -1          # members this step waits for (-1: not counted yet)
         self.problem: str | None = None   # why this rank cannot reduce it this step
         self.sparse: set[torch.Tensor] = set()  # members whose gradient came sparse
+        self.started: Started | None = None   # its persistent allreduce, made at the first start
+
+    def start(self, op: int, prescale: float, postscale: float) -> Started | None:
+        """Start the bucket's in-place allreduce as one persistent request of the engine
+        (built at the first start, then one call per step), after the work queued so far
+        on the current CUDA stream. None for a dtype the engine does not reduce itself
+        (complex): the caller then takes the general path."""
+        flat = self.flat
+        if self.started is None:
+            dtype = _NATIVE.get(flat.dtype)
+            if dtype is None:
+                return None
+            device = flat.device.index if flat.is_cuda else _ops.CPU_DEVICE
+            raw = _ops.RawTensor(flat.data_ptr(), dtype, (flat.numel(),), device)
+            request = _ops.Persistent(_ops.ALLREDUCE, raw, raw, name=f"allreduce.{self.name}", op=op,
+                                      prescale_factor=prescale, postscale_factor=postscale, keepalive=flat)
+            self.started = Started(request, flat)
+        self.started.request.start(torch.cuda.current_stream(flat.device).cuda_stream if flat.is_cuda else None)
+        return self.started
+
+    def close(self) -> None:
+        if self.started is not None:
+            self.started.request.close()
+            self.started = None
 
     @property
     def nbytes(self) -> int:
@@ -136,6 +179,20 @@ def _describe(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
 
 
+# Bumped whenever hvdlite's world starts or changes (init, shutdown, an elastic reset):
+# every optimizer's buckets then go back to their first layout, as a worker that joins
+# builds them, so that all ranks lay out the same buckets again.
+_world_epoch = 0
+
+
+def _next_world_epoch(*_: object) -> None:
+    global _world_epoch
+    _world_epoch += 1
+
+
+_basics.add_lifecycle_hooks(after_init=_next_world_epoch, after_change=_next_world_epoch)
+
+
 class Buckets:
     """The buckets of one optimizer: a layout (which can be laid out again once) and a
     lookup from parameter to bucket."""
@@ -143,23 +200,40 @@ class Buckets:
     def __init__(self, params: Sequence[torch.Tensor], cap_bytes: int, prefix: str) -> None:
         self.cap_bytes = cap_bytes
         self.prefix = prefix
-        self.generation = 0
+        self.generation = 0  # layouts made, for tests and diagnostics
         self.members = tuple(params)    # the parameters in buckets, in their first layout's order
         self.arrival: list[torch.Tensor] = []  # the first step's order of final gradients
         self.reordered = False
         self.sparse_seen: set[torch.Tensor] = set()  # members whose gradient came sparse
         self.buckets: list[Bucket] = []
         self.bucket_of: dict[torch.Tensor, Bucket] = {}
+        self.epoch = _world_epoch
         self.layout(self.members)
+
+    def follow_world(self) -> None:
+        """After a change of hvdlite's world: back to the first layout, to be laid out
+        again after the next step, as on a worker that has just joined. Bucket names are
+        the layout's stage (0 first, 1 after the first step) and position, never a count
+        of this rank's history, so that a joined worker's buckets are named alike."""
+        if self.epoch == _world_epoch:
+            return
+        self.epoch = _world_epoch
+        if self.reordered:
+            self.reordered = False
+            self.arrival.clear()
+            self.layout(self.members)
 
     def layout(self, order: Sequence[torch.Tensor], late: Sequence[torch.Tensor] = ()) -> None:
         """Lay the buckets out in `order`, then `late` in buckets of their own (gradients
         that may not come, which would hold up a bucket until ``step()``), keeping each
         gradient that is a view into an old bucket (same values, now in the new one)."""
         old = self.bucket_of
+        for b in self.buckets:
+            b.close()
         self.generation += 1
+        stage = 1 if self.reordered else 0
         runs = plan(order, self.cap_bytes) + plan(late, self.cap_bytes)
-        self.buckets = [Bucket(f"{self.prefix}.{self.generation}.{i}", ps) for i, ps in enumerate(runs)]
+        self.buckets = [Bucket(f"{self.prefix}.{stage}.{i}", ps) for i, ps in enumerate(runs)]
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         for p, bucket in old.items():
             grad = p.grad

@@ -24,6 +24,7 @@ from hvdlite.common import ops as _ops
 from hvdlite.common.process_set_table import resolve as _process_set_id
 from hvdlite.common.discovery import in_elastic_job
 from hvdlite.torch import uneven
+from hvdlite.torch import buckets as _buckets_module
 from hvdlite.torch.buckets import DEFAULT_CAP_MB, Bucket, Buckets, plan
 from hvdlite.torch.compression import Compression, Compressor, TopKCompressor
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl, allgather,
@@ -197,6 +198,15 @@ class _DistributedOptimizer:
         usable = (cap_bytes > 0 and self._hvd_groups_spec is None
                   and self._hvd_compression in (Compression.none, Compression.fp16, Compression.bf16))
         members = [p for p in reversed(all_params) if p.requires_grad] if usable else []
+        if in_elastic_job():
+            # A worker that joins builds its optimizer alone, while the others train: no
+            # collective here. A bad setting fails on its own rank (the others go on
+            # without it); the layouts agree since every rank starts from the first one.
+            if problem is not None:
+                raise ValueError(_bucket_cap_error(problem))
+            if members:
+                self._hvd_buckets = Buckets(members, cap_bytes, f"bucket.{self._hvd_names[members[0]]}")
+            return
         mine = torch.tensor([[1 if problem else 0, cap_bytes, len(members),
                               sum(p.numel() for p in members)]], dtype=torch.int64)
         first = self._hvd_names[all_params[0]] if all_params else "none"
@@ -288,7 +298,11 @@ class _DistributedOptimizer:
                 f"backward passes locally")
         self._hvd_fired.add(p)
         buckets = self._hvd_buckets
-        bucket = buckets.bucket_of.get(p) if buckets is not None else None
+        bucket = None
+        if buckets is not None:
+            if buckets.epoch != _buckets_module._world_epoch and not self._hvd_submitted:
+                buckets.follow_world()
+            bucket = buckets.bucket_of.get(p)
         if bucket is not None:
             # Every pass's gradient lands in the bucket: later passes accumulate into it.
             bucket.adopt(p, self._hvd_names[p])
@@ -381,11 +395,18 @@ class _DistributedOptimizer:
                 scale = self._hvd_uneven_scale()
                 if scale != 1.0:
                     bucket.flat.mul_(scale)
-                sent, ctx = self._hvd_compression.compress(bucket.flat)
-                handle = allreduce_async_(sent, name=bucket.name, op=self.op,
-                                          prescale_factor=self._hvd_prescale,
-                                          postscale_factor=self._hvd_postscale)
-                pending = _Pending(bucket.params, handle, [ctx], [sent], "bucket", bucket)
+                handle = None
+                if self._hvd_compression is Compression.none:
+                    # The steady state: one call into the engine, no handle objects.
+                    handle = bucket.start(self.op, self._hvd_prescale, self._hvd_postscale)
+                if handle is not None:
+                    pending = _Pending(bucket.params, handle, [None], [], "bucket", bucket)
+                else:
+                    sent, ctx = self._hvd_compression.compress(bucket.flat)
+                    handle = allreduce_async_(sent, name=bucket.name, op=self.op,
+                                              prescale_factor=self._hvd_prescale,
+                                              postscale_factor=self._hvd_postscale)
+                    pending = _Pending(bucket.params, handle, [ctx], [sent], "bucket", bucket)
         pending.lost = lost
         self._hvd_pending[bucket] = pending
         self._hvd_submitted.update(bucket.params)
@@ -508,7 +529,7 @@ class _DistributedOptimizer:
             buckets.layout(arrived, late)
 
     def _hvd_finish(self, pending: _Pending) -> None:
-        result = synchronize(pending.handle)
+        result = pending.handle.wait()  # a Handle, or a bucket's Started
         changed = [p for p, g in zip(pending.params, pending.grads) if p.grad is not g]
         for p in (*pending.lost, *changed):
             raise RuntimeError(
@@ -661,7 +682,7 @@ class _DistributedOptimizer:
         if getattr(self, "_hvd_pending", None):
             for pending in self._hvd_pending.values():
                 try:
-                    synchronize(pending.handle)
+                    pending.handle.wait()
                 except Exception:  # noqa: BLE001 - the results are being discarded
                     pass
         if getattr(self, "_hvd_delay", None) is not None:

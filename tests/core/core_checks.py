@@ -824,6 +824,58 @@ def check_direct_and_full_paths_agree(r: int, n: int) -> None:
     still_works(n, "paths")
 
 
+def check_persistent_requests(r: int, n: int) -> None:
+    """A persistent request (prepared once, started and waited for every step, as
+    PyTorch's gradient buckets are) gives the allreduce of what its memory holds at each
+    start, goes through the response cache, and refuses a start before the last one was
+    waited for and a wait without a start, leaving the request usable."""
+    arr = np.zeros(300, np.float64)
+    raw = _ops.RawTensor(arr.ctypes.data, "float64", arr.shape)
+    req = _ops.Persistent(_ops.ALLREDUCE, raw, raw, name="persistent.check", op=hvd.Average,
+                          postscale_factor=2.0, keepalive=arr)
+    hits = cache_hits_from_now()
+    for step in range(5):
+        mine = data_for(r, arr.shape, np.float64, seed=step)
+        arr[:] = mine
+        req.start(None)
+        req.wait()
+        want = reference(hvd.Average, [data_for(k, arr.shape, np.float64, seed=step) for k in range(n)]) * 2.0
+        np.testing.assert_allclose(arr, want, rtol=1e-12, atol=1e-12)
+    if hits is not None:
+        assert hits() >= 4, f"{hits()} of 5 starts were agreed through the response cache"
+    try:
+        req.wait()
+    except hvd.HvdliteError as e:
+        assert "was not started" in str(e), str(e)
+    else:
+        raise AssertionError("a wait without a start must raise")
+    arr[:] = 1.0
+    if n > 1:
+        # Rank 0 starts again while its start is certainly in flight: the other ranks
+        # start only after a barrier that rank 0 reaches after its second start.
+        if r == 0:
+            req.start(None)
+            try:
+                req.start(None)
+            except ValueError as e:  # HvdliteValueError
+                assert "started again before" in str(e), str(e)
+            else:
+                raise AssertionError("a second start before the wait must raise")
+        hvd.barrier()
+        if r != 0:
+            req.start(None)
+        req.wait()
+        np.testing.assert_allclose(arr, np.full(300, 2.0))
+    req.close()
+    req.close()  # a second close does nothing
+    try:
+        _ops.Persistent(_ops.ALLREDUCE, _ops.RawTensor(arr.ctypes.data, "complex128", arr.shape), name="bad")
+    except TypeError as e:
+        assert "unsupported dtype" in str(e), str(e)
+    else:
+        raise AssertionError("an unsupported dtype must raise")
+
+
 def main() -> None:
     only = sys.argv[1:] or None
     hvd.init()
@@ -834,7 +886,8 @@ def main() -> None:
               check_caller_runs_engine, check_remote_shutdown, check_direct_and_full_paths_agree,
               check_cache_hits_meet_join_and_mismatch, check_cycles_carry_small_allreduces,
               check_cache_gathers_and_alltoalls, check_cache_grouped_allreduces, check_reducescatter_fusion,
-              check_fused_response_wakes_waiter_once, check_shutdown_finishes_what_every_rank_submitted]
+              check_fused_response_wakes_waiter_once, check_shutdown_finishes_what_every_rank_submitted,
+              check_persistent_requests]
     for check in checks:
         if only and check.__name__ not in only:
             continue

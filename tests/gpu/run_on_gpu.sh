@@ -36,7 +36,7 @@ step "hvdlite-run --check-build"
 timeout 60 $PY -m hvdlite.runner --check-build
 
 step "tests that need a GPU"
-timeout 240 $PY -m pytest -v -rs -p no:cacheprovider tests/torch/test_torch_gpu.py \
+timeout 420 $PY -m pytest -v -rs -p no:cacheprovider tests/torch/test_torch_gpu.py \
   tests/gpu/test_gpu.py::test_cupy_arrays_on_a_real_gpu tests/gpu/test_gpu.py::test_loader_opens_the_real_nccl_wheel
 
 step "allreduce of every type and op against NumPy, CUDA tensors (tests/core/dtype_checks.py)"
@@ -68,4 +68,5 @@ assert any(name.startswith("NCCL_") for name in phases), "no NCCL phase in the t
 PYEOF
 
 step "benchmarks/bench_gpu.py, 1 rank"
-timeout 120 $PY -m hvdlite.runner -np 1 $PY benchmarks/bench_gpu.py --json-out "$OUT/bench_gpu.json"
+timeout 240 $PY -m hvdlite.runner -np 1 $PY benchmarks/bench_gpu.py --json-out "$OUT/bench_gpu.json" \
+  --results "$OUT/bench_gpu_results.json"

@@ -400,6 +400,162 @@ PyObject* DirectRun(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef g_direct_run_def = {"direct_run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&DirectRun)),
                                 METH_FASTCALL, "A blocking NumPy collective's common case (see bindings.cc)."};
 
+// Persistent requests: a collective that a front end submits again and again with the
+// same name, memory and options (a PyTorch gradient bucket, every step). It is checked
+// and built once (persistent_prepare); then each start is one call that queues a copy
+// of the built request, and each wait one call that waits for it, orders the consumer
+// stream after it and releases the handle. Both are plain CPython functions taking
+// and returning objects that exist already (ints, None), so the steady state builds no
+// Python object and skips pybind11's argument matching, the name's conversion and the
+// front end's handle objects. Guarded by the GIL.
+struct Persistent {
+  Request request;
+  uintptr_t in = 0, out = 0;
+  int32_t process_set = 0;
+  int64_t handle = 0;               // the start in flight (0: none)
+  std::optional<uintptr_t> stream;  // the producer stream it was started after
+};
+std::vector<std::unique_ptr<Persistent>> g_persistent;  // by id; null: closed
+
+int64_t PersistentPrepare(int type, const std::string& name, uintptr_t in_ptr, uintptr_t out_ptr, int dtype,
+                          const std::vector<int64_t>& shape, int device, int reduce_op, double prescale,
+                          double postscale, int32_t process_set) {
+  if (!ValidDataType(dtype)) throw std::invalid_argument("hvdlite: unknown dtype code " + std::to_string(dtype));
+  const RequestType kind = CheckedType(type);
+  if (kind != RequestType::kAllreduce && kind != RequestType::kBroadcast)
+    throw std::invalid_argument("hvdlite: persistent requests are allreduces or broadcasts");
+  for (int64_t d : shape)
+    if (d < 0) throw std::invalid_argument("hvdlite: negative dimension in shape of '" + name + "'");
+  auto p = std::make_unique<Persistent>();
+  p->request.type = kind;
+  p->request.name = name;
+  p->request.dtype = static_cast<DataType>(dtype);
+  p->request.shape = shape;
+  p->request.device = device;
+  p->request.reduce_op = static_cast<ReduceOp>(reduce_op);
+  p->request.prescale = prescale;
+  p->request.postscale = postscale;
+  p->in = in_ptr;
+  p->out = out_ptr;
+  p->process_set = process_set;
+  for (size_t i = 0; i < g_persistent.size(); ++i)
+    if (!g_persistent[i]) {
+      g_persistent[i] = std::move(p);
+      return static_cast<int64_t>(i);
+    }
+  g_persistent.push_back(std::move(p));
+  return static_cast<int64_t>(g_persistent.size() - 1);
+}
+
+// The persistent request `id` names, or null with a Python error set.
+Persistent* PersistentArg(PyObject* const* args, Py_ssize_t nargs, const char* fn) {
+  if (nargs != 2) {
+    PyErr_Format(PyExc_TypeError, "%s takes 2 positional arguments", fn);
+    return nullptr;
+  }
+  const long id = PyLong_AsLong(args[0]);
+  if (id == -1 && PyErr_Occurred()) return nullptr;
+  if (id < 0 || static_cast<size_t>(id) >= g_persistent.size() || !g_persistent[id]) {
+    PyErr_Format(PyExc_ValueError, "hvdlite: no persistent request %ld", id);
+    return nullptr;
+  }
+  return g_persistent[id].get();
+}
+
+// A stream argument: None, or a cudaStream_t as an int.
+bool StreamArg(PyObject* o, std::optional<uintptr_t>* stream) {
+  if (o == Py_None) return true;
+  const unsigned long long v = PyLong_AsUnsignedLongLong(o);
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return false;
+  *stream = static_cast<uintptr_t>(v);
+  return true;
+}
+
+// persistent_start(id, stream): queue request `id` again, after the work queued on
+// `stream` so far (None for host memory). Its previous start must have been waited for.
+PyObject* PersistentStart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  Persistent* p = PersistentArg(args, nargs, "persistent_start");
+  if (!p) return nullptr;
+  std::optional<uintptr_t> stream;
+  if (!StreamArg(args[1], &stream)) return nullptr;
+  try {
+    if (p->handle != 0) {
+      if (!Handles().Poll(p->handle)) {
+        SetHvdliteError("hvdlite: " + RequestLabel(p->request.type, p->request.name) +
+                            " was started again before its previous start was waited for",
+                        "HvdliteValueError");
+        return nullptr;
+      }
+      Handles().Release(p->handle);
+      p->handle = 0;
+    }
+    p->handle = RunningSet(p->process_set)
+                    .Enqueue(Request(p->request), reinterpret_cast<const void*>(p->in), reinterpret_cast<void*>(p->out),
+                             /*caller_waits=*/false, stream);
+    p->stream = stream;
+    Py_RETURN_NONE;
+  } catch (const DuplicateName& e) {
+    SetHvdliteError(e.what(), "HvdliteValueError");
+  } catch (const WorldError& e) {
+    SetHvdliteError(e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+// persistent_wait(id, consumer): wait for the last start of `id`, order `consumer`
+// (a cudaStream_t, or None) and the stream it was started after behind it, and
+// release its handle; raise HvdliteError if it failed. A signal handler's exception
+// leaves it in flight for the next wait.
+PyObject* PersistentWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  Persistent* p = PersistentArg(args, nargs, "persistent_wait");
+  if (!p) return nullptr;
+  std::optional<uintptr_t> consumer;
+  if (!StreamArg(args[1], &consumer)) return nullptr;
+  if (p->handle == 0) {
+    SetHvdliteError("hvdlite: " + RequestLabel(p->request.type, p->request.name) + " was not started",
+                    "HvdliteValueError");
+    return nullptr;
+  }
+  std::vector<uintptr_t> streams;
+  if (p->stream) streams.push_back(*p->stream);
+  if (consumer && consumer != p->stream) streams.push_back(*consumer);
+  std::string error;
+  bool ok;
+  try {
+    ok = WaitFor(p->handle, /*release=*/true, &error, streams);
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  p->handle = 0;
+  if (!ok) {
+    SetHvdliteError(error);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+// Forgets request `id`; returns the handle of a start still in flight (0 if none), which
+// the caller keeps the memory alive for until it is done, then releases.
+int64_t PersistentClose(int64_t id) {
+  if (id < 0 || static_cast<size_t>(id) >= g_persistent.size() || !g_persistent[id]) return 0;
+  const int64_t h = g_persistent[id]->handle;
+  g_persistent[id].reset();
+  return h;
+}
+
+PyMethodDef g_persistent_start_def = {
+    "persistent_start", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&PersistentStart)),
+    METH_FASTCALL, "persistent_start(id, stream): queue a persistent request again (see bindings.cc)."};
+PyMethodDef g_persistent_wait_def = {
+    "persistent_wait", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&PersistentWait)),
+    METH_FASTCALL, "persistent_wait(id, consumer): wait for its last start (see bindings.cc)."};
+
 // The address of a C-contiguous buffer (a NumPy array), much cheaper than building
 // its __array_interface__ dict.
 uintptr_t Address(py::handle obj) {
@@ -584,6 +740,19 @@ PYBIND11_MODULE(_core, m) {
     RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false, process_set);
   }, py::arg("type"), py::arg("name"), py::arg("in"), py::arg("out"), py::arg("dtype"), py::arg("reduce_op"),
         py::arg("prescale"), py::arg("postscale"), py::arg("root"), py::arg("process_set") = 0);
+  m.def("persistent_prepare", &PersistentPrepare, py::arg("type"), py::arg("name"), py::arg("in_ptr"),
+        py::arg("out_ptr"), py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"),
+        py::arg("prescale"), py::arg("postscale"), py::arg("process_set") = 0);
+  m.add_object("persistent_start",
+               py::reinterpret_steal<py::object>(PyCFunction_New(&g_persistent_start_def, nullptr)));
+  m.add_object("persistent_wait",
+               py::reinterpret_steal<py::object>(PyCFunction_New(&g_persistent_wait_def, nullptr)));
+  m.def("persistent_close", &PersistentClose, py::arg("id"));
+  m.def("persistent_done", [](int64_t id) {
+    if (id < 0 || static_cast<size_t>(id) >= g_persistent.size() || !g_persistent[id]) return true;
+    const int64_t h = g_persistent[id]->handle;
+    return h == 0 || Handles().Poll(h);
+  }, py::arg("id"));
   m.def("set_direct_inputs", &SetDirectInputs);
   m.add_object("direct_run", py::reinterpret_steal<py::object>(PyCFunction_New(&g_direct_run_def, nullptr)));
   m.def("address", &Address);
