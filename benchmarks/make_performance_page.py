@@ -918,7 +918,10 @@ def gpu_host_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
            "*submit* is the call that hands the request over, *engine* the time until the engine "
            "reports it done (negotiated and queued on hvdlite's stream), *completion* the wait that "
            "orders the tensor's stream after it. A request each time is how every PyTorch collective "
-           "is submitted; persistent is how `DistributedOptimizer` starts a gradient bucket.", ""]
+           "is submitted; persistent is how `DistributedOptimizer` starts a gradient bucket. On a 2-core "
+           "machine the engine column moves by up to 2x from run to run (the caller, the engine's "
+           "thread and the fake's stream threads share the cores): compare rows of one run only, and "
+           "two builds with `bench_builds.py --suites gpu_host`.", ""]
     for doc in docs:
         out += [ctx.run_line(doc) + f" {doc['settings'].get('np', 1)} rank(s).", ""]
         trs = [[r["name"], str(r["collectives_per_step"]), fmt_num(r["submit_us"]), fmt_num(r["engine_us"]),
