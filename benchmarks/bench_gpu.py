@@ -46,7 +46,8 @@ import hvdlite.torch as hvd
 from hvdlite.common import basics, gpu_libraries
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ResultsRun, add_results_options, command_line, results_path  # noqa: E402  (sibling module)
+from _common import (ResultsRun, add_results_options, command_line, load_synthetic_models,  # noqa: E402
+                     results_path)
 
 
 class SmallCNN(nn.Module):
@@ -62,40 +63,6 @@ class SmallCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = F.max_pool2d(F.relu(self.conv3(x)), 2)
         return self.fc(x.flatten(1))
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + (x if self.down is None else self.down(x)))
-
-
-class ResNet18(nn.Module):
-    """ResNet-18's layers (11.7 M parameters, 62 gradient tensors) for 32x32 inputs."""
-
-    def __init__(self, classes: int = 1000) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
-        blocks, cin = [], 64
-        for cout, stride in [(64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)]:
-            blocks.append(BasicBlock(cin, cout, stride))
-            cin = cout
-        self.blocks = nn.Sequential(*blocks)
-        self.fc = nn.Linear(512, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1))
 
 
 def timed(fn, iters: int) -> float:
@@ -120,7 +87,8 @@ def step_overhead(args: argparse.Namespace) -> list[dict]:
     import torch.distributed as dist
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
-    for model_name, net, batch in [("small CNN", SmallCNN, args.batch), ("ResNet-18", ResNet18, args.resnet_batch)]:
+    resnet18 = load_synthetic_models().MODELS["resnet18"][0]
+    for model_name, net, batch in [("small CNN", SmallCNN, args.batch), ("ResNet-18", resnet18, args.resnet_batch)]:
         x = torch.randn(batch, 3, 32, 32, device=device)
         y = torch.randint(0, 1000, (batch,), device=device)
 

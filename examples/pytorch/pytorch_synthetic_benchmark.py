@@ -3,12 +3,14 @@
     hvdlite-run -np 2 python examples/pytorch/pytorch_synthetic_benchmark.py --model resnet
     hvdlite-run -np 2 python examples/pytorch/pytorch_synthetic_benchmark.py --model mlp
 
-Two models (no torchvision needed):
+Three models (no torchvision needed):
 
 * ``mlp``: 20 Linear+ReLU layers, 1024 -> 700 (x19) -> 10, 9.56 M parameters in 40
   tensors; little compute per byte of gradient, so it stresses communication.
 * ``resnet``: a ResNet-like CNN for 32x32 images, 3 stages of 2 basic blocks with widths
   64/128/256, 2.78 M parameters in 47 tensors; compute-heavy.
+* ``resnet18``: ResNet-18's layers for 32x32 images (4 stages of 2 basic blocks, widths
+  64 to 512, 1000 classes), 11.7 M parameters in 62 tensors; for a GPU.
 
 Each rank trains on its own random batch of ``--batch-size`` samples with
 ``hvd.DistributedOptimizer``; the script prints images (samples) per second per rank
@@ -55,20 +57,21 @@ class BasicBlock(nn.Module):
         return F.relu(out + self.shortcut(x))
 
 
-class SmallResNet(nn.Module):
-    """Stem + 3 stages x 2 basic blocks (64/128/256) + linear: 2,777,674 parameters."""
+class ResNet(nn.Module):
+    """Stem + one stage of 2 basic blocks per width (the first block of each stage after
+    the first halves the image) + linear."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, widths: tuple[int, ...], num_classes: int = 10) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
         blocks = []
         cin = 64
-        for i, width in enumerate((64, 128, 256)):
+        for i, width in enumerate(widths):
             for j in range(2):
                 blocks.append(BasicBlock(cin, width, 2 if (j == 0 and i > 0) else 1))
                 cin = width
         self.blocks = nn.Sequential(*blocks)
-        self.fc = nn.Linear(256, num_classes)
+        self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(self.stem(x))
@@ -76,10 +79,16 @@ class SmallResNet(nn.Module):
 
 
 def resnet() -> nn.Module:
-    return SmallResNet()
+    """Widths 64/128/256, 10 classes: 2,777,674 parameters."""
+    return ResNet((64, 128, 256))
 
 
-MODELS = {"mlp": (mlp, (1024,)), "resnet": (resnet, (3, 32, 32))}
+def resnet18() -> nn.Module:
+    """ResNet-18's widths 64/128/256/512 and 1000 classes: 11,681,832 parameters."""
+    return ResNet((64, 128, 256, 512), num_classes=1000)
+
+
+MODELS = {"mlp": (mlp, (1024,)), "resnet": (resnet, (3, 32, 32)), "resnet18": (resnet18, (3, 32, 32))}
 
 
 def synthetic_batch(model_name: str, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -147,7 +147,7 @@ def test_digits_cnn_shows_progress_bar_on_rank_0(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("model", ["mlp", "resnet"])
+@pytest.mark.parametrize("model", ["mlp", "resnet", "resnet18"])
 def test_synthetic_benchmark_runs(model: str) -> None:
     out = run_ranks(2, EXAMPLES / "pytorch_synthetic_benchmark.py", "--model", model,
                     "--batch-size", "4", "--num-warmup-batches", "1",
