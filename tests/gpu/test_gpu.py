@@ -6,6 +6,7 @@ the timeline; and the library loader against the real NCCL wheel where it is
 installed."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -182,3 +183,25 @@ def test_check_build_and_nccl_built_say_where_nccl_comes_from(fake_cuda: Path, t
     assert "[ ] NCCL (not found: hvdlite could not load NCCL" in out, out
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert probe.stdout.split() == ["0", "True"], probe.stdout + probe.stderr
+
+
+@pytest.mark.timeout(300)
+def test_host_cost_benchmark_runs_and_cache_hits_skip_rank_zero(tmp_path: Path) -> None:
+    """benchmarks/bench_gpu_host.py, short, at 2 ranks on the fake runtime: every
+    workload gives a time per step, and in the steady state every request (GPU and host
+    memory, a new request or a persistent one) is agreed as a response-cache id in the
+    ranks' cycles, none through rank 0. (Its timings are not checked: that is the
+    benchmark's job.)"""
+    if not shutil.which("g++"):
+        pytest.skip("g++ is needed to build the fake CUDA runtime and NCCL")
+    out = tmp_path / "bench_gpu_host.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_gpu_host.py"), "--np", "2",
+                           "--iters", "40", "--reps", "2", "--results", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 6, sorted(rows)
+    for name, r in rows.items():
+        assert r["step_us"] > 0, (name, r)
+        assert r["requests_through_rank0"] == 0, (name, r)
+        assert r["requests_as_cache_ids"] == 2 * 40 * r["collectives_per_step"], (name, r)
