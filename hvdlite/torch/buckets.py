@@ -48,6 +48,11 @@ def plan(params: Iterable[torch.Tensor], cap_bytes: int) -> list[list[torch.Tens
     return buckets
 
 
+def _stream_of(t: torch.Tensor) -> int | None:
+    """The current CUDA stream of `t`'s device (a cudaStream_t); None for host memory."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+
+
 class Started:
     """A bucket's allreduce in flight, as the optimizer waits for it: one object per
     bucket, used every step. Waiting orders the current CUDA stream after it."""
@@ -59,7 +64,7 @@ class Started:
 
     def wait(self) -> torch.Tensor:
         flat = self.flat
-        self.request.wait(torch.cuda.current_stream(flat.device).cuda_stream if flat.is_cuda else None)
+        self.request.wait(_stream_of(flat))
         torch.autograd.graph.increment_version(flat)  # the engine wrote into it in place
         return flat
 
@@ -102,17 +107,13 @@ class Bucket:
             request = _ops.Persistent(_ops.ALLREDUCE, raw, raw, name=f"allreduce.{self.name}", op=op,
                                       prescale_factor=prescale, postscale_factor=postscale, keepalive=flat)
             self.started = Started(request, flat)
-        self.started.request.start(torch.cuda.current_stream(flat.device).cuda_stream if flat.is_cuda else None)
+        self.started.request.start(_stream_of(flat))
         return self.started
 
     def close(self) -> None:
         if self.started is not None:
             self.started.request.close()
             self.started = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
 
     def clear(self) -> None:
         self.ready.clear()
@@ -223,16 +224,27 @@ class Buckets:
             self.arrival.clear()
             self.layout(self.members)
 
-    def layout(self, order: Sequence[torch.Tensor], late: Sequence[torch.Tensor] = ()) -> None:
-        """Lay the buckets out in `order`, then `late` in buckets of their own (gradients
-        that may not come, which would hold up a bucket until ``step()``), keeping each
-        gradient that is a view into an old bucket (same values, now in the new one)."""
+    def reorder(self, arrived: Sequence[torch.Tensor], late: Sequence[torch.Tensor]) -> None:
+        """The layout after the first step: `arrived` in the order the gradients came,
+        then `late` (gradients that may not come, which would hold up a bucket until
+        ``step()``) in buckets of their own. The buckets stay as they are if that is
+        their layout already."""
+        self.reordered = True
+        self.arrival.clear()
+        runs = plan(arrived, self.cap_bytes) + plan(late, self.cap_bytes)
+        if [[id(p) for p in run] for run in runs] != [[id(p) for p in b.params] for b in self.buckets]:
+            self.layout(self.members, runs)
+
+    def layout(self, order: Sequence[torch.Tensor], runs: list[list[torch.Tensor]] | None = None) -> None:
+        """Lay the buckets out in `order` (or as the given `runs`), keeping each gradient
+        that is a view into an old bucket (same values, now in the new one)."""
         old = self.bucket_of
         for b in self.buckets:
             b.close()
         self.generation += 1
         stage = 1 if self.reordered else 0
-        runs = plan(order, self.cap_bytes) + plan(late, self.cap_bytes)
+        if runs is None:
+            runs = plan(order, self.cap_bytes)
         self.buckets = [Bucket(f"{self.prefix}.{stage}.{i}", ps) for i, ps in enumerate(runs)]
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         for p, bucket in old.items():

@@ -25,7 +25,7 @@ from hvdlite.common.process_set_table import resolve as _process_set_id
 from hvdlite.common.discovery import in_elastic_job
 from hvdlite.torch import uneven
 from hvdlite.torch import buckets as _buckets_module
-from hvdlite.torch.buckets import DEFAULT_CAP_MB, Bucket, Buckets, plan
+from hvdlite.torch.buckets import DEFAULT_CAP_MB, Bucket, Buckets
 from hvdlite.torch.compression import Compression, Compressor, TopKCompressor
 from hvdlite.torch.mpi_ops import (Adasum, Average, Handle, _allreduce_impl, allgather,
                                    allgather_async, allreduce_async, allreduce_async_,
@@ -50,10 +50,11 @@ class _Pending:
     __slots__ = ("params", "handle", "ctxs", "sent", "kind", "grads", "bucket", "lost")
 
     def __init__(self, params: tuple[torch.Tensor, ...], handle: Handle, ctxs: list[Any],
-                 sent: list[torch.Tensor], kind: str, bucket: Bucket | None = None) -> None:
+                 sent: list[torch.Tensor], kind: str, bucket: Bucket | None = None,
+                 lost: tuple[torch.Tensor, ...] = ()) -> None:
         self.params, self.handle, self.ctxs, self.sent, self.kind = params, handle, ctxs, sent, kind
         self.bucket = bucket
-        self.lost: tuple[torch.Tensor, ...] = ()  # bucket members whose gradient was cleared
+        self.lost = lost  # bucket members whose final gradient was cleared or replaced before it went
         # The gradient tensors as submitted: the result is written back into them, so a
         # parameter whose ``.grad`` was meanwhile cleared or replaced is detected.
         self.grads = [p.grad for p in params]
@@ -204,9 +205,15 @@ class _DistributedOptimizer:
             # without it); the layouts agree since every rank starts from the first one.
             if problem is not None:
                 raise ValueError(_bucket_cap_error(problem))
-            if members:
-                self._hvd_buckets = Buckets(members, cap_bytes, f"bucket.{self._hvd_names[members[0]]}")
-            return
+        else:
+            self._hvd_agree_on_buckets(problem, cap_bytes, members, all_params)
+        if members:
+            self._hvd_buckets = Buckets(members, cap_bytes, f"bucket.{self._hvd_names[members[0]]}")
+
+    def _hvd_agree_on_buckets(self, problem: str | None, cap_bytes: int, members: list[torch.Tensor],
+                              all_params: list[torch.Tensor]) -> None:
+        """Every rank's bucket settings, gathered: raises ValueError on every rank if one
+        rank's are bad or the ranks' would lay out different buckets."""
         mine = torch.tensor([[1 if problem else 0, cap_bytes, len(members),
                               sum(p.numel() for p in members)]], dtype=torch.int64)
         first = self._hvd_names[all_params[0]] if all_params else "none"
@@ -221,8 +228,6 @@ class _DistributedOptimizer:
             raise ValueError(f"DistributedOptimizer: the ranks would lay out different gradient "
                              f"buckets ({said}); every rank must wrap the same parameters with "
                              f"the same bucket_cap_mb, groups and compression")
-        if members:
-            self._hvd_buckets = Buckets(members, cap_bytes, f"bucket.{self._hvd_names[members[0]]}")
 
     @property
     def _parameter_names(self) -> dict[torch.Tensor, str]:
@@ -384,13 +389,12 @@ class _DistributedOptimizer:
         # Gradients cleared or replaced between their hook and now (model.zero_grad()
         # before step()): the bucket still goes, so that no rank waits, and step() raises.
         lost = tuple(p for p in bucket.ready if not bucket.holds(p))
+        ctx, sent = None, []
         with _ops.process_set_scope(self._hvd_process_set):
             bucket.fill_absent(present)
             if bucket.problem is not None:
                 name = f"allreduce.{bucket.name}"
-                refused = _ops.refusal(_ops.ALLREDUCE, name, bucket.problem)
-                handle = Handle([refused], lambda _: None, name)
-                pending = _Pending(bucket.params, handle, [None], [], "bucket", bucket)
+                handle = Handle([_ops.refusal(_ops.ALLREDUCE, name, bucket.problem)], lambda _: None, name)
             else:
                 scale = self._hvd_uneven_scale()
                 if scale != 1.0:
@@ -399,16 +403,13 @@ class _DistributedOptimizer:
                 if self._hvd_compression is Compression.none:
                     # The steady state: one call into the engine, no handle objects.
                     handle = bucket.start(self.op, self._hvd_prescale, self._hvd_postscale)
-                if handle is not None:
-                    pending = _Pending(bucket.params, handle, [None], [], "bucket", bucket)
-                else:
-                    sent, ctx = self._hvd_compression.compress(bucket.flat)
-                    handle = allreduce_async_(sent, name=bucket.name, op=self.op,
+                if handle is None:
+                    compressed, ctx = self._hvd_compression.compress(bucket.flat)
+                    sent = [compressed]
+                    handle = allreduce_async_(compressed, name=bucket.name, op=self.op,
                                               prescale_factor=self._hvd_prescale,
                                               postscale_factor=self._hvd_postscale)
-                    pending = _Pending(bucket.params, handle, [ctx], [sent], "bucket", bucket)
-        pending.lost = lost
-        self._hvd_pending[bucket] = pending
+        self._hvd_pending[bucket] = _Pending(bucket.params, handle, [ctx], sent, "bucket", bucket, lost)
         self._hvd_submitted.update(bucket.params)
 
     def _hvd_uneven_scale(self) -> float:
@@ -506,7 +507,6 @@ class _DistributedOptimizer:
         whose gradient came sparse on any rank leave the buckets for the per-tensor path."""
         buckets = self._hvd_buckets
         assert buckets is not None
-        buckets.reordered = True
         order = torch.tensor(buckets.first_step_order(), dtype=torch.int64)  # rank 0's counts
         sparse = torch.tensor([1 if p in buckets.sparse_seen else 0 for p in buckets.members],
                               dtype=torch.uint8)
@@ -518,15 +518,11 @@ class _DistributedOptimizer:
                                           op=_ops.Max)
             order = synchronize(sent_order)[0]
             sparse = synchronize(sent_sparse)
-        buckets.arrival.clear()
         indices = order.tolist()
         cut = indices.index(-1)
         arrived, late = ([buckets.members[i] for i in part if not sparse[i]]
                          for part in (indices[:cut], indices[cut + 1:]))
-        now = [[id(p) for p in b.params] for b in buckets.buckets]
-        runs = plan(arrived, buckets.cap_bytes) + plan(late, buckets.cap_bytes)
-        if [[id(p) for p in run] for run in runs] != now:
-            buckets.layout(arrived, late)
+        buckets.reorder(arrived, late)
 
     def _hvd_finish(self, pending: _Pending) -> None:
         result = pending.handle.wait()  # a Handle, or a bucket's Started

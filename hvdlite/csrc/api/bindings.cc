@@ -447,7 +447,13 @@ int64_t PersistentPrepare(int type, const std::string& name, uintptr_t in_ptr, u
   return static_cast<int64_t>(g_persistent.size() - 1);
 }
 
-// The persistent request `id` names, or null with a Python error set.
+// The persistent request `id`, or null if there is none (never made, or closed).
+Persistent* FindPersistent(int64_t id) {
+  if (id < 0 || static_cast<size_t>(id) >= g_persistent.size()) return nullptr;
+  return g_persistent[id].get();
+}
+
+// The persistent request the first argument names, or null with a Python error set.
 Persistent* PersistentArg(PyObject* const* args, Py_ssize_t nargs, const char* fn) {
   if (nargs != 2) {
     PyErr_Format(PyExc_TypeError, "%s takes 2 positional arguments", fn);
@@ -455,11 +461,9 @@ Persistent* PersistentArg(PyObject* const* args, Py_ssize_t nargs, const char* f
   }
   const long id = PyLong_AsLong(args[0]);
   if (id == -1 && PyErr_Occurred()) return nullptr;
-  if (id < 0 || static_cast<size_t>(id) >= g_persistent.size() || !g_persistent[id]) {
-    PyErr_Format(PyExc_ValueError, "hvdlite: no persistent request %ld", id);
-    return nullptr;
-  }
-  return g_persistent[id].get();
+  Persistent* p = FindPersistent(id);
+  if (!p) PyErr_Format(PyExc_ValueError, "hvdlite: no persistent request %ld", id);
+  return p;
 }
 
 // A stream argument: None, or a cudaStream_t as an int.
@@ -543,8 +547,9 @@ PyObject* PersistentWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // Forgets request `id`; returns the handle of a start still in flight (0 if none), which
 // the caller keeps the memory alive for until it is done, then releases.
 int64_t PersistentClose(int64_t id) {
-  if (id < 0 || static_cast<size_t>(id) >= g_persistent.size() || !g_persistent[id]) return 0;
-  const int64_t h = g_persistent[id]->handle;
+  Persistent* p = FindPersistent(id);
+  if (!p) return 0;
+  const int64_t h = p->handle;
   g_persistent[id].reset();
   return h;
 }
@@ -749,9 +754,8 @@ PYBIND11_MODULE(_core, m) {
                py::reinterpret_steal<py::object>(PyCFunction_New(&g_persistent_wait_def, nullptr)));
   m.def("persistent_close", &PersistentClose, py::arg("id"));
   m.def("persistent_done", [](int64_t id) {
-    if (id < 0 || static_cast<size_t>(id) >= g_persistent.size() || !g_persistent[id]) return true;
-    const int64_t h = g_persistent[id]->handle;
-    return h == 0 || Handles().Poll(h);
+    const Persistent* p = FindPersistent(id);
+    return !p || p->handle == 0 || Handles().Poll(p->handle);
   }, py::arg("id"));
   m.def("set_direct_inputs", &SetDirectInputs);
   m.add_object("direct_run", py::reinterpret_steal<py::object>(PyCFunction_New(&g_direct_run_def, nullptr)));
