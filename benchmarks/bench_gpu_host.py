@@ -140,6 +140,9 @@ def worker(args: argparse.Namespace) -> None:
                      "bytes_per_step": 4 * sum(int(raw.shape[0]) for _, raw in ts),
                      "requests_through_rank0": in_full, "requests_as_cache_ids": as_ids})
     fake.stream_synchronize(stream)
+    # Every rank has read its counters before any rank shuts down (a peer's
+    # shutdown ends this rank's engine too).
+    hvd.barrier()
     if hvd.rank() == 0:
         Path(args.worker_out).write_text(json.dumps(rows))
     hvd.shutdown()
