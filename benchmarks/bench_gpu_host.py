@@ -14,7 +14,9 @@ as a persistent request prepared once, as ``DistributedOptimizer`` starts a grad
 bucket every step (``hvdlite.common.ops.Persistent``: one call to start, one to wait).
 Waiting orders the tensor's stream after the collective. Each is split in three:
 
-- **submit**: the call that hands the request to the engine;
+- **submit**: the call that hands the request to the engine; while the engine is idle,
+  a GPU request's submitter takes the engine's step itself (queues NCCL), so this
+  column then holds most of the work;
 - **engine**: from there until the engine reports the request done (the negotiation,
   or the response cache's agreement, and NCCL queued on hvdlite's stream), watched by
   polling;
@@ -122,7 +124,7 @@ def worker(args: argparse.Namespace) -> None:
         for _ in range(50):  # warm up: communicator, response cache
             step()
         stats = _ops._basics.core().stats()
-        before = (stats["requests_in_full"], stats["requests_as_ids"])
+        before = (stats["requests_in_full"], stats["requests_as_ids"], stats.get("submits_advanced", 0))
         reps = []
         for _ in range(args.reps):
             acc = [0, 0, 0]
@@ -134,11 +136,15 @@ def worker(args: argparse.Namespace) -> None:
         stats = _ops._basics.core().stats()
         # Negotiated through rank 0 (in full) or agreed in cycles as response-cache ids.
         in_full, as_ids = stats["requests_in_full"] - before[0], stats["requests_as_ids"] - before[1]
+        # Queued on the device by the submitting thread itself, with no hand-off to the
+        # engine's thread (an idle engine; GPU memory only).
+        advanced = stats.get("submits_advanced", 0) - before[2]
         rows.append({"name": label, "collectives_per_step": len(ts), "submit_us": submit, "engine_us": engine,
                      "completion_us": completion, "step_us": submit + engine + completion,
                      "per_collective_us": (submit + engine + completion) / len(ts),
                      "bytes_per_step": 4 * sum(int(raw.shape[0]) for _, raw in ts),
-                     "requests_through_rank0": in_full, "requests_as_cache_ids": as_ids})
+                     "requests_through_rank0": in_full, "requests_as_cache_ids": as_ids,
+                     "requests_queued_by_submitter": advanced})
     fake.stream_synchronize(stream)
     # Every rank has read its counters before any rank shuts down (a peer's
     # shutdown ends this rank's engine too).

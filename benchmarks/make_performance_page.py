@@ -917,16 +917,25 @@ def gpu_host_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
            "which a real driver does not). Microseconds per step on rank 0, medians over repetitions: "
            "*submit* is the call that hands the request over, *engine* the time until the engine "
            "reports it done (negotiated and queued on hvdlite's stream), *completion* the wait that "
-           "orders the tensor's stream after it. A request each time is how every PyTorch collective "
-           "is submitted; persistent is how `DistributedOptimizer` starts a gradient bucket. On a 2-core "
-           "machine the engine column moves by up to 2x from run to run (the caller, the engine's "
-           "thread and the fake's stream threads share the cores): compare rows of one run only, and "
-           "two builds with `bench_builds.py --suites gpu_host`.", ""]
+           "orders the tensor's stream after it. While the engine is idle, a GPU request's submitter "
+           "takes the engine's step itself, so the submit column then holds most of the work; "
+           "*by submitter* is the share of requests queued that way, with no hand-off to the "
+           "engine's thread (host memory never is). A request each time is how every PyTorch "
+           "collective is submitted; persistent is how `DistributedOptimizer` starts a gradient "
+           "bucket. On a 2-core machine the times move by up to 2x from run to run (the caller, the "
+           "engine's thread and the fake's stream threads share the cores): compare rows of one run "
+           "only, and two builds with `bench_builds.py --suites gpu_host` (the section below).", ""]
     for doc in docs:
         out += [ctx.run_line(doc) + f" {doc['settings'].get('np', 1)} rank(s).", ""]
+        iters = doc["settings"].get("iters", 0) * doc["settings"].get("reps", 0)
+
+        def by_submitter(r: dict[str, Any]) -> str:
+            n = iters * r["collectives_per_step"]
+            return f"{r['requests_queued_by_submitter'] / n:.0%}" if n and "requests_queued_by_submitter" in r else "–"
         trs = [[r["name"], str(r["collectives_per_step"]), fmt_num(r["submit_us"]), fmt_num(r["engine_us"]),
-                fmt_num(r["completion_us"]), f"**{fmt_num(r['step_us'])}**"] for r in doc["rows"]]
-        out += table(["workload", "collectives", "submit µs", "engine µs", "completion µs", "per step µs"], trs)
+                fmt_num(r["completion_us"]), f"**{fmt_num(r['step_us'])}**", by_submitter(r)] for r in doc["rows"]]
+        out += table(["workload", "collectives", "submit µs", "engine µs", "completion µs", "per step µs",
+                      "by submitter"], trs)
         out.append("")
     return out
 

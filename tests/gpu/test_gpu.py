@@ -186,16 +186,9 @@ def test_check_build_and_nccl_built_say_where_nccl_comes_from(fake_cuda: Path, t
 
 
 @pytest.mark.timeout(300)
-def test_host_cost_benchmark_runs_and_cache_hits_skip_rank_zero(tmp_path: Path) -> None:
-    """benchmarks/bench_gpu_host.py, short, at 2 ranks on the fake runtime: every
-    workload gives a time per step, and in the steady state every request (GPU and host
-    memory, a new request or a persistent one) is agreed as a response-cache id in the
-    ranks' cycles, none through rank 0. (Its timings are not checked: that is the
-    benchmark's job.)"""
-    if not shutil.which("g++"):
-        pytest.skip("g++ is needed to build the fake CUDA runtime and NCCL")
-    out = tmp_path / "bench_gpu_host.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_gpu_host.py"), "--np", "2",
+def _host_cost_rows(tmp_path: Path, np_: int) -> dict[str, dict]:
+    out = tmp_path / f"bench_gpu_host_{np_}.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_gpu_host.py"), "--np", str(np_),
                            "--iters", "40", "--reps", "2", "--results", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -203,5 +196,25 @@ def test_host_cost_benchmark_runs_and_cache_hits_skip_rank_zero(tmp_path: Path) 
     assert len(rows) == 6, sorted(rows)
     for name, r in rows.items():
         assert r["step_us"] > 0, (name, r)
+    return rows
+
+
+def test_host_cost_benchmark_runs_and_cache_hits_skip_rank_zero(tmp_path: Path) -> None:
+    """benchmarks/bench_gpu_host.py, short, on the fake runtime. At 2 ranks: every
+    workload gives a time per step, and in the steady state every request (GPU and host
+    memory, a new request or a persistent one) is agreed as a response-cache id in the
+    ranks' cycles, none through rank 0. At 1 rank, where the engine is idle at every
+    submit: GPU requests are queued on the device by the submitting thread itself (no
+    hand-off to the engine's thread), host-memory ones never are. (Timings are not
+    checked: that is the benchmark's job.)"""
+    if not shutil.which("g++"):
+        pytest.skip("g++ is needed to build the fake CUDA runtime and NCCL")
+    for name, r in _host_cost_rows(tmp_path, 2).items():
         assert r["requests_through_rank0"] == 0, (name, r)
         assert r["requests_as_cache_ids"] == 2 * 40 * r["collectives_per_step"], (name, r)
+    for name, r in _host_cost_rows(tmp_path, 1).items():
+        requests = 2 * 40 * r["collectives_per_step"]
+        if name.startswith("host memory"):
+            assert r["requests_queued_by_submitter"] == 0, (name, r)
+        else:  # the background thread may hold the engine now and then (its idle looks)
+            assert r["requests_queued_by_submitter"] >= requests // 2, (name, r)

@@ -147,7 +147,7 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
   r.group_size = group_size;
   try {
     return e.Enqueue(std::move(r), reinterpret_cast<const void*>(in_ptr), reinterpret_cast<void*>(out_ptr),
-                     caller_waits, stream);
+                     caller_waits, stream, /*advance=*/true);
   } catch (const DuplicateName& ex) {
     RaiseHvdliteError(ex.what(), "HvdliteValueError");
   }
@@ -495,7 +495,7 @@ PyObject* PersistentStart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     p->handle = RunningSet(p->process_set)
                     .Enqueue(Request(p->request), reinterpret_cast<const void*>(p->in), reinterpret_cast<void*>(p->out),
-                             /*caller_waits=*/false, stream);
+                             /*caller_waits=*/false, stream, /*advance=*/true);
     p->stream = stream;
     Py_RETURN_NONE;
   } catch (const DuplicateName& e) {
@@ -714,6 +714,7 @@ PYBIND11_MODULE(_core, m) {
     d["control_bytes_received"] = s.control_bytes_received;
     d["waits_driven"] = s.waits_driven;
     d["waits_handed_back"] = s.waits_handed_back;
+    d["submits_advanced"] = s.submits_advanced;
     d["huge_page_extents"] = s.huge_page_extents;
     d["device_collectives"] = s.device_collectives;
     d["tunables_applied"] = s.tunables_applied;

@@ -190,8 +190,13 @@ bool Engine::StartTimeline(const std::string& path, bool mark_cycles, std::strin
 
 void Engine::StopTimeline() { timeline_.Stop(); }
 
+bool Engine::MayAdvance(const Request& r) const {
+  return drive_ && r.device != kCpuDevice && r.error.empty() && executor_->device_collectives() > 0 &&
+         config_->job().gpu_backend[static_cast<int>(r.type)] == "NCCL";
+}
+
 int64_t Engine::Enqueue(Request request, const void* input, void* output, bool caller_waits,
-                        std::optional<uintptr_t> stream) {
+                        std::optional<uintptr_t> stream, bool advance) {
   const int64_t h = handles_->Create(process_set_);
   request.rank = rank();
   if (!running_) {
@@ -211,12 +216,17 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
     const std::string problem = executor_->PrepareGpuRequest(e, stream);
     if (!problem.empty()) e.request.error = RequestLabel(e.request.type, e.request.name) + ": " + problem;
   }
-  if (!queue_.Push(e, /*wake=*/!(caller_waits && drive_))) {  // refused: `e` is intact
+  // A GPU collective's submitter takes the step itself while the engine is idle: it
+  // only queues NCCL on hvdlite's stream, and a hand-off to the background thread and
+  // back would cost more than the step (tens of microseconds on a small host).
+  advance = advance && !caller_waits && MayAdvance(e.request);
+  if (!queue_.Push(e, /*wake=*/!((caller_waits || advance) && drive_))) {  // refused: `e` is intact
     handles_->Release(h);
     throw DuplicateName(RequestLabel(e.request.type, e.request.name) + ": another " + RequestTypeName(e.request.type) +
                         " with this name is already in flight on rank " + std::to_string(rank()) +
                         "; wait for it to finish or use a different name");
   }
+  if (advance) Drive(h, -1, /*max_steps=*/1);
   return h;
 }
 
@@ -243,6 +253,7 @@ Engine::Stats Engine::GetStats() const {
   s.control_bytes_received = control_->bytes_received();
   s.waits_driven = waits_driven_;
   s.waits_handed_back = waits_handed_back_;
+  s.submits_advanced = submits_advanced_;
   s.huge_page_extents = executor_->registry().Stats().huge_page_extents;
   s.device_collectives = executor_->device_collectives();
   s.tunables = config_->Snapshot(&s.tunables_applied);
@@ -400,23 +411,28 @@ void Engine::Loop() {
 // gives up after a cycle time without progress (a slow peer), leaving the wait to the
 // background thread, which sleeps between polls. Shutdown and failures are left to the
 // background thread, which is woken whenever the caller leaves work behind. With a
-// deadline (>= 0) it returns by then, done or not.
-void Engine::Drive(int64_t h, int64_t deadline_us) {
+// deadline (>= 0) it returns by then, done or not. A submitter (Enqueue's `advance`)
+// takes at most `max_steps` steps and returns, done or not.
+void Engine::Drive(int64_t h, int64_t deadline_us, int max_steps) {
   if (!drive_) return;
   // Only an idle engine is taken over. While the background thread is busy (async
   // requests in flight) it notices results the moment they are in, and taking the
   // lock from it would only add hand-overs between the two threads; the caller then
   // waits as before, and the background thread polls without sleeping meanwhile.
   std::unique_lock<std::mutex> lk(step_mu_, std::try_to_lock);
-  if (!lk.owns_lock()) return;
-  ++waits_driven_;
+  if (!lk.owns_lock()) {
+    if (max_steps >= 0) queue_.Wake();  // a submitter's request: the background thread takes it
+    return;
+  }
+  if (max_steps < 0) ++waits_driven_;
   try {
     // Poll without yielding for the first spin_us_ after the last progress: a yield
     // costs a system call each time (~0.7 us here), which would add to every hop of
     // the negotiation. Past that the peer is slow, and the core is offered to others.
     const int64_t give_up_us = spin_us_ > 0 ? -1 : config_->cycle_time_us();
     int64_t last_progress = NowMicros();
-    while (running_ && !negotiator_->shutdown().Begun() && !fatal_ && !handles_->Poll(h)) {
+    for (int steps = 0; running_ && !negotiator_->shutdown().Begun() && !fatal_ && !handles_->Poll(h); ++steps) {
+      if (max_steps >= 0 && steps >= max_steps) break;
       if (Step()) {
         last_progress = NowMicros();
         if (deadline_us >= 0 && last_progress >= deadline_us) break;
@@ -434,12 +450,17 @@ void Engine::Drive(int64_t h, int64_t deadline_us) {
   } catch (const std::exception&) {
     fatal_ = std::current_exception();
   }
+  if (max_steps >= 0 && handles_->Poll(h)) ++submits_advanced_;
   const bool ending = !running_ || negotiator_->shutdown().Begun() || fatal_;
   lk.unlock();
   // Hand what is left (other callers' requests, async ones, a shutdown, device work to
   // watch) back to the background thread. Checked after unlocking: work pushed from
   // then on finds the lock free, and its own wake-up reaches the background thread.
-  if (ending || stop_requested_ || queue_.HasOutstanding() || executor_->InFlight()) queue_.Wake();
+  // A submitter leaves device work to the next step, whoever takes it: the background
+  // thread looks at least every kIdleWaitMicros, and waking it for every collective
+  // would put a thread hand-off back on the submitter's core.
+  const bool device_work = max_steps < 0 && executor_->InFlight();
+  if (ending || stop_requested_ || queue_.HasOutstanding() || device_work) queue_.Wake();
 }
 
 bool Engine::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready,

@@ -1,8 +1,9 @@
 // The engine: one per process set, owning the background thread and deciding who runs
-// the next step and when: the background thread, or a caller blocked on a result that
-// runs the engine itself (Drive). A step is the negotiation's (Negotiator: what every
-// rank agreed on, in one order) and the executor's (Executor: running it on the
-// backends, watching device work). The engine builds both, with the backends the
+// the next step and when: the background thread, a caller blocked on a result that runs
+// the engine itself (Drive), or the submitter of a GPU collective, which takes one step
+// while the engine is idle (Enqueue's `advance`). A step is the negotiation's
+// (Negotiator: what every rank agreed on, in one order) and the executor's (Executor:
+// running it on the backends, watching device work). The engine builds both, with the backends the
 // factory makes and the control transport, and holds the configuration they share.
 //
 // Lifetime: constructed by init (collective over the communicator), Stop() by
@@ -82,8 +83,10 @@ class Engine {
   // need to wake the background thread (the caller may run the engine itself).
   // `stream`: for a GPU tensor, the stream (cudaStream_t) whose work produces it; the
   // collective is ordered after the work queued on it so far. None: no ordering needed.
+  // `advance`: the caller does not wait, but if the engine is idle it may take one
+  // step itself before returning (Advance), for a GPU collective on NCCL only.
   int64_t Enqueue(Request request, const void* input, void* output, bool caller_waits = false,
-                  std::optional<uintptr_t> stream = std::nullopt);
+                  std::optional<uintptr_t> stream = std::nullopt, bool advance = false);
   // Blocks until handle `h` is done (see HandleTable::Wait). While no one else is
   // running the engine, the calling thread runs it itself until `h` is done, instead
   // of waking the background thread and being woken again (two thread hand-offs per
@@ -108,6 +111,7 @@ class Engine {
     int64_t control_bytes_received = 0;
     int64_t waits_driven = 0;         // blocking waits in which the caller ran the engine itself
     int64_t waits_handed_back = 0;    // of those, left to the background thread (ranks outnumber cores)
+    int64_t submits_advanced = 0;     // GPU requests whose submitter ran the step that queued them
     int64_t huge_page_extents = 0;    // 2 MiB extents of reused buffers remapped as huge pages
     int64_t device_collectives = 0;   // responses queued on a GPU
     int64_t tunables_applied = 0;     // autotuner settings applied (HOROVOD_AUTOTUNE)
@@ -142,7 +146,13 @@ class Engine {
   void CheckForSilentPeers();  // throws PeerFailure for a peer ULFM marked failed
   void PinThread() const;
   void Settle();
-  void Drive(int64_t h, int64_t deadline_us);
+  // `max_steps` >= 0: run at most that many steps (a submitter's Advance), not counted
+  // as a driven wait.
+  void Drive(int64_t h, int64_t deadline_us, int max_steps = -1);
+  // Whether a submitter may run the engine for a request (see Enqueue's `advance`):
+  // a GPU collective that NCCL runs, once the communicators exist, so that the step
+  // only queues device work and never blocks on its peers.
+  bool MayAdvance(const Request& r) const;
   // A peer died (an MPI call said so): every communicator of this engine is revoked,
   // so every other rank hears of it at its next call, and the engine stops without
   // the shutdown handshake, its requests failed.
@@ -174,7 +184,7 @@ class Engine {
   std::atomic<bool> peer_failed_{false};
   std::atomic<bool> peer_unresponsive_{false};
   std::string shutdown_reason_;
-  std::atomic<int64_t> waits_driven_{0}, waits_handed_back_{0};
+  std::atomic<int64_t> waits_driven_{0}, waits_handed_back_{0}, submits_advanced_{0};
   int64_t spin_us_ = 0;  // see Parameters::spin_us; 0 when ranks outnumber cores
   static constexpr int64_t kFailureCheckMicros = 250000;
   int64_t last_failure_check_us_ = 0;
