@@ -131,7 +131,7 @@ def test_missing_gpu_library_is_an_error_on_every_rank(fake_cuda: Path, tmp_path
 def test_loader_opens_the_real_nccl_wheel() -> None:
     """The nvidia-nccl-cu12/-cu13 wheel loads without a GPU: version and unique id work
     through hvdlite's loader (communicators need a device)."""
-    from hvdlite.common import basics, gpu_libraries
+    from hvdlite.common import gpu_libraries
     folders = gpu_libraries.search_folders()["nccl"]
     if not any(Path(f, "libnccl.so.2").exists() for f in folders):
         pytest.skip("no nvidia-nccl wheel installed (pip install 'hvdlite[gpu]' brings it)")
