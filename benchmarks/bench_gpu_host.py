@@ -26,7 +26,8 @@ Waiting orders the tensor's stream after the collective. Each is split in three:
 Workloads: a lone 4 KiB allreduce both ways, and the 8 gradients of ``bench_gpu.py``'s
 small CNN sent per tensor (``bucket_cap_mb=None``) and as one persistent bucket (the
 default), their sizes divided by 256 (see ``SMALL_CNN``). The rows are medians over
-repetitions of the per-collective (or per-step) time on rank 0. Compare two builds side
+repetitions of the per-collective (or per-step) time on rank 0; each repetition runs
+every workload in turn, so that a slow phase of the machine falls on all rows alike. Compare two builds side
 by side with ``benchmarks/bench_builds.py --suites gpu_host``.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -86,17 +88,14 @@ def worker(args: argparse.Namespace) -> None:
         "host memory: 4 KiB, a request each time": (tensors([1024], host=True), False),
         "host memory: 4 KiB, persistent": (tensors([1024], host=True), True),
     }
-    rows = []
-    for label, (ts, prepared) in workloads.items():
-        if prepared and not persistent:
-            continue
+    def make_step(label: str, ts: list[tuple[object, object]], prepared: bool) -> Callable[[], tuple[int, ...]]:
         names = [f"bench.{label}.{i}" for i in range(len(ts))]
         on = None if label.startswith("host") else stream
         if prepared:
             (_, raw), = ts
             req = _ops.Persistent(_ops.ALLREDUCE, raw, raw, name=names[0], op=_ops.Sum)
 
-            def step() -> tuple[float, float, float]:
+            def step() -> tuple[int, ...]:
                 t0 = time.perf_counter_ns()
                 req.start(on)
                 t1 = time.perf_counter_ns()
@@ -106,39 +105,53 @@ def worker(args: argparse.Namespace) -> None:
                 req.wait(on)
                 t3 = time.perf_counter_ns()
                 return t1 - t0, t2 - t1, t3 - t2
-        else:
-            def step() -> tuple[float, float, float]:
-                t0 = time.perf_counter_ns()
-                reqs = [_ops.submit(_ops.ALLREDUCE, raw, raw, name=nm, op=_ops.Sum)
-                        for (_, raw), nm in zip(ts, names)]
-                t1 = time.perf_counter_ns()
-                for r in reqs:
-                    while not r.poll():
-                        pass
-                t2 = time.perf_counter_ns()
-                for r in reqs:
-                    r.wait()
-                t3 = time.perf_counter_ns()
-                return t1 - t0, t2 - t1, t3 - t2
+            return step
 
+        def step() -> tuple[int, ...]:
+            t0 = time.perf_counter_ns()
+            reqs = [_ops.submit(_ops.ALLREDUCE, raw, raw, name=nm, op=_ops.Sum)
+                    for (_, raw), nm in zip(ts, names)]
+            t1 = time.perf_counter_ns()
+            for r in reqs:
+                while not r.poll():
+                    pass
+            t2 = time.perf_counter_ns()
+            for r in reqs:
+                r.wait()
+            t3 = time.perf_counter_ns()
+            return t1 - t0, t2 - t1, t3 - t2
+        return step
+
+    def counters() -> tuple[int, int, int]:
+        stats = _ops._basics.core().stats()
+        return stats["requests_in_full"], stats["requests_as_ids"], stats.get("submits_advanced", 0)
+
+    runs = {label: (ts, make_step(label, ts, prepared)) for label, (ts, prepared) in workloads.items()
+            if persistent or not prepared}
+    for _, step in runs.values():
         for _ in range(50):  # warm up: communicator, response cache
             step()
-        stats = _ops._basics.core().stats()
-        before = (stats["requests_in_full"], stats["requests_as_ids"], stats.get("submits_advanced", 0))
-        reps = []
-        for _ in range(args.reps):
+    # Repetitions go round the workloads, so that a slow phase of the machine (the
+    # fake's stream threads and the engine's sharing 2 cores) falls on every row alike.
+    reps: dict[str, list[list[float]]] = {label: [] for label in runs}
+    counted = {label: [0, 0, 0] for label in runs}  # in full, as ids, queued by the submitter
+    for _ in range(args.reps):
+        for label, (_, step) in runs.items():
+            before = counters()
             acc = [0, 0, 0]
             for _ in range(args.iters):
                 for k, v in enumerate(step()):
                     acc[k] += v
-            reps.append([v / args.iters / 1e3 for v in acc])  # µs per step
-        submit, engine, completion = (statistics.median(r[k] for r in reps) for k in range(3))
-        stats = _ops._basics.core().stats()
-        # Negotiated through rank 0 (in full) or agreed in cycles as response-cache ids.
-        in_full, as_ids = stats["requests_in_full"] - before[0], stats["requests_as_ids"] - before[1]
-        # Queued on the device by the submitting thread itself, with no hand-off to the
+            reps[label].append([v / args.iters / 1e3 for v in acc])  # µs per step
+            for k, (a, b) in enumerate(zip(counters(), before)):
+                counted[label][k] += a - b
+    rows = []
+    for label, (ts, _) in runs.items():
+        submit, engine, completion = (statistics.median(r[k] for r in reps[label]) for k in range(3))
+        # Negotiated through rank 0 (in full) or agreed in cycles as response-cache ids;
+        # queued on the device by the submitting thread itself, with no hand-off to the
         # engine's thread (an idle engine; GPU memory only).
-        advanced = stats.get("submits_advanced", 0) - before[2]
+        in_full, as_ids, advanced = counted[label]
         rows.append({"name": label, "collectives_per_step": len(ts), "submit_us": submit, "engine_us": engine,
                      "completion_us": completion, "step_us": submit + engine + completion,
                      "per_collective_us": (submit + engine + completion) / len(ts),
