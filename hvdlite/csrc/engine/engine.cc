@@ -304,18 +304,18 @@ void Engine::Settle() {
 
 // One round: device work first (on rank 0, GPU tensors held while it runs go out in
 // this step), then the negotiation, which hands on what became agreed. Called with
-// step_mu_ held.
-bool Engine::Step() {
+// step_mu_ held. Returns what it did (kNegotiated, kDeviceWorkFinished), 0 if nothing.
+int Engine::Step() {
   if (config_->job().elastic) CheckForSilentPeers();
-  bool progress = executor_->InFlight() && executor_->PollInFlight();
-  progress = negotiator_->Step(stop_requested_) || progress;
+  int done = executor_->InFlight() && executor_->PollInFlight() ? kDeviceWorkFinished : 0;
+  if (negotiator_->Step(stop_requested_)) done |= kNegotiated;
   negotiator_->Reap();
   if (negotiator_->shutdown().Stopped()) Settle();  // a worker acknowledged the shutdown
-  if (progress && timeline_.Active()) {
+  if (done && timeline_.Active()) {
     timeline_.CycleMark(NowMicros());
     timeline_.Flush();
   }
-  return progress;
+  return done;
 }
 
 // HOROVOD_THREAD_AFFINITY: this thread on the core given for this local rank.
@@ -343,7 +343,8 @@ void Engine::Loop() {
   const int64_t cap_us = std::max<int64_t>(1, config_->cycle_time_us());
   try {
     while (running_) {
-      bool progress, stopping;
+      int done;
+      bool stopping;
       {
         // A caller is running the engine (Drive). It wakes us when it lets go and
         // leaves work behind, so sleep until then rather than poll the lock.
@@ -354,28 +355,34 @@ void Engine::Loop() {
         }
         if (fatal_) std::rethrow_exception(fatal_);
         if (!running_) break;  // a caller's step stopped this rank
-        progress = Step();
+        done = Step();
         if (negotiator_->Finished()) break;
         stopping = negotiator_->shutdown().Begun();
       }
       const int64_t now = NowMicros();
-      if (progress) {
+      // Device work that finished is not a reason to poll again at once (see below).
+      if (done & kNegotiated) {
         last_progress = now;
         sleep_us = 0;
         continue;
       }
       // A cycle in flight counts: the other ranks' cycles move on only as this rank
       // passes its messages on.
-      const bool outstanding = queue_.HasOutstanding() || executor_->InFlight() || negotiator_->CycleInFlight();
-      if (!outstanding && !stopping) {
+      const bool negotiating = queue_.HasOutstanding() || negotiator_->CycleInFlight();
+      if (!negotiating && !executor_->InFlight() && !stopping) {
         queue_.WaitForWork(kIdleWaitMicros);  // nothing of ours in flight: sleep until work arrives
         last_progress = NowMicros();
         continue;
       }
-      // Work is in flight. Poll without sleeping for a moment after progress, and for
-      // as long as a caller is blocked waiting on a result: that caller's core would
-      // be idle anyway, and a sleep here would add directly to its wait.
-      if (spin_us_ > 0 && (now - last_progress < spin_us_ || handles_->Waiting() > 0)) {
+      // Work is in flight. While requests are being negotiated, poll without sleeping
+      // for a moment after progress, and for as long as a caller is blocked waiting on
+      // a result: that caller's core would be idle anyway, and a sleep here would add
+      // directly to its wait. Device work alone is watched with growing sleeps, up to
+      // the cycle time: its handles are complete already, and a thread polling it
+      // without pause would hold the engine against the submitters that queue GPU
+      // collectives themselves (a collective finishing every few microseconds would
+      // keep it polling for ever).
+      if (spin_us_ > 0 && negotiating && (now - last_progress < spin_us_ || handles_->Waiting() > 0)) {
         std::this_thread::yield();
         continue;
       }

@@ -142,7 +142,10 @@ class Engine {
 
  private:
   void Loop();
-  bool Step();
+  // What a step did: nothing (0), or these bits.
+  static constexpr int kNegotiated = 1;          // requests, cycles or responses moved on
+  static constexpr int kDeviceWorkFinished = 2;  // device work queued earlier was reaped
+  int Step();
   void CheckForSilentPeers();  // throws PeerFailure for a peer ULFM marked failed
   void PinThread() const;
   void Settle();
