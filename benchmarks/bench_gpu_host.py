@@ -27,8 +27,8 @@ Workloads: a lone 4 KiB allreduce both ways, and the 8 gradients of ``bench_gpu.
 small CNN sent per tensor (``bucket_cap_mb=None``) and as one persistent bucket (the
 default), their sizes divided by 256 (see ``SMALL_CNN``). The rows are medians over
 repetitions of the per-collective (or per-step) time on rank 0; each repetition runs
-every workload in turn, so that a slow phase of the machine falls on all rows alike. Compare two builds side
-by side with ``benchmarks/bench_builds.py --suites gpu_host``.
+every workload in turn, so that a slow phase of the machine falls on all rows alike.
+Compare two builds side by side with ``benchmarks/bench_builds.py --suites gpu_host``.
 """
 from __future__ import annotations
 

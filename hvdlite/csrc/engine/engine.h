@@ -3,8 +3,9 @@
 // the engine itself (Drive), or the submitter of a GPU collective, which takes one step
 // while the engine is idle (Enqueue's `advance`). A step is the negotiation's
 // (Negotiator: what every rank agreed on, in one order) and the executor's (Executor:
-// running it on the backends, watching device work). The engine builds both, with the backends the
-// factory makes and the control transport, and holds the configuration they share.
+// running it on the backends, watching device work). The engine builds both, with the
+// backends the factory makes and the control transport, and holds the configuration
+// they share.
 //
 // Lifetime: constructed by init (collective over the communicator), Stop() by
 // shutdown (collective: the first rank to stop stops every rank), destroyed after.
