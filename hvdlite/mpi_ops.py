@@ -147,6 +147,7 @@ def _user_object(arr: Any) -> Any:
 
 
 _ALLREDUCE, _BROADCAST = _ops.ALLREDUCE, _ops.BROADCAST  # one lookup each on the direct path
+_empty = np.empty  # a C-contiguous result, a global lookup (not two) and no layout to copy
 
 
 def _direct_run(kind: int, tensor: Any, output: Any, name: str | None, average: bool | None,
@@ -243,7 +244,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               process_set: Any = None) -> Any:
     """Reduce `tensor` across ranks (default: Average) and return the result."""
     if process_set is None and _SCOPE.process_set is None and type(tensor) is np.ndarray:
-        out = np.empty_like(tensor, order="C")
+        out = _empty(tensor.shape, tensor.dtype)
         if _direct_run(_ALLREDUCE, tensor, out, name, average, op, prescale_factor, postscale_factor, -1):
             return out
     with _ops.process_set_scope(process_set):

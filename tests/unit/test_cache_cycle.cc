@@ -110,7 +110,9 @@ TEST(cache_cycle_ready_on_every_rank) {
     CHECK(out[r].moved.empty());
     CHECK(!out[r].evict_all);
     CHECK_EQ(out[r].reduced_id, -1);
-    CHECK_EQ(out[r].since_us.count(0), 1u);
+    REQUIRE_EQ(out[r].since_us.size(), 2u);  // when each agreed tensor became ready, in id order
+    CHECK_EQ(out[r].since_us[0].first, 0);
+    CHECK_EQ(out[r].since_us[1].first, 1);
     CHECK(!ranks.cycles[r]->HasReady());
     CHECK_EQ(ranks.cycles[r]->completed(), 1);
   }
@@ -139,6 +141,36 @@ TEST(cache_cycle_ready_on_some_ranks_waits) {
   for (int r = 0; r < 3; ++r) {
     CHECK_EQ(out[r].cycle, 2);
     CHECK_EQ(out[r].ready, std::vector<int32_t>{4});
+    CHECK(!ranks.cycles[r]->HasReady());
+  }
+}
+
+TEST(cache_cycle_agrees_in_id_order_whatever_order_tensors_became_ready) {
+  Ranks ranks(2);
+  for (int32_t id = 0; id < 5; ++id) ranks.Put(id, Allreduce("t" + std::to_string(id), {100000}));
+  for (int32_t id : {4, 1, 3, 0}) ranks.Ready(0, id);  // out of id order here
+  for (int32_t id : {0, 1, 2, 4}) ranks.Ready(1, id);
+  // One outcome reused from cycle to cycle, as the negotiator keeps it.
+  std::vector<CacheCycle::Outcome> kept(2);
+  auto cycle = [&] {
+    ranks.now += 100;
+    for (int r = 0; r < 2; ++r) REQUIRE(ranks.cycles[r]->MaybeStart(r == 0 ? 0 : -1, true, false, ranks.now));
+    for (int r = 0; r < 2; ++r) REQUIRE(ranks.cycles[r]->Poll(*ranks.caches[r], ranks.now, &kept[r]));
+  };
+  cycle();
+  for (int r = 0; r < 2; ++r) {
+    CHECK_EQ(kept[r].ready, (std::vector<int32_t>{0, 1, 4}));
+    REQUIRE_EQ(kept[r].since_us.size(), 3u);
+    CHECK_EQ(kept[r].since_us[2].first, 4);
+  }
+  // What waits stays, in order, and goes in the next cycle with what joins it.
+  ranks.Ready(0, 2);
+  ranks.Ready(1, 3);
+  cycle();
+  for (int r = 0; r < 2; ++r) {
+    CHECK_EQ(kept[r].cycle, 2);
+    CHECK_EQ(kept[r].ready, (std::vector<int32_t>{2, 3}));
+    CHECK_EQ(kept[r].since_us.size(), 2u);
     CHECK(!ranks.cycles[r]->HasReady());
   }
 }

@@ -123,8 +123,8 @@ void Finalize() {
   TheWorld().Finalize();
 }
 
-int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t out_ptr, int dtype,
-                const std::vector<int64_t>& shape, int device, int reduce_op, double prescale, double postscale,
+int64_t Enqueue(int type, std::string name, uintptr_t in_ptr, uintptr_t out_ptr, int dtype,
+                std::vector<int64_t> shape, int device, int reduce_op, double prescale, double postscale,
                 int root, const std::vector<int64_t>& splits, int group_id, int group_size, bool caller_waits,
                 std::optional<uintptr_t> stream = std::nullopt, int32_t process_set = 0) {
   Engine& e = RunningSet(process_set);
@@ -134,9 +134,9 @@ int64_t Enqueue(int type, const std::string& name, uintptr_t in_ptr, uintptr_t o
     if (d < 0) throw std::invalid_argument("hvdlite: negative dimension in shape of '" + name + "'");
   Request r;
   r.type = kind;
-  r.name = name;
+  r.name = std::move(name);
   r.dtype = static_cast<DataType>(dtype);
-  r.shape = shape;
+  r.shape = std::move(shape);
   r.device = device;
   r.reduce_op = static_cast<ReduceOp>(reduce_op);
   r.prescale = prescale;
@@ -195,9 +195,8 @@ bool WaitFor(int64_t h, bool release, std::string* error, const std::vector<uint
   // silent) with their exception; the request stays in the engine.
   for (;;) {
     bool pending = false;
-    const int64_t deadline = NowMicros() + kSignalCheckMicros;
-    ok = engine ? engine->Wait(h, error, release, &ready, deadline, &pending)
-                : Handles().Wait(h, error, release, &ready, deadline, &pending);
+    ok = engine ? engine->Wait(h, error, release, &ready, kSignalCheckMicros, &pending)
+                : Handles().Wait(h, error, release, &ready, kSignalCheckMicros, &pending);
     if (!pending) break;
     py::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() != 0) {
@@ -251,7 +250,7 @@ void SetHvdliteError(const std::string& message, const char* cls) {
 // false having done nothing, so that the caller's full path can deal with it (copy a
 // strided input, or raise the error that explains it). Without, such input fails the
 // collective on every rank (see Refuse) and raises here. True once the collective ran.
-bool RunCollective(int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
+bool RunCollective(int type, std::string name, py::handle in, py::handle out, int dtype, int reduce_op,
                    double prescale, double postscale, int root, bool decline, int32_t process_set = 0) {
   if (decline && (ForkedCopy() || !TheWorld().current() || !TheWorld().current()->Running())) return false;
   if (!g_interrupted_runs.empty()) ReapInterruptedRuns();
@@ -289,7 +288,7 @@ bool RunCollective(int type, const std::string& name, py::handle in, py::handle 
       out_ptr = reinterpret_cast<uintptr_t>(b.view().buf);
     }
   }
-  const int64_t h = Enqueue(type, name, in_ptr, kind == RequestType::kBroadcast ? 0 : out_ptr, dtype, shape,
+  const int64_t h = Enqueue(type, std::move(name), in_ptr, kind == RequestType::kBroadcast ? 0 : out_ptr, dtype, std::move(shape),
                             kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true,
                             std::nullopt, process_set);
   std::string error;

@@ -54,10 +54,6 @@ struct CollectiveJob {
   // The device this rank runs the response on: its tensors' (kCpuDevice for host
   // memory), or for a rank that has joined, the GPU it uses.
   int32_t device = kCpuDevice;
-  // A one-tensor allreduce that the cache cycle already summed over every rank
-  // (CacheCycle::CanCarry): its sum, before postscale and Average's division. The
-  // backend only scales it into the output. Null for everything else.
-  const void* reduced = nullptr;
 };
 
 // A collective a backend has queued and not yet seen finish.

@@ -76,7 +76,7 @@ bool HandleTable::Poll(int64_t h) {
 }
 
 bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready,
-                       int64_t deadline_us, bool* pending) {
+                       int64_t timeout_us, bool* pending) {
   std::unique_lock<std::mutex> lk(mu_);
   auto it = states_.find(h);
   if (it == states_.end()) {
@@ -90,12 +90,10 @@ bool HandleTable::Wait(int64_t h, std::string* error, bool release, std::shared_
     waiting_.fetch_add(1, std::memory_order_relaxed);
     auto hook = waiter_hooks_.find(st.owner);
     if (hook != waiter_hooks_.end()) hook->second();
-    if (deadline_us < 0) {
+    if (timeout_us < 0) {
       cv_.wait(lk, [&] { return st.done; });
     } else {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(
-                                                                std::max<int64_t>(0, deadline_us - NowMicros()));
-      cv_.wait_until(lk, until, [&] { return st.done; });
+      cv_.wait_for(lk, std::chrono::microseconds(timeout_us), [&] { return st.done; });
     }
     waiting_.fetch_sub(1, std::memory_order_relaxed);
     if (!st.done) {

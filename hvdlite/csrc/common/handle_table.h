@@ -85,10 +85,10 @@ class HandleTable {
   // runs the waiter hook (the engine uses it to stop sleeping between polls). With
   // `release`, also forgets the handle (as Release does), under the same lock.
   // `ready`, if given, receives the handle's device event (null for host work).
-  // With `deadline_us` (NowMicros) >= 0 it returns by then: false with `*pending` set
-  // if `h` is not done yet (the handle stays, whatever `release` says).
+  // With `timeout_us` >= 0 it returns after that long at most: false with `*pending`
+  // set if `h` is not done yet (the handle stays, whatever `release` says).
   bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr,
-            int64_t deadline_us = -1, bool* pending = nullptr);
+            int64_t timeout_us = -1, bool* pending = nullptr);
   std::unique_ptr<OutputBuffer> TakeOutput(int64_t h);
   void Release(int64_t h);
   // Runs `callback` once `h` is done: at once, on this thread, if it is done already

@@ -16,6 +16,7 @@ struct TensorEntry {
   const void* input = nullptr;
   void* output = nullptr;
   int64_t handle = 0;
+  // When it was queued: CoarseNowMicros, or NowMicros while the timeline records.
   int64_t enqueue_us = 0;
   // GPU tensors: an event recorded, at enqueue, on the stream that produces the tensor
   // (the framework's current stream). The collective waits for it on the device.

@@ -9,25 +9,19 @@ namespace hvdlite {
 bool TensorQueue::Push(TensorEntry& entry, bool wake) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (entry.request.type != RequestType::kJoin) {
-      if (table_.count(entry.request.name)) return false;
-      table_.emplace(entry.request.name, entry);
-    } else {
-      if (table_.count("\x01join")) return false;
-      table_.emplace("\x01join", entry);
-    }
-    fresh_.push_back(std::move(entry.request));
+    const bool join = entry.request.type == RequestType::kJoin;
+    if (!table_.try_emplace(join ? std::string("\x01join") : entry.request.name, entry).second) return false;
+    fresh_.push_back(New{std::move(entry.request), entry.input});
     wake = wake && sleeping_;  // a spinning background thread sees fresh_ without a wake-up
   }
   if (wake) cv_.notify_one();
   return true;
 }
 
-std::vector<Request> TensorQueue::TakeNew() {
+void TensorQueue::TakeNew(std::vector<New>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lk(mu_);
-  std::vector<Request> out;
-  out.swap(fresh_);
-  return out;
+  out->swap(fresh_);
 }
 
 const void* TensorQueue::InputOf(const std::string& name) {

@@ -21,8 +21,14 @@ class TensorQueue {
   // leaves `entry` as it was). Wakes a sleeping background thread unless `wake` is
   // false: the caller is about to run the engine itself (Engine::Wait).
   bool Push(TensorEntry& entry, bool wake = true);
-  // Moves out the requests added since the last call.
-  std::vector<Request> TakeNew();
+  // A request added since the last TakeNew, and where its input is.
+  struct New {
+    Request request;
+    const void* input = nullptr;
+  };
+  // Moves the requests added since the last call into `out`, which is emptied first
+  // (the two lists trade places, so that neither allocates in the steady state).
+  void TakeNew(std::vector<New>* out);
   // Removes and returns the entry for `name` (false if this rank has none).
   bool Pop(const std::string& name, TensorEntry* out);
   // The input of this rank's entry for `name`, or null.
@@ -43,7 +49,7 @@ class TensorQueue {
   std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::string, TensorEntry> table_;
-  std::vector<Request> fresh_;
+  std::vector<New> fresh_;
   bool woken_ = false;
   bool sleeping_ = false;  // the background thread is blocked in WaitForWork
 };

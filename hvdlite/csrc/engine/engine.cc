@@ -115,6 +115,7 @@ Engine::Engine(MPI_Comm comm, const Parameters& params, HandleTable* handles, in
   // each step of a small collective a scheduler round trip (docs/scale.md).
   drive_ = p.spin_us > 0;
   if (drive_) handles_->SetWaiterHook(process_set_, [this] { queue_.Wake(); });
+  for (int t = 0; t < kNumRequestTypes; ++t) nccl_runs_[t] = p.gpu_backend[t] == "NCCL";
   if (spin_us_ > 0 && p.malloc_tuning) TuneHostAllocator();
   executor_ = std::make_unique<Executor>(MakeBackends(BackendContext{*topology_, control_.get(), &gpus_, config_.get()}),
                                          config_.get(), &queue_, handles_, &timeline_, &gpus_, rank, size);
@@ -192,7 +193,7 @@ void Engine::StopTimeline() { timeline_.Stop(); }
 
 bool Engine::MayAdvance(const Request& r) const {
   return drive_ && r.device != kCpuDevice && r.error.empty() && executor_->device_collectives() > 0 &&
-         config_->job().gpu_backend[static_cast<int>(r.type)] == "NCCL";
+         nccl_runs_[static_cast<int>(r.type)];
 }
 
 int64_t Engine::Enqueue(Request request, const void* input, void* output, bool caller_waits,
@@ -209,7 +210,7 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
   e.input = input;
   e.output = output;
   e.handle = h;
-  e.enqueue_us = NowMicros();
+  e.enqueue_us = timeline_.Active() ? NowMicros() : CoarseNowMicros();
   if (e.request.device != kCpuDevice && e.request.error.empty()) {
     // A problem only this rank sees (no CUDA runtime here, a second GPU) is a refusal:
     // the collective then fails on every rank instead of leaving the others waiting.
@@ -226,7 +227,7 @@ int64_t Engine::Enqueue(Request request, const void* input, void* output, bool c
                         " with this name is already in flight on rank " + std::to_string(rank()) +
                         "; wait for it to finish or use a different name");
   }
-  if (advance) Drive(h, -1, /*max_steps=*/1);
+  if (advance) Advance(h);
   return h;
 }
 
@@ -418,36 +419,38 @@ void Engine::Loop() {
 // gives up after a cycle time without progress (a slow peer), leaving the wait to the
 // background thread, which sleeps between polls. Shutdown and failures are left to the
 // background thread, which is woken whenever the caller leaves work behind. With a
-// deadline (>= 0) it returns by then, done or not. A submitter (Enqueue's `advance`)
-// takes at most `max_steps` steps and returns, done or not.
-void Engine::Drive(int64_t h, int64_t deadline_us, int max_steps) {
+// timeout (>= 0) it returns after about that long, done or not.
+void Engine::Drive(int64_t h, int64_t timeout_us) {
   if (!drive_) return;
   // Only an idle engine is taken over. While the background thread is busy (async
   // requests in flight) it notices results the moment they are in, and taking the
   // lock from it would only add hand-overs between the two threads; the caller then
   // waits as before, and the background thread polls without sleeping meanwhile.
   std::unique_lock<std::mutex> lk(step_mu_, std::try_to_lock);
-  if (!lk.owns_lock()) {
-    if (max_steps >= 0) queue_.Wake();  // a submitter's request: the background thread takes it
-    return;
-  }
-  if (max_steps < 0) ++waits_driven_;
+  if (!lk.owns_lock()) return;
+  ++waits_driven_;
   try {
-    // Poll without yielding for the first spin_us_ after the last progress: a yield
-    // costs a system call each time (~0.7 us here), which would add to every hop of
-    // the negotiation. Past that the peer is slow, and the core is offered to others.
+    // Poll without yielding for the first spin_us_ of idleness: a yield costs a system
+    // call each time (~0.7 us here), which would add to every hop of the negotiation.
+    // Past that the peer is slow, and the core is offered to others. The clock is read
+    // only when a step finds nothing to do, and every kStepsPerClock steps that do: a
+    // blocking collective is usually done within a step or two, and a clock read costs
+    // as much as a tenth of such a step.
     const int64_t give_up_us = spin_us_ > 0 ? -1 : config_->cycle_time_us();
-    int64_t last_progress = NowMicros();
-    for (int steps = 0; running_ && !negotiator_->shutdown().Begun() && !fatal_ && !handles_->Poll(h); ++steps) {
-      if (max_steps >= 0 && steps >= max_steps) break;
-      if (Step()) {
-        last_progress = NowMicros();
-        if (deadline_us >= 0 && last_progress >= deadline_us) break;
-        continue;
-      }
+    int64_t idle_since = -1, deadline = -1;
+    int unclocked = 0;
+    // The caller has just seen `h` not done (Wait): the first step needs no look.
+    for (bool first = true; Steppable() && (first || !handles_->Poll(h)); first = false) {
+      const bool moved = Step() != 0;
+      if (moved) idle_since = -1;
+      if (moved && ++unclocked < kStepsPerClock) continue;
+      unclocked = 0;
       const int64_t now = NowMicros();
-      if (deadline_us >= 0 && now >= deadline_us) break;
-      const int64_t idle = now - last_progress;
+      if (deadline < 0 && timeout_us >= 0) deadline = now + timeout_us;
+      if (deadline >= 0 && now >= deadline) break;
+      if (moved) continue;
+      if (idle_since < 0) idle_since = now;
+      const int64_t idle = now - idle_since;
       if (give_up_us >= 0 && idle >= give_up_us) {
         ++waits_handed_back_;
         break;
@@ -457,23 +460,61 @@ void Engine::Drive(int64_t h, int64_t deadline_us, int max_steps) {
   } catch (const std::exception&) {
     fatal_ = std::current_exception();
   }
-  if (max_steps >= 0 && handles_->Poll(h)) ++submits_advanced_;
+  HandBack(lk, /*watch_device=*/true);
+}
+
+// A submitter's step (Enqueue's `advance`): if no one runs the engine, one step, which
+// queues the request's device work when the peers have it too; else the background
+// thread is woken to take the request.
+//
+// The background thread's own steps are short while it only watches device work, so a
+// submitter that finds the engine taken tries again for a moment (kAdvanceRetryMicros,
+// long enough for a step whose thread the scheduler paused) before it hands the
+// request over. Handing it over at the first miss made the misses feed themselves: the
+// background thread, having negotiated the request, polled again at once and took the
+// next submitter's turn too, and whole runs of requests went through it (at 1 rank on
+// 2 loaded cores, 4 of 80 queued by their submitter).
+void Engine::Advance(int64_t h) {
+  std::unique_lock<std::mutex> lk(step_mu_, std::try_to_lock);
+  for (int64_t until = -1; !lk.owns_lock();) {
+    const int64_t now = NowMicros();
+    if (until < 0) until = now + kAdvanceRetryMicros;
+    if (now >= until) {
+      queue_.Wake();
+      return;
+    }
+    std::this_thread::yield();
+    lk.try_lock();
+  }
+  try {
+    if (Steppable() && !handles_->Poll(h)) Step();
+  } catch (const std::exception&) {
+    fatal_ = std::current_exception();
+  }
+  if (handles_->Poll(h)) ++submits_advanced_;
+  // The device work it queued is left to the next step, whoever takes it: the
+  // background thread looks at least every kIdleWaitMicros, and waking it for every
+  // collective would put a thread hand-off back on the submitter's core.
+  HandBack(lk, /*watch_device=*/false);
+}
+
+bool Engine::Steppable() const { return running_ && !negotiator_->shutdown().Begun() && !fatal_; }
+
+// Hands what is left (other callers' requests, async ones, a shutdown, with
+// `watch_device` device work to watch) back to the background thread. Checked after
+// unlocking: work pushed from then on finds the lock free, and its own wake-up reaches
+// the background thread.
+void Engine::HandBack(std::unique_lock<std::mutex>& lk, bool watch_device) {
   const bool ending = !running_ || negotiator_->shutdown().Begun() || fatal_;
   lk.unlock();
-  // Hand what is left (other callers' requests, async ones, a shutdown, device work to
-  // watch) back to the background thread. Checked after unlocking: work pushed from
-  // then on finds the lock free, and its own wake-up reaches the background thread.
-  // A submitter leaves device work to the next step, whoever takes it: the background
-  // thread looks at least every kIdleWaitMicros, and waking it for every collective
-  // would put a thread hand-off back on the submitter's core.
-  const bool device_work = max_steps < 0 && executor_->InFlight();
+  const bool device_work = watch_device && executor_->InFlight();
   if (ending || stop_requested_ || queue_.HasOutstanding() || device_work) queue_.Wake();
 }
 
 bool Engine::Wait(int64_t h, std::string* error, bool release, std::shared_ptr<ReadyEvent>* ready,
-                  int64_t deadline_us, bool* pending) {
-  if (running_ && !handles_->Poll(h)) Drive(h, deadline_us);
-  return handles_->Wait(h, error, release, ready, deadline_us, pending);
+                  int64_t timeout_us, bool* pending) {
+  if (running_ && !handles_->Poll(h)) Drive(h, timeout_us);
+  return handles_->Wait(h, error, release, ready, timeout_us, pending);
 }
 
 }  // namespace hvdlite

@@ -92,10 +92,10 @@ class Engine {
   // running the engine, the calling thread runs it itself until `h` is done, instead
   // of waking the background thread and being woken again (two thread hand-offs per
   // blocking call, ~50 us each on a small VM). `ready` receives the handle's device
-  // event, if its work was queued on a GPU. `deadline_us` and `pending`: as in
+  // event, if its work was queued on a GPU. `timeout_us` and `pending`: as in
   // HandleTable::Wait (a caller that must stay interruptible waits in slices).
   bool Wait(int64_t h, std::string* error, bool release = false, std::shared_ptr<ReadyEvent>* ready = nullptr,
-            int64_t deadline_us = -1, bool* pending = nullptr);
+            int64_t timeout_us = -1, bool* pending = nullptr);
   void Stop();
   // Stops the engine as if a peer had failed: its communicators are revoked, so every
   // other rank's engine stops too (elastic training's reset of a running world).
@@ -150,9 +150,20 @@ class Engine {
   void CheckForSilentPeers();  // throws PeerFailure for a peer ULFM marked failed
   void PinThread() const;
   void Settle();
-  // `max_steps` >= 0: run at most that many steps (a submitter's Advance), not counted
-  // as a driven wait.
-  void Drive(int64_t h, int64_t deadline_us, int max_steps = -1);
+  // A waiting caller, who has just seen `h` not done, runs the engine until it is (or
+  // until `timeout_us` passes).
+  void Drive(int64_t h, int64_t timeout_us);
+  // A submitter runs one step for `h` if the engine is idle.
+  void Advance(int64_t h);
+  // Whether steps may run: the engine is running, no shutdown has begun, nothing failed.
+  bool Steppable() const;
+  // After Drive or Advance: lets go of the engine (`lk`, on step_mu_) and wakes the
+  // background thread if work is left for it.
+  void HandBack(std::unique_lock<std::mutex>& lk, bool watch_device);
+  // Drive reads the clock at least every this many steps that moved things on.
+  static constexpr int kStepsPerClock = 64;
+  // How long a submitter tries to take a busy engine before handing its request over.
+  static constexpr int64_t kAdvanceRetryMicros = 100;
   // Whether a submitter may run the engine for a request (see Enqueue's `advance`):
   // a GPU collective that NCCL runs, once the communicators exist, so that the step
   // only queues device work and never blocks on its peers.
@@ -193,6 +204,7 @@ class Engine {
   static constexpr int64_t kFailureCheckMicros = 250000;
   int64_t last_failure_check_us_ = 0;
   bool drive_ = false;   // a blocked caller runs the engine itself (Engine::Drive)
+  bool nccl_runs_[kNumRequestTypes] = {};  // by request type: its GPU collectives run on NCCL
 };
 
 }  // namespace hvdlite

@@ -1,9 +1,11 @@
 #include "engine/executor.h"
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "common/logging.h"
+#include "kernels/reduce.h"
 #include "mpi/errors.h"
 
 namespace hvdlite {
@@ -53,18 +55,29 @@ void Executor::CopyOnDevice(int device, void* dst, const void* src, int64_t byte
                "cudaMemcpyAsync");
 }
 
-// A tensor the cycle carried and reduced: it completes as any other allreduce, on the
-// host backend, which has only the scaling and the copy out left to do.
-void Executor::RunCarried(const Request& q, const void* sum) {
-  Response r = ResponseTo(q);
-  r.names.push_back(q.name);
-  r.sizes.push_back(NumElements(q.shape));
-  Perform(r, sum);
+// A tensor the cycle carried and reduced (CacheCycle::CanCarry): a lone Sum or Average
+// allreduce in host memory, summed over every rank already. What is left, the scaling
+// and the copy out, is the same whichever backend would have run it, so it is done
+// here, without building a response for it.
+void Executor::RunCarried(const Request& sig, const void* sum) {
+  TensorEntry e;
+  if (!queue_->Pop(sig.name, &e)) return;
+  const int64_t count = NumElements(sig.shape);
+  const int64_t bytes = count * DataTypeSize(sig.dtype);
+  if (hooks_.ran) hooks_.ran({sig.name}, bytes);
+  const bool traced = timeline_->Active();
+  const int64_t start = traced ? NowMicros() : 0;
+  if (traced) timeline_->Phase(sig.name, "QUEUE", e.enqueue_us, start);
+  // Average divides by the whole set (every rank sent the tensor: none has joined).
+  const double post = sig.postscale * (sig.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  if (post != 1.0) ScaleCopy(e.output, sum, count, sig.dtype, post);
+  else std::memcpy(e.output, sum, static_cast<size_t>(bytes));
+  if (traced) timeline_->Phase(sig.name, "CYCLE_ALLREDUCE", start, NowMicros());
+  ++carried_;  // before the handle completes: a caller who sees the result sees it counted
+  handles_->Complete(e.handle, true, "");
 }
 
-void Executor::Run(const Response& r) { Perform(r, nullptr); }
-
-void Executor::Perform(const Response& r, const void* reduced) {
+void Executor::Run(const Response& r) {
   const size_t n = r.type == RequestType::kJoin ? 1 : r.names.size();
   HVD_LOG(0, RequestTypeName(r.type) << " of " << n << " tensor(s), first '" << (r.names.empty() ? "" : r.names[0])
                                      << "'" << (r.error.empty() ? "" : ", failing: " + r.error));
@@ -128,7 +141,7 @@ void Executor::Perform(const Response& r, const void* reduced) {
       if (have[i]) device = entries[i].request.device;
   }
   Tracer tracer(timeline_);
-  CollectiveJob job{r, entries, have, tracer, {}, device, reduced};
+  CollectiveJob job{r, entries, have, tracer, {}, device};
   std::unique_ptr<Completion> completion;
   try {
     completion = backend->Run(job);
@@ -147,8 +160,6 @@ void Executor::Perform(const Response& r, const void* reduced) {
     if (backend->Device() != DeviceKind::kHost && hooks_.fail) hooks_.fail(message);
     return;
   }
-  // Counted before the handles complete, so that a caller who sees its result sees it counted.
-  if (reduced && have[0]) ++carried_;  // a carried tensor is one
   std::shared_ptr<ReadyEvent> ready = completion ? completion->Ready() : nullptr;
   std::vector<HandleTable::Result> results;
   results.reserve(n);

@@ -78,10 +78,6 @@ class Executor : public AgreedWork {
   }
 
  private:
-  // Runs `r` for this rank's tensors of those names; `reduced`: see
-  // CollectiveJob::reduced.
-  void Perform(const Response& r, const void* reduced);
-
   std::unique_ptr<BackendRegistry> registry_;
   Config* config_;
   TensorQueue* queue_;

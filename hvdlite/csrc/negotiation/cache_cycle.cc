@@ -30,6 +30,17 @@ CacheCycle::CacheCycle(ControlTransport* control, const Config* config)
       bits_(control->NewBitAgreement(kHeaderWords + 2 * words_, kMaxCarriedBytes)),
       mine_(kHeaderWords + 2 * words_) {}
 
+void CacheCycle::Outcome::Clear() {
+  cycle = lists_before = done_us = 0;
+  ready.clear();
+  evict_all = false;
+  evicted.clear();
+  moved.clear();
+  since_us.clear();
+  reduced_id = -1;
+  reduced = nullptr;
+}
+
 bool CacheCycle::CanCarry(const Request& r) {
   const int64_t bytes = NumElements(r.shape) * DataTypeSize(r.dtype);
   return r.type == RequestType::kAllreduce && KindOfDevice(r.device) == DeviceKind::kHost &&
@@ -38,8 +49,16 @@ bool CacheCycle::CanCarry(const Request& r) {
 }
 
 void CacheCycle::AddReady(int32_t id, Request request, int64_t now_us, const void* input) {
-  ready_[id] = Ready{std::move(request), now_us, input};
+  // An id is ready at most once: its name cannot be in flight twice.
+  if (!ready_.empty() && id < ready_.back().first) unsorted_ = true;
+  ready_.emplace_back(id, Ready{std::move(request), now_us, input});
   changed_ = true;
+}
+
+void CacheCycle::SortReady() {
+  if (!unsorted_) return;
+  std::sort(ready_.begin(), ready_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  unsorted_ = false;
 }
 
 bool CacheCycle::MaybeStart(int64_t lists_sent, bool must, bool cache_empty, int64_t now_us) {
@@ -53,6 +72,7 @@ bool CacheCycle::MaybeStart(int64_t lists_sent, bool must, bool cache_empty, int
       if (now_us - last_done_us_ < pause) return false;
     }
   }
+  SortReady();
   std::fill(mine_.begin(), mine_.end(), 0);
   mine_[0] = lists_sent >= 0 ? static_cast<uint64_t>(lists_sent) : ~uint64_t{0};
   mine_[1] = ~(evict_all_ ? kEvictAllFlag : uint64_t{0});
@@ -66,14 +86,18 @@ bool CacheCycle::MaybeStart(int64_t lists_sent, bool must, bool cache_empty, int
   uint64_t key = 0;
   int64_t count = 0;
   DataType dtype = DataType::kFloat32;
+  const void* payload = nullptr;
   if (!evict_all_) {
     for (const auto& [id, r] : ready_) {
       if (!r.input || evict_.count(id)) continue;
       count = NumElements(r.request.shape);
       dtype = r.request.dtype;
-      carried_.resize(static_cast<size_t>(count * DataTypeSize(dtype)));
-      if (r.request.prescale != 1.0) ScaleCopy(carried_.data(), r.input, count, dtype, r.request.prescale);
-      else std::memcpy(carried_.data(), r.input, carried_.size());
+      payload = r.input;  // the agreement copies it at Start
+      if (r.request.prescale != 1.0) {
+        carried_.resize(static_cast<size_t>(count * DataTypeSize(dtype)));
+        ScaleCopy(carried_.data(), r.input, count, dtype, r.request.prescale);
+        payload = carried_.data();
+      }
       key = static_cast<uint64_t>(id) + 1;
       break;
     }
@@ -82,15 +106,16 @@ bool CacheCycle::MaybeStart(int64_t lists_sent, bool must, bool cache_empty, int
   evict_.clear();
   changed_ = false;
   ++started_;
-  bits_->Start(mine_.data(), key, carried_.data(), count, dtype);
+  bits_->Start(mine_.data(), key, payload, count, dtype);
   return true;
 }
 
 bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) {
   if (!bits_->Active() || !bits_->Progress()) return false;
   const uint64_t* v = bits_->Result();
-  *out = Outcome{};
+  out->Clear();
   out->cycle = ++completed_;
+  out->done_us = now_us;
   out->lists_before = static_cast<int64_t>(v[0]);
   out->evict_all = (~v[1] & kEvictAllFlag) != 0;
   const uint64_t* ready_bits = &v[kHeaderWords];
@@ -104,6 +129,7 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
     }
   }
   announced_.clear();
+  SortReady();
   const bool waited = !ready_.empty();
   auto is_evicted = [&](int32_t id) {
     return out->evict_all || std::binary_search(out->evicted.begin(), out->evicted.end(), id);
@@ -118,22 +144,23 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
     for (const auto& [id, r] : ready_)
       if (r.request.group_id >= 0 && r.request.group_size > 1 && is_evicted(id))
         split_groups.insert(r.request.group_id);
-  std::vector<int32_t> ids;
-  for (auto it = ready_.begin(); it != ready_.end();) {
+  std::vector<int32_t>& ids = out->ready;
+  auto kept = ready_.begin();  // what stays ready here is moved up, in order
+  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
     const int32_t id = it->first;
     const Request& q = it->second.request;
     const bool evicted = is_evicted(id) || (q.group_id >= 0 && split_groups.count(q.group_id) > 0);
     if (evicted) {
       out->moved.push_back(std::move(it->second.request));
-      it = ready_.erase(it);
     } else if (ready_bits[id / 64] >> (id % 64) & 1) {
       ids.push_back(id);
-      out->since_us[id] = it->second.since_us;
-      it = ready_.erase(it);
+      out->since_us.emplace_back(id, it->second.since_us);
     } else {
-      ++it;
+      if (kept != it) *kept = std::move(*it);
+      ++kept;
     }
   }
+  ready_.erase(kept, ready_.end());
   // Every rank sent the same tensor along (and nobody evicts it): it is reduced.
   const uint64_t key = bits_->ResultKey();
   if (key != 0) {
@@ -144,7 +171,7 @@ bool CacheCycle::Poll(const ResponseCache& cache, int64_t now_us, Outcome* out) 
       ids.erase(it);
     }
   }
-  out->ready = ids;  // fused by the engine once rank 0's earlier lists ran (Collectives)
+  // out->ready is fused by the engine once rank 0's earlier lists ran (Collectives).
   if (!ids.empty() || !out->moved.empty() || !waited) fruitless_ = 0;
   else ++fruitless_;
   last_done_us_ = now_us;

@@ -18,10 +18,8 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <set>
-#include <unordered_map>
 #include <vector>
 
 #include "common/config.h"
@@ -41,11 +39,17 @@ class CacheCycle {
     bool evict_all = false;
     std::vector<int32_t> evicted;  // entries every rank evicts now (with evict_all: all)
     std::vector<Request> moved;    // this rank's ready requests for evicted entries
-    std::unordered_map<int32_t, int64_t> since_us;  // when each tensor run became ready here
+    // When each of this rank's agreed tensors became ready here (for the timeline): in
+    // the order of ids the cycle agreed on, the carried one included.
+    std::vector<std::pair<int32_t, int64_t>> since_us;
+    int64_t done_us = 0;  // when the cycle was seen complete
     // A tensor reduced inside the cycle itself (see CanCarry): its id (-1: none) and
     // its sum over all ranks before postscale, valid until the next cycle starts.
     int32_t reduced_id = -1;
     const void* reduced = nullptr;
+
+    // Empties it for the next cycle, keeping what its lists have allocated.
+    void Clear();
   };
 
   // The largest tensor a cycle carries. A tensor that every rank sends along in the
@@ -106,7 +110,12 @@ class CacheCycle {
   std::unique_ptr<BitAgreement> bits_;
   std::vector<uint64_t> mine_;
   std::vector<uint8_t> carried_;  // the tensor this rank sends along, prescaled
-  std::map<int32_t, Ready> ready_;  // by cache id
+  // By cache id, in id order once SortReady ran: a list rather than a map, so that a
+  // tensor's turn through the cycle allocates nothing in the steady state. Tensors
+  // usually become ready in id order (the order they were first negotiated in).
+  std::vector<std::pair<int32_t, Ready>> ready_;
+  bool unsorted_ = false;
+  void SortReady();
   std::set<int32_t> evict_;         // to announce
   std::set<int32_t> announced_;     // announced in the cycle in flight
   bool evict_all_ = false;

@@ -346,6 +346,7 @@ void Coordinator::RecordNegotiation(const std::string& name, RequestType type, c
 // allreduces until their group is whole), negotiate each tensor (validate, build its
 // response, give it a cache id), fuse, and put the result in execution order.
 ResponseList Coordinator::TakeReady(bool hold_device) {
+  if (ready_.empty() && !join_complete_) return {};  // the steady state: cycles carry it all
   const int64_t now = NowMicros();
   Round round;
   for (int r = 0; r < size_; ++r)

@@ -110,10 +110,11 @@ class Negotiator {
   // allreduce waits for the rest of its group, and the group goes one way as a whole:
   // into the cycle if every member is cached, else every member to rank 0 (whose
   // coordinator holds a group until it is whole).
-  void Route(Request r, int64_t now, RequestList* to_coordinator);
-  void RouteOne(Request r, int64_t now, RequestList* to_coordinator);
+  // `input`: where this rank's tensor is (TensorQueue::New).
+  void Route(Request r, const void* input, int64_t now, RequestList* to_coordinator);
+  void RouteOne(Request r, const void* input, int64_t now, RequestList* to_coordinator);
   // A request whose signature is cached under `id`: into the next cycle.
-  void ToCycle(int32_t id, Request r, int64_t now);
+  void ToCycle(int32_t id, Request r, const void* input, int64_t now);
   void RouteInFull(Request r, int64_t now, RequestList* to_coordinator);
   // Sends the members of groups held longer than kGroupHoldMicros to rank 0 in full.
   bool FlushHeldGroups(int64_t now, RequestList* to_coordinator);
@@ -161,6 +162,8 @@ class Negotiator {
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<CacheCycle> cycle_;
+  CacheCycle::Outcome outcome_;  // the cycle being run, kept for its lists' capacity
+  std::vector<TensorQueue::New> fresh_;  // the requests a step took from the queue
   ShutdownState shutdown_;
 
   // Members of grouped allreduces held until this rank has submitted the whole group

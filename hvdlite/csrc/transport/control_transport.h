@@ -32,7 +32,8 @@ class BitAgreement {
   virtual int words() const = 0;
   virtual bool Active() const = 0;
   // Starts combining `mine` (words() words) with every other rank's; with `key` != 0,
-  // also summing `count` elements of `dtype` at `payload`.
+  // also summing `count` elements of `dtype` at `payload`. Both are copied before it
+  // returns: the caller's memory is free again.
   virtual void Start(const uint64_t* mine, uint64_t key, const void* payload, int64_t count, DataType dtype) = 0;
   // Moves the round on without blocking; true once the result is in (then not Active).
   virtual bool Progress() = 0;

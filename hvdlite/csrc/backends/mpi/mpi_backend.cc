@@ -117,24 +117,11 @@ double MpiBackend::PostFactor(const Response& r) const {
   return r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
 }
 
-void MpiBackend::CopyOutReduced(CollectiveJob& job) {
-  const Response& r = job.response;
-  if (!job.have[0]) return;
-  const int64_t count = r.sizes[0];
-  const double post = PostFactor(r);
-  void* out = job.entries[0].output;
-  const int64_t start = job.trace.Active() ? NowMicros() : 0;
-  if (post != 1.0) ScaleCopy(out, job.reduced, count, r.dtype, post);
-  else std::memcpy(out, job.reduced, static_cast<size_t>(count * DataTypeSize(r.dtype)));
-  if (job.trace.Active()) job.trace.Phase(r.names[0], "CYCLE_ALLREDUCE", start, NowMicros());
-}
-
 // A fused allreduce on host memory. Tensors too big to share a piece are reduced
 // straight from their own memory (no copy) in cache-sized chunks; small ones are
 // packed into a cache-sized piece of the fusion buffer, reduced there, and copied out
 // while the piece is still in cache. Ranks that joined contribute zeros.
 void MpiBackend::Allreduce(CollectiveJob& job) {
-  if (job.reduced) return CopyOutReduced(job);
   if (job.response.reduce_op == ReduceOp::kAdasum) return AdasumTensors(job);
   const Response& r = job.response;
   std::vector<TensorEntry>& entries = job.entries;

@@ -39,8 +39,6 @@ class MpiBackend : public Backend {
   void Allreduce(CollectiveJob& job);
   // What a result is scaled by after the reduction: postscale, and Average's 1/size.
   double PostFactor(const Response& r) const;
-  // An allreduce the cycle already summed (CollectiveJob::reduced): scaled into the output.
-  void CopyOutReduced(CollectiveJob& job);
   // op=Adasum: each tensor on its own (adasum.h), scaled before and after.
   void AdasumTensors(CollectiveJob& job);
   // One reduction of `count` elements, flat or two-level (see Hierarchical).
