@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 import torch
 
 from hvdlite.common import basics as _basics, ops as _ops
-from hvdlite.torch.mpi_ops import _NATIVE
+from hvdlite.torch.mpi_ops import _NATIVE, _stream_of
 
 DEFAULT_CAP_MB = 25.0
 
@@ -46,11 +46,6 @@ def plan(params: Iterable[torch.Tensor], cap_bytes: int) -> list[list[torch.Tens
         current[0].append(p)
         current[1][0] += nbytes
     return buckets
-
-
-def _stream_of(t: torch.Tensor) -> int | None:
-    """The current CUDA stream of `t`'s device (a cudaStream_t); None for host memory."""
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
 
 
 class Started:

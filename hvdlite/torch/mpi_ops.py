@@ -85,12 +85,26 @@ def _request_name(kind: str, name: str | None) -> str:
     return f"{kind}.{name}" if name is not None else _ops.auto_name(kind)
 
 
+# The current stream of a CUDA device as an int, read the way torch's compiled code
+# reads it: without a torch.device and a torch.cuda.Stream object per call, which the
+# public torch.cuda.current_stream() makes (absent from builds without CUDA).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_of(t: torch.Tensor) -> int | None:
+    """The current CUDA stream of `t`'s device (a cudaStream_t); None for host memory."""
+    if not t.is_cuda:
+        return None
+    if _raw_stream is not None:
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
 def _raw(t: torch.Tensor, dtype: str) -> _ops.RawTensor:
     """A contiguous tensor as the engine takes it. A CUDA tensor comes with the current
     stream of its device: the collective is ordered after the work queued there."""
     if t.is_cuda:
-        return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape), t.device.index,
-                              torch.cuda.current_stream(t.device).cuda_stream)
+        return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape), t.get_device(), _stream_of(t))
     return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape))
 
 
