@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, ResultsRun, add_results_options, results_path  # noqa: E402
+from bench_gpu_host import CNN, LONE  # noqa: E402  (sibling module: its workloads' labels)
 
 # The figures each suite reports: (label, unit, how to find it in a results file).
 Extract = Callable[[dict[str, Any]], dict[str, float]]
@@ -70,10 +71,8 @@ def _training(results: dict[str, Any], keys: tuple[str, ...]) -> dict[str, float
 # What DistributedOptimizer sends for a GPU gradient, by the rows a build has: a build
 # without persistent requests and buckets submits a new request per tensor.
 _AS_SENT = {
-    "host 4 KiB GPU gradient as the optimizer sends it": ("lone allreduce 4 KiB, persistent",
-                                                          "lone allreduce 4 KiB, a request each time"),
-    "host small CNN step as the optimizer sends it": ("small CNN as one bucket (persistent)",
-                                                      "small CNN per tensor (8 allreduces)"),
+    "host 4 KiB GPU gradient as the optimizer sends it": LONE,
+    "host small CNN step as the optimizer sends it": CNN,
 }
 
 

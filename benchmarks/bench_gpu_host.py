@@ -53,6 +53,16 @@ from _common import REPO, ResultsRun, add_results_options, command_line, results
 SMALL_CNN = [max(1, n // 256) for n in (64 * 3 * 9, 64, 128 * 64 * 9, 128, 256 * 128 * 9, 256, 1000 * 256 * 16,
                                         1000)]
 
+# The workloads (rows of the results file), in pairs: what a persistent request sends
+# (as DistributedOptimizer sends a GPU gradient) and what a new request per tensor
+# sends. (summary label, persistent row, per-request row)
+LONE = ("lone allreduce 4 KiB, persistent", "lone allreduce 4 KiB, a request each time")
+CNN = ("small CNN as one bucket (persistent)", "small CNN per tensor (8 allreduces)")
+HOST = ("host memory: 4 KiB, persistent", "host memory: 4 KiB, a request each time")
+PAIRS = [("small CNN step, one persistent bucket / per tensor", *CNN),
+         ("lone 4 KiB on the GPU, persistent / a request each time", *LONE),
+         ("lone 4 KiB in host memory, persistent / a request each time", *HOST)]
+
 
 def worker(args: argparse.Namespace) -> None:
     # hvdlite and the fake's helpers come from PYTHONPATH: this tree, or another build
@@ -81,12 +91,12 @@ def worker(args: argparse.Namespace) -> None:
 
     persistent = hasattr(_ops, "Persistent")  # (a build from before persistent requests has none)
     workloads = {
-        "lone allreduce 4 KiB, a request each time": (tensors([1024]), False),
-        "lone allreduce 4 KiB, persistent": (tensors([1024]), True),
-        "small CNN per tensor (8 allreduces)": (tensors(SMALL_CNN), False),
-        "small CNN as one bucket (persistent)": (tensors([sum(SMALL_CNN)]), True),
-        "host memory: 4 KiB, a request each time": (tensors([1024], host=True), False),
-        "host memory: 4 KiB, persistent": (tensors([1024], host=True), True),
+        LONE[1]: (tensors([1024]), False),
+        LONE[0]: (tensors([1024]), True),
+        CNN[1]: (tensors(SMALL_CNN), False),
+        CNN[0]: (tensors([sum(SMALL_CNN)]), True),
+        HOST[1]: (tensors([1024], host=True), False),
+        HOST[0]: (tensors([1024], host=True), True),
     }
     def make_step(label: str, ts: list[tuple[object, object]], prepared: bool) -> Callable[[], tuple[int, ...]]:
         names = [f"bench.{label}.{i}" for i in range(len(ts))]
@@ -205,12 +215,7 @@ def main() -> int:
               f"{r['completion_us']:9.1f} {r['step_us']:9.1f} {r['per_collective_us']:9.1f}")
     by_name = {r["name"]: r for r in rows}
     summary = []
-    for label, new, old in [("small CNN step, one persistent bucket / per tensor",
-                             "small CNN as one bucket (persistent)", "small CNN per tensor (8 allreduces)"),
-                            ("lone 4 KiB on the GPU, persistent / a request each time",
-                             "lone allreduce 4 KiB, persistent", "lone allreduce 4 KiB, a request each time"),
-                            ("lone 4 KiB in host memory, persistent / a request each time",
-                             "host memory: 4 KiB, persistent", "host memory: 4 KiB, a request each time")]:
+    for label, new, old in PAIRS:
         if new in by_name and old in by_name:
             summary.append({"name": label, "ratio": by_name[new]["step_us"] / by_name[old]["step_us"], "peer": old})
             print(f"{label}: {summary[-1]['ratio']:.3f}")
