@@ -91,13 +91,16 @@ def _request_name(kind: str, name: str | None) -> str:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _stream_of(t: torch.Tensor) -> int | None:
-    """The current CUDA stream of `t`'s device (a cudaStream_t); None for host memory."""
-    if not t.is_cuda:
-        return None
+def _current_stream(device: int) -> int:
+    """The current stream of GPU `device` (a cudaStream_t)."""
     if _raw_stream is not None:
-        return _raw_stream(t.get_device())
-    return torch.cuda.current_stream(t.device).cuda_stream
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _stream_of(t: torch.Tensor) -> int | None:
+    """The current CUDA stream of `t`'s device; None for host memory."""
+    return _current_stream(t.get_device()) if t.is_cuda else None
 
 
 def _raw(t: torch.Tensor, dtype: str) -> _ops.RawTensor:
@@ -233,7 +236,7 @@ class _TorchHandle(Handle):
         for part in self._parts:
             device = getattr(part, "device", _ops.CPU_DEVICE)
             if device != _ops.CPU_DEVICE:
-                stream = torch.cuda.current_stream(device).cuda_stream
+                stream = _current_stream(device)
                 part.reader = stream
                 if stream not in part.consumers:
                     part.consumers = (*part.consumers, stream)
