@@ -107,7 +107,8 @@ def _raw(t: torch.Tensor, dtype: str) -> _ops.RawTensor:
     """A contiguous tensor as the engine takes it. A CUDA tensor comes with the current
     stream of its device: the collective is ordered after the work queued there."""
     if t.is_cuda:
-        return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape), t.get_device(), _stream_of(t))
+        device = t.get_device()
+        return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape), device, _current_stream(device))
     return _ops.RawTensor(t.data_ptr(), dtype, tuple(t.shape))
 
 

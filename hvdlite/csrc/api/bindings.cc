@@ -288,8 +288,8 @@ bool RunCollective(int type, std::string name, py::handle in, py::handle out, in
       out_ptr = reinterpret_cast<uintptr_t>(b.view().buf);
     }
   }
-  const int64_t h = Enqueue(type, std::move(name), in_ptr, kind == RequestType::kBroadcast ? 0 : out_ptr, dtype, std::move(shape),
-                            kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true,
+  const int64_t h = Enqueue(type, std::move(name), in_ptr, kind == RequestType::kBroadcast ? 0 : out_ptr, dtype,
+                            std::move(shape), kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true,
                             std::nullopt, process_set);
   std::string error;
   bool ok;

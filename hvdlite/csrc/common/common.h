@@ -30,6 +30,11 @@ constexpr int kNumRequestTypes = 7;
 int64_t DataTypeSize(DataType dt);
 const char* DataTypeName(DataType dt);
 const char* ReduceOpName(ReduceOp op);
+// What a sum over `size` ranks is scaled by after the reduction: `postscale`, and
+// Average's 1/size (ranks that joined count as zeros, as in Horovod).
+inline double PostFactor(double postscale, ReduceOp op, int size) {
+  return postscale * (op == ReduceOp::kAverage ? 1.0 / size : 1.0);
+}
 const char* RequestTypeName(RequestType t);
 // "allreduce 'name'": how messages name a request.
 std::string RequestLabel(RequestType t, const std::string& name);

@@ -68,8 +68,7 @@ void Executor::RunCarried(const Request& sig, const void* sum) {
   const bool traced = timeline_->Active();
   const int64_t start = traced ? NowMicros() : 0;
   if (traced) timeline_->Phase(sig.name, "QUEUE", e.enqueue_us, start);
-  // Average divides by the whole set (every rank sent the tensor: none has joined).
-  const double post = sig.postscale * (sig.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  const double post = PostFactor(sig.postscale, sig.reduce_op, size_);
   if (post != 1.0) ScaleCopy(e.output, sum, count, sig.dtype, post);
   else std::memcpy(e.output, sum, static_cast<size_t>(bytes));
   if (traced) timeline_->Phase(sig.name, "CYCLE_ALLREDUCE", start, NowMicros());

@@ -109,7 +109,7 @@ class CacheCycle {
   const Config* config_;
   std::unique_ptr<BitAgreement> bits_;
   std::vector<uint64_t> mine_;
-  std::vector<uint8_t> carried_;  // the tensor this rank sends along, prescaled
+  std::vector<uint8_t> carried_;  // the tensor this rank sends along, when it is prescaled
   // By cache id, in id order once SortReady ran: a list rather than a map, so that a
   // tensor's turn through the cycle allocates nothing in the steady state. Tensors
   // usually become ready in id order (the order they were first negotiated in).

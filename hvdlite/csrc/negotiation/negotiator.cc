@@ -250,13 +250,12 @@ bool Negotiator::CoordinatorStep(bool stop_requested) {
       continue;
     }
     if (shutdown_.Begun()) continue;
-    const int64_t t = now;
     if (!list.requests.empty()) HVD_DEBUG("requests from rank " << from << ": " << NamesOf(list.requests));
-    for (Request& r : list.requests) coordinator_->AddRequest(r, t);
+    for (Request& r : list.requests) coordinator_->AddRequest(r, now);
     for (size_t i = 0; i < list.waiting_ids.size(); ++i)
       if (cache_.Has(list.waiting_ids[i]))
         coordinator_->ReportCachedWait(from, list.waiting_ids[i], cache_.Get(list.waiting_ids[i]), list.waiting_us[i],
-                                       list.waiting_cycle, t);
+                                       list.waiting_cycle, now);
     if (list.shutdown && list.failure) {
       BeginShutdown(list.shutdown_reason, true);
     } else if (list.shutdown) {
@@ -301,19 +300,18 @@ bool Negotiator::CoordinatorStep(bool stop_requested) {
     progress = CycleStep(now) || progress;
     // The step's clock serves it all: a step takes microseconds, a stall check is due
     // once a second.
-    const int64_t t = now;
-    if (t - last_stall_check_us_ >= kStallCheckEveryMicros) {
-      last_stall_check_us_ = t;
-      SendStallReports(t);
-      FlushHeldGroups(t, nullptr);
+    if (now - last_stall_check_us_ >= kStallCheckEveryMicros) {
+      last_stall_check_us_ = now;
+      SendStallReports(now);
+      FlushHeldGroups(now, nullptr);
       std::vector<int> overdue;
-      std::string reason = coordinator_->CheckStalls(t, &overdue);
+      std::string reason = coordinator_->CheckStalls(now, &overdue);
       if (!reason.empty() && EvictInstead(overdue)) reason.clear();
       if (!reason.empty()) {
         HVD_ERROR(reason);
         // A worker that is only late acknowledges at once; one that is stopped, hung or
         // cut off never does, and the shutdown does not wait for it.
-        shutdown_.AcknowledgeBy(t + kAcknowledgeMicros);
+        shutdown_.AcknowledgeBy(now + kAcknowledgeMicros);
         BeginShutdown(reason, false);
       }
     }

@@ -113,8 +113,7 @@ std::unique_ptr<Completion> MpiBackend::Run(CollectiveJob& job) {
 }
 
 double MpiBackend::PostFactor(const Response& r) const {
-  // Average divides by the whole world, joined ranks included: they count as zeros (as in Horovod).
-  return r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / size_ : 1.0);
+  return hvdlite::PostFactor(r.postscale, r.reduce_op, size_);
 }
 
 // A fused allreduce on host memory. Tensors too big to share a piece are reduced
