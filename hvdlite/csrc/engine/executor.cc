@@ -9,6 +9,14 @@
 #include "mpi/errors.h"
 
 namespace hvdlite {
+namespace {
+
+// "allreduce 'a' (fused with 3 more)": a response of `n` tensors, for messages.
+std::string FusedLabel(RequestType type, const std::string& first, size_t n) {
+  return RequestLabel(type, first) + (n > 1 ? " (fused with " + std::to_string(n - 1) + " more)" : std::string());
+}
+
+}  // namespace
 
 Executor::Executor(std::unique_ptr<BackendRegistry> registry, Config* config, TensorQueue* queue,
                    HandleTable* handles, Timeline* timeline, GpuContext* gpus, int rank, int size)
@@ -123,10 +131,7 @@ void Executor::Run(const Response& r) {
   }
 
   // For messages only: built when one is needed.
-  auto label = [&] {
-    return RequestLabel(r.type, r.names[0]) +
-           (n > 1 ? " (fused with " + std::to_string(n - 1) + " more)" : std::string());
-  };
+  auto label = [&] { return FusedLabel(r.type, r.names[0], n); };
   std::string why;
   Backend* backend = registry_->Select(r, &why);
   if (!backend) {
@@ -169,31 +174,41 @@ void Executor::Run(const Response& r) {
   }
   handles_->CompleteAll(std::move(results));
   if (completion) {
-    in_flight_.push_back(InFlight_{std::move(completion), label(), NowMicros()});
+    // Its label is made only for a message (InFlight_::Label): the first tensor's name
+    // is moved out of the entry, which is done with.
+    size_t first = 0;
+    while (first + 1 < n && !have[first]) ++first;
+    in_flight_.push_back(InFlight_{std::move(completion), r.type, std::move(entries[first].request.name), n,
+                                   NowMicros()});
     ++in_flight_count_;
     ++device_collectives_;
   }
 }
+
+std::string Executor::InFlight_::Label() const { return FusedLabel(type, name, tensors); }
 
 bool Executor::PollInFlight() {
   bool progress = false;
   const int64_t now = NowMicros();
   const double limit_s = config_->job().stall_shutdown_seconds;
   const int64_t limit_us = static_cast<int64_t>(limit_s * 1e6);
-  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-    if (it->completion->Done()) {
-      const std::string error = it->completion->Error();
-      if (!error.empty() && hooks_.fail) hooks_.fail(it->label + " failed on rank " + std::to_string(rank_) + ": " + error);
-      it = in_flight_.erase(it);
-      --in_flight_count_;
-      progress = true;
-      continue;
+  // The work runs in the order it was queued (one stream per GPU, and one GPU per
+  // process): the first one not finished is the oldest, and those after it are not
+  // finished either, so polling stops there.
+  while (!in_flight_.empty()) {
+    InFlight_& first = in_flight_.front();
+    if (!first.completion->Done()) {
+      if (limit_us > 0 && now - first.start_us > limit_us && hooks_.fail && !hooks_.shutting_down())
+        hooks_.fail(first.Label() + " did not finish on the GPU within " +
+                    std::to_string(static_cast<int64_t>(limit_s)) + " s on rank " + std::to_string(rank_) +
+                    " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): a peer died or stopped taking part; NCCL was aborted");
+      break;
     }
-    if (limit_us > 0 && now - it->start_us > limit_us && hooks_.fail && !hooks_.shutting_down())
-      hooks_.fail(it->label + " did not finish on the GPU within " + std::to_string(static_cast<int64_t>(limit_s)) +
-                  " s on rank " + std::to_string(rank_) +
-                  " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): a peer died or stopped taking part; NCCL was aborted");
-    ++it;
+    const std::string error = first.completion->Error();
+    if (!error.empty() && hooks_.fail) hooks_.fail(first.Label() + " failed on rank " + std::to_string(rank_) + ": " + error);
+    in_flight_.pop_front();
+    --in_flight_count_;
+    progress = true;
   }
   return progress;
 }
@@ -211,7 +226,7 @@ void Executor::DrainInFlight() {
       aborted = true;
     } else if (aborted && now > abort_at + 2000000) {
       HVD_WARN("giving up on " << in_flight_.size() << " GPU collective(s) that never finished, first: "
-                               << in_flight_.front().label);
+                               << in_flight_.front().Label());
       in_flight_.clear();
       in_flight_count_ = 0;
       break;

@@ -90,8 +90,11 @@ class Executor : public AgreedWork {
   // Device work queued by a backend and not yet seen finished.
   struct InFlight_ {
     std::unique_ptr<Completion> completion;
-    std::string label;  // "allreduce 'a' (and 3 more)", for messages
+    RequestType type;
+    std::string name;  // its first tensor's
+    size_t tensors;
     int64_t start_us;
+    std::string Label() const;  // "allreduce 'a' (fused with 3 more)", for messages
   };
   std::list<InFlight_> in_flight_;
   std::atomic<int> in_flight_count_{0};

@@ -49,7 +49,7 @@ class NcclCompletion : public Completion {
     int64_t end_us = -1;    // -1: when `done` is first seen fired (or the whole work ends)
     std::shared_ptr<ReadyEvent> done;
   };
-  NcclCompletion(std::shared_ptr<ReadyEvent> ready, const nccl::Library* lib, std::vector<nccl::Comm> comms,
+  NcclCompletion(std::shared_ptr<ReadyEvent> ready, const nccl::Library* lib, NcclBackend::CommList comms,
                  std::vector<std::string> names, const char* phase, int64_t start_us, const Tracer& trace,
                  std::vector<Step> steps = {})
       : ready_(std::move(ready)), lib_(lib), comms_(std::move(comms)), names_(std::move(names)), phase_(phase),
@@ -57,21 +57,25 @@ class NcclCompletion : public Completion {
 
   bool Done() override {
     if (done_) return true;
-    for (nccl::Comm comm : comms_) {
-      nccl::Result async = nccl::kSuccess;
-      if (lib_->api().CommGetAsyncError(comm, &async) != nccl::kSuccess ||
-          (async != nccl::kSuccess && async != nccl::kInProgress)) {
-        error_ = "NCCL reported an asynchronous error: " + lib_->ErrorString(async, comm);
-        done_ = true;
-        return true;
-      }
-    }
+    bool fired = false;
     try {
       if (trace_.Active()) StampSteps();
-      done_ = ready_->Query();
+      fired = ready_->Query();
     } catch (const std::exception& ex) {
       error_ = ex.what();
       done_ = true;
+    }
+    // A failed communicator can let the stream run on past the work it skipped, so
+    // finished work is checked for asynchronous errors once, when it is first seen
+    // finished. Work still queued (held up by a failed peer, perhaps) is checked at most
+    // once a millisecond: the engine polls far more often than that.
+    if (!done_) {
+      const int64_t now = fired ? 0 : NowMicros();
+      if (fired || now - errors_checked_us_ >= kErrorCheckMicros) {
+        errors_checked_us_ = now;
+        if (FindAsyncError()) return done_ = true;
+      }
+      done_ = fired;
     }
     if (done_ && error_.empty() && trace_.Active()) {
       const int64_t now = NowMicros();
@@ -92,6 +96,19 @@ class NcclCompletion : public Completion {
   std::shared_ptr<ReadyEvent> Ready() override { return ready_; }
 
  private:
+  // Whether a communicator of the device reports an asynchronous error (then in error_).
+  bool FindAsyncError() {
+    for (nccl::Comm comm : *comms_) {
+      nccl::Result async = nccl::kSuccess;
+      if (lib_->api().CommGetAsyncError(comm, &async) != nccl::kSuccess ||
+          (async != nccl::kSuccess && async != nccl::kInProgress)) {
+        error_ = "NCCL reported an asynchronous error: " + lib_->ErrorString(async, comm);
+        return true;
+      }
+    }
+    return false;
+  }
+
   // Steps end in order: stop at the first one still running.
   void StampSteps() {
     for (Step& st : steps_) {
@@ -104,14 +121,16 @@ class NcclCompletion : public Completion {
 
   std::shared_ptr<ReadyEvent> ready_;
   const nccl::Library* lib_;
-  std::vector<nccl::Comm> comms_;
-  std::vector<std::string> names_;
+  NcclBackend::CommList comms_;
+  std::vector<std::string> names_;  // for the timeline: empty when it was not recording
   const char* phase_;
   int64_t start_us_;
   Tracer trace_;
   std::vector<Step> steps_;
   bool done_ = false;
   std::string error_;
+  static constexpr int64_t kErrorCheckMicros = 1000;
+  int64_t errors_checked_us_ = std::numeric_limits<int64_t>::min() / 2;  // never yet
 };
 
 // A stream-ordered device allocation handed out as a result.
@@ -274,8 +293,7 @@ nccl::Comm NcclBackend::CommFor(int device) {
   Check(r, "ncclCommInitRank", nullptr);
   HVD_INFO("NCCL communicator for GPU " << device << " ready (" << size_ << " ranks, NCCL "
                                         << lib_->VersionString() << ")");
-  std::lock_guard<std::mutex> lk(mu_);
-  comms_[{device, kWorld}].comm = comm;
+  AddComm(device, kWorld, comm);
   return comm;
 }
 
@@ -335,8 +353,7 @@ NcclBackend::LevelComms NcclBackend::LevelCommsFor(int device) {
   auto init = [&](int scope, int nranks, const nccl::UniqueId& id, int rank) {
     nccl::Comm comm = nullptr;
     Check(lib_->api().CommInitRank(&comm, nranks, id, rank), "ncclCommInitRank", nullptr);
-    std::lock_guard<std::mutex> lk(mu_);
-    comms_[{device, scope}].comm = comm;
+    AddComm(device, scope, comm);
     return comm;
   };
   lv.local = init(kLocal, topology_.local_size(), local_id, topology_.local_rank());
@@ -347,12 +364,30 @@ NcclBackend::LevelComms NcclBackend::LevelCommsFor(int device) {
   return lv;
 }
 
-std::vector<nccl::Comm> NcclBackend::CommsOf(int device) {
-  std::vector<nccl::Comm> out;
+NcclBackend::CommList NcclBackend::CommsOf(int device) {
   std::lock_guard<std::mutex> lk(mu_);
+  auto it = comm_lists_.find(device);
+  if (it != comm_lists_.end()) return it->second;
+  return std::make_shared<const std::vector<nccl::Comm>>();
+}
+
+void NcclBackend::AddComm(int device, int scope, nccl::Comm comm) {
+  std::lock_guard<std::mutex> lk(mu_);
+  comms_[{device, scope}].comm = comm;
+  auto list = std::make_shared<std::vector<nccl::Comm>>();
   for (const auto& [key, c] : comms_)
-    if (key.first == device && c.comm) out.push_back(c.comm);
-  return out;
+    if (key.first == device && c.comm) list->push_back(c.comm);
+  comm_lists_[device] = std::move(list);
+}
+
+// The names of the tensors a completion records in the timeline; none when it is not
+// recording (the steady state builds no strings per collective).
+std::vector<std::string> NcclBackend::TracedNames(const CollectiveJob& job) {
+  std::vector<std::string> names;
+  if (!job.trace.Active()) return names;
+  for (size_t i = 0; i < job.have.size(); ++i)
+    if (job.have[i]) names.push_back(job.response.names[i]);
+  return names;
 }
 
 void NcclBackend::Abort(const std::string& why) {
@@ -456,11 +491,8 @@ std::unique_ptr<Completion> NcclBackend::Run(CollectiveJob& job) {
     case RequestType::kReducescatter: Reducescatter(job, d, comm); phase = "NCCL_REDUCESCATTER"; break;
     default: throw std::runtime_error(std::string("the NCCL backend has no ") + RequestTypeName(r.type));
   }
-  std::vector<std::string> names;
-  for (size_t i = 0; i < job.entries.size(); ++i)
-    if (job.have[i]) names.push_back(r.names[i]);
   return std::make_unique<NcclCompletion>(d.events->Record(d.stream->get()), lib_, CommsOf(job.device),
-                                          std::move(names), phase, start, job.trace);
+                                          TracedNames(job), phase, start, job.trace);
 }
 
 // Two levels where the user forced them (HOROVOD_HIERARCHICAL_ALLREDUCE=1) and the
@@ -623,10 +655,7 @@ std::unique_ptr<Completion> NcclBackend::TwoLevelAllreduce(CollectiveJob& job, G
       }
     }
   }
-  std::vector<std::string> names;
-  for (size_t i = 0; i < n; ++i)
-    if (job.have[i]) names.push_back(r.names[i]);
-  return std::make_unique<NcclCompletion>(d.events->Record(s), lib_, CommsOf(job.device), std::move(names),
+  return std::make_unique<NcclCompletion>(d.events->Record(s), lib_, CommsOf(job.device), TracedNames(job),
                                           "NCCL_HIERARCHICAL_ALLREDUCE", start_us, job.trace, std::move(steps));
 }
 

@@ -47,6 +47,7 @@ class MpiCollectives;
 
 class NcclBackend : public Backend {
  public:
+  using CommList = std::shared_ptr<const std::vector<nccl::Comm>>;
   // `topology`: who shares a host (the two-level allreduce's communicators are split
   // along it, and its MPI step runs on its cross communicator).
   NcclBackend(ControlTransport* channel, GpuContext* gpus, const Topology& topology, const Config* config);
@@ -76,8 +77,11 @@ class NcclBackend : public Backend {
     nccl::Comm cross = nullptr;
   };
   LevelComms LevelCommsFor(int device);
-  // Every live communicator of a device: what its Completion checks for asynchronous errors.
-  std::vector<nccl::Comm> CommsOf(int device);
+  // Every communicator of a device: what its Completion checks for asynchronous errors.
+  // A list shared by the completions, remade when a communicator is added.
+  CommList CommsOf(int device);
+  void AddComm(int device, int scope, nccl::Comm comm);
+  static std::vector<std::string> TracedNames(const CollectiveJob& job);
   void Check(nccl::Result r, const char* what, nccl::Comm comm) const;
 
   // Whether this allreduce runs in two levels: decided alike on every rank, from rank 0's
@@ -112,6 +116,7 @@ class NcclBackend : public Backend {
   nccl::Library* lib_ = nullptr;
   std::mutex mu_;  // comms_: Abort may come from another thread
   std::map<std::pair<int, int>, Communicator> comms_;  // by (device, Scope)
+  std::map<int, CommList> comm_lists_;                  // by device: CommsOf
   // Two-level: possible on this topology (and forced); else why not, for the warning.
   bool two_level_ = false;
   std::string two_level_why_not_;
