@@ -24,7 +24,9 @@ alike. From each run it takes hvdlite's own times, not its ratios to peers:
   bucket). This suite runs this tree's copy of the script in both trees, so that a
   baseline older than the script can be measured too. Its two "as the optimizer sends
   it" figures compare what ``DistributedOptimizer`` submits in each build: a persistent
-  request (a bucket) where the build has them, a new request per tensor where not.
+  request (a bucket) where the build has them, a new request per tensor where not:
+  its gradients only (both builds' optimizers also send one has-grad allreduce in host
+  memory per step).
 
 It prints, for every figure, the median over repetitions in each tree and the ratio
 candidate / baseline (above 1: the candidate is slower), with the spread of each tree's

@@ -458,17 +458,21 @@ class _DistributedOptimizer:
         missing = [u for u in units if not any(q in self._hvd_submitted for q in u)]
         unsent = [b for b in buckets.buckets if b not in self._hvd_pending] if buckets is not None else []
         # Every rank tells the others which gradients it has, so a parameter is reduced
-        # if some rank has a gradient for it, and left alone if none has.
+        # if some rank has a gradient for it, and left alone if none has. A rank alone
+        # (an elastic job's only worker) has no one to tell.
         flags = torch.tensor([1 if (p in self._hvd_fired or p.grad is not None) else 0
                               for p in managed], dtype=torch.uint8)
+        with _ops.process_set_scope(self._hvd_process_set):
+            alone = _ops.current_size() == 1
         # (Named by size only, so ranks that built different numbers of optimizers agree;
         # it is always complete before synchronize() returns, so the name is free again.)
-        flag_handle = allreduce_async(flags, name=f"hvdlite.optimizer.has_grad.{len(managed)}",
-                                      op=_ops.Max, process_set=self._hvd_process_set)
+        flag_handle = None if alone else allreduce_async(
+            flags, name=f"hvdlite.optimizer.has_grad.{len(managed)}", op=_ops.Max,
+            process_set=self._hvd_process_set)
         absent: list[torch.Tensor] = []
         if missing or unsent:
             index = {p: i for i, p in enumerate(managed)}
-            present = synchronize(flag_handle)
+            present = flags if flag_handle is None else synchronize(flag_handle)
             have = {p for p in managed if present[index[p]]}
             for bucket in unsent:
                 if any(p in have for p in bucket.params):
@@ -488,7 +492,8 @@ class _DistributedOptimizer:
                 except Exception as e:  # noqa: BLE001 - finish the others, then raise
                     if error is None:
                         error = e
-            synchronize(flag_handle)
+            if flag_handle is not None:
+                synchronize(flag_handle)
             if error is not None:
                 raise error
         finally:

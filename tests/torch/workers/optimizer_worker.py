@@ -8,6 +8,7 @@ so up to rounding) and be bit-identical across ranks.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Callable
 
@@ -243,6 +244,30 @@ def unused_parameters_on_some_ranks() -> None:
           what="parameters used on some ranks only")
     train(adam, dist(groups=3), steps=4, use_extra=lambda s, k: k == hvd.size() - 1 and s >= 2,
           what="partially used parameters in groups")
+
+
+def as_in_an_elastic_job(**kw):
+    """dist(), built as in an elastic job: its hooks stay at every size, one rank alone
+    included (then no rank is there to be told which gradients this one has)."""
+    def wrap(opt: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        os.environ["HVDLITE_ELASTIC"] = "1"
+        try:
+            return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
+        finally:
+            del os.environ["HVDLITE_ELASTIC"]
+    return wrap
+
+
+@case
+def hooked_at_every_size_with_unused_parameters() -> None:
+    for cap in (None, 25):
+        model, _, opt = train(sgd, as_in_an_elastic_job(bucket_cap_mb=cap), steps=4,
+                              use_extra=lambda s, k: k == 0 and s % 2 == 0,
+                              what=f"hooked at every size, bucket_cap_mb={cap}")
+        assert opt._hvd_active, "the optimizer of an elastic job keeps its hooks"
+        assert model.unused.weight.grad is None, "a parameter no rank used keeps grad None"
+        # The last step (odd) used 'extra' nowhere: its gradient was cleared and stays None.
+        assert model.extra.weight.grad is None, "a parameter unused in this step keeps grad None"
 
 
 @case
