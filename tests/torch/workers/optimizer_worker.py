@@ -12,7 +12,6 @@ import os
 import warnings
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
