@@ -289,8 +289,8 @@ bool RunCollective(int type, std::string name, py::handle in, py::handle out, in
     }
   }
   const int64_t h = Enqueue(type, std::move(name), in_ptr, kind == RequestType::kBroadcast ? 0 : out_ptr, dtype,
-                            std::move(shape), kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0, /*caller_waits=*/true,
-                            std::nullopt, process_set);
+                            std::move(shape), kCpuDevice, reduce_op, prescale, postscale, root, {}, -1, 0,
+                            /*caller_waits=*/true, std::nullopt, process_set);
   std::string error;
   bool ok;
   try {

@@ -205,7 +205,8 @@ bool Executor::PollInFlight() {
       break;
     }
     const std::string error = first.completion->Error();
-    if (!error.empty() && hooks_.fail) hooks_.fail(first.Label() + " failed on rank " + std::to_string(rank_) + ": " + error);
+    if (!error.empty() && hooks_.fail)
+      hooks_.fail(first.Label() + " failed on rank " + std::to_string(rank_) + ": " + error);
     in_flight_.pop_front();
     --in_flight_count_;
     progress = true;

@@ -248,10 +248,12 @@ def unused_parameters_on_some_ranks() -> None:
 def as_in_an_elastic_job(**kw):
     """dist(), built as in an elastic job: its hooks stay at every size, one rank alone
     included (then no rank is there to be told which gradients this one has)."""
+    plain = dist(**kw)
+
     def wrap(opt: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         os.environ["HVDLITE_ELASTIC"] = "1"
         try:
-            return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
+            return plain(opt, model)
         finally:
             del os.environ["HVDLITE_ELASTIC"]
     return wrap

@@ -70,11 +70,7 @@ class NcclCompletion : public Completion {
     // finished. Work still queued (held up by a failed peer, perhaps) is checked at most
     // once a millisecond: the engine polls far more often than that.
     if (!done_) {
-      const int64_t now = fired ? 0 : NowMicros();
-      if (fired || now - errors_checked_us_ >= kErrorCheckMicros) {
-        errors_checked_us_ = now;
-        if (FindAsyncError()) return done_ = true;
-      }
+      if ((fired || ErrorCheckDue()) && FindAsyncError()) return done_ = true;
       done_ = fired;
     }
     if (done_ && error_.empty() && trace_.Active()) {
@@ -96,6 +92,14 @@ class NcclCompletion : public Completion {
   std::shared_ptr<ReadyEvent> Ready() override { return ready_; }
 
  private:
+  // Work still queued: whether a millisecond has passed since its errors were last asked for.
+  bool ErrorCheckDue() {
+    const int64_t now = NowMicros();
+    if (now - errors_checked_us_ < kErrorCheckMicros) return false;
+    errors_checked_us_ = now;
+    return true;
+  }
+
   // Whether a communicator of the device reports an asynchronous error (then in error_).
   bool FindAsyncError() {
     for (nccl::Comm comm : *comms_) {
