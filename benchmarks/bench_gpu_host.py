@@ -27,7 +27,9 @@ Workloads: a lone 4 KiB allreduce both ways, and the 8 gradients of ``bench_gpu.
 small CNN sent per tensor (``bucket_cap_mb=None``) and as one persistent bucket (the
 default), their sizes divided by 256 (see ``SMALL_CNN``). The rows are medians over
 repetitions of the per-collective (or per-step) time on rank 0; each repetition runs
-every workload in turn, so that a slow phase of the machine falls on all rows alike.
+every workload in turn, so that a slow phase of the machine falls on all rows alike,
+and drains the stream after each (untimed: the fake does the device work on the host's
+cores, so what a workload left queued would slow the next one down).
 Compare two builds side by side with ``benchmarks/bench_builds.py --suites gpu_host``.
 """
 from __future__ import annotations
@@ -155,6 +157,10 @@ def worker(args: argparse.Namespace) -> None:
             reps[label].append([v / args.iters / 1e3 for v in acc])  # µs per step
             for k, (a, b) in enumerate(zip(counters(), before)):
                 counted[label][k] += a - b
+            # The fake runs the queued device work on this machine's cores: drain it
+            # before the next workload, which would otherwise compete with what is left
+            # of this one's (a build whose host work outpaces the fake leaves a backlog).
+            fake.stream_synchronize(stream)
     rows = []
     for label, (ts, _) in runs.items():
         submit, engine, completion = (statistics.median(r[k] for r in reps[label]) for k in range(3))

@@ -59,17 +59,18 @@ def search_folders() -> dict[str, list[str]]:
     return {lib: list(folders) for lib in LIBRARIES}
 
 
-_configured = False
+#: Whether :func:`configure` has run (a front end checks it before calling it).
+configured = False
 
 
 def configure(core: Any) -> None:
     """Hand the search folders to the engine (once per process; cheap)."""
-    global _configured
-    if _configured:
+    global configured
+    if configured:
         return
     for lib, folders in search_folders().items():
         core.set_library_search_folders(lib, folders)
-    _configured = True
+    configured = True
 
 
 def describe(core: Any) -> dict[str, Any]:

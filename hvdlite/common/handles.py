@@ -26,7 +26,8 @@ class Request:
     __slots__ = ("_id", "_keepalive", "_done", "_error", "kind", "name", "_output", "_aux",
                  "device", "consumers", "reader", "sync_host", "process_set", "__weakref__")
 
-    def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any) -> None:
+    def __init__(self, handle_id: int, kind: int, name: str, keepalive: Any, process_set: int = 0,
+                 device: int = CPU_DEVICE, consumers: tuple[int, ...] = ()) -> None:
         self._id = handle_id
         self.kind = kind
         self.name = name
@@ -41,13 +42,13 @@ class Request:
         # (so that its later work cannot reuse the input's memory before hvdlite read
         # it). With `sync_host`, the host waits for it (memory whose owner named no
         # stream). A device result carries the stream it was produced on besides.
-        self.consumers: tuple[int, ...] = ()
+        self.consumers = consumers
         # Of those, the stream that will read a result the engine allocated: the memory
         # is freed only after the work queued there by then.
         self.reader: int | None = None
         self.sync_host = False
-        self.device = CPU_DEVICE  # where the request's tensor lives
-        self.process_set = 0  # the id of the process set it runs on
+        self.device = device  # where the request's tensor lives
+        self.process_set = process_set  # the id of the process set it runs on
 
     def poll(self) -> bool:
         """True once the request has finished (successfully or not)."""
@@ -66,19 +67,20 @@ class Request:
             has_output = self.kind in ENGINE_OUTPUT
             # The one place hvdlite waits on the engine (GIL released; every Handle and
             # refusal waits through here), and orders a GPU consumer after the work.
+            # (None once done, else why it failed.)
             if not self.consumers and not self.sync_host:
-                ok, message = core.wait(self._id, not has_output)  # release now if nothing to take
+                failure = core.wait(self._id, not has_output)  # release now if nothing to take
             else:
-                ok, message = core.wait(self._id, not has_output, self.consumers, self.sync_host)
+                failure = core.wait(self._id, not has_output, self.consumers, self.sync_host)
             if has_output:
-                if ok:
+                if failure is None:
                     buf, shape, dtype_code, aux = core.take_output(self._id)
                     self._aux = list(aux)
                     if self.kind != JOIN:
                         self._output = (_host_bytes(buf, self.reader), tuple(shape), DTYPE_NAMES[dtype_code])
                 core.release(self._id)
             self._done = True
-            self._error = None if ok else message + _set_note(self.process_set)
+            self._error = None if failure is None else failure + _set_note(self.process_set)
             self._keepalive = None
         if self._error is not None:
             raise HvdliteError(self._error)

@@ -214,28 +214,24 @@ def submit(kind: int, tensor: RawTensor, output: RawTensor | None = None, *,
     if process_set is not None:
         pid, root_rank = _process_sets.resolve(process_set, root_rank)
     core, name = _prepare(kind, name, tensor.dtype, op, pid)
-    out_ptr = output.ptr if output is not None else 0
-    try:
-        stream = ()  # host memory: no stream argument
-        if tensor.device != CPU_DEVICE:
+    device = tensor.device
+    stream = None  # host memory: nothing to order after
+    if device != CPU_DEVICE:
+        if not gpu_libraries.configured:
             gpu_libraries.configure(core)  # where the NVIDIA wheels are, before the first GPU tensor
-            stream = (tensor.stream,)
-        hid = core.enqueue(kind, name, tensor.ptr, out_ptr, DTYPES[tensor.dtype],
-                           tensor.shape, tensor.device, op,
-                           float(prescale_factor), float(postscale_factor), root_rank,
-                           splits if splits is not None else (),
-                           group_id, group_size, _caller.waits, *stream, process_set=pid)
+        stream = tensor.stream
+    try:
+        # Positional, in the engine's order (see bindings.cc: enqueue).
+        hid = core.enqueue(kind, name, tensor.ptr, output.ptr if output is not None else 0, DTYPES[tensor.dtype],
+                           tensor.shape, device, op, prescale_factor, postscale_factor, root_rank,
+                           splits if splits is not None else (), group_id, group_size, _caller.waits, stream, pid)
     except RuntimeError as exc:
         raise_engine_error(exc)
-    req = Request(hid, kind, name, keepalive)
-    req.process_set = pid
-    if tensor.device != CPU_DEVICE:
-        req.device = tensor.device
-        if tensor.stream is not None:
-            # The producer's stream waits for the collective once it is waited for: its
-            # later work (reuse of the input's memory included) comes after hvdlite's.
-            req.consumers = (tensor.stream,)
-    return req
+    if stream is None:
+        return Request(hid, kind, name, keepalive, pid, device)
+    # The producer's stream waits for the collective once it is waited for: its later
+    # work (reuse of the input's memory included) comes after hvdlite's.
+    return Request(hid, kind, name, keepalive, pid, device, (stream,))
 
 
 class Persistent:

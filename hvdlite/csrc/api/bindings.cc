@@ -218,12 +218,6 @@ bool WaitFor(int64_t h, bool release, std::string* error, const std::vector<uint
   return ok;
 }
 
-py::tuple Wait(int64_t h, bool release, const std::vector<uintptr_t>& streams, bool sync_host) {
-  std::string error;
-  const bool ok = WaitFor(h, release, &error, streams, sync_host);
-  return py::make_tuple(ok, error);
-}
-
 // Sets the Python error `cls`, a class of hvdlite.common.exceptions (HvdliteError or
 // one of its subclasses), with `message`. Looked up on the error path only.
 void SetHvdliteError(const std::string& message, const char* cls) {
@@ -301,6 +295,27 @@ bool RunCollective(int type, std::string name, py::handle in, py::handle out, in
   }
   if (!ok) RaiseHvdliteError(error);
   return true;
+}
+
+// Runs `body` (which returns a new reference, or null with a Python error set) and
+// turns a C++ exception into the Python error pybind11 would raise for it (a name
+// already in flight: HvdliteValueError). For the plain CPython functions below.
+template <typename Body>
+PyObject* CallGuarded(Body&& body) {
+  try {
+    return body();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const DuplicateName& e) {
+    SetHvdliteError(e.what(), "HvdliteValueError");
+  } catch (const WorldError& e) {
+    SetHvdliteError(e.what());
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
 }
 
 // The NumPy front end's blocking calls enter here first (see _direct_run in
@@ -381,19 +396,11 @@ PyObject* DirectRun(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_ssize_t len = 0;
   const char* chars = PyUnicode_AsUTF8AndSize(name, &len);
   if (!chars) return nullptr;
-  try {
-    if (RunCollective(static_cast<int>(kind), std::string(chars, len), tensor, output, code,
-                      static_cast<int>(reduce_op), prescale, postscale, static_cast<int>(root), /*decline=*/true))
-      Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const WorldError& e) {
-    SetHvdliteError(e.what());
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
+  return CallGuarded([&]() -> PyObject* {
+    return PyBool_FromLong(RunCollective(static_cast<int>(kind), std::string(chars, len), tensor, output, code,
+                                         static_cast<int>(reduce_op), prescale, postscale, static_cast<int>(root),
+                                         /*decline=*/true));
+  });
 }
 
 PyMethodDef g_direct_run_def = {"direct_run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&DirectRun)),
@@ -481,7 +488,7 @@ PyObject* PersistentStart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!p) return nullptr;
   std::optional<uintptr_t> stream;
   if (!StreamArg(args[1], &stream)) return nullptr;
-  try {
+  return CallGuarded([&]() -> PyObject* {
     if (p->handle != 0) {
       if (!Handles().Poll(p->handle)) {
         SetHvdliteError("hvdlite: " + RequestLabel(p->request.type, p->request.name) +
@@ -497,14 +504,7 @@ PyObject* PersistentStart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                              /*caller_waits=*/false, stream, /*advance=*/true);
     p->stream = stream;
     Py_RETURN_NONE;
-  } catch (const DuplicateName& e) {
-    SetHvdliteError(e.what(), "HvdliteValueError");
-  } catch (const WorldError& e) {
-    SetHvdliteError(e.what());
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
+  });
 }
 
 // persistent_wait(id, consumer): wait for the last start of `id`, order `consumer`
@@ -524,23 +524,16 @@ PyObject* PersistentWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::vector<uintptr_t> streams;
   if (p->stream) streams.push_back(*p->stream);
   if (consumer && consumer != p->stream) streams.push_back(*consumer);
-  std::string error;
-  bool ok;
-  try {
-    ok = WaitFor(p->handle, /*release=*/true, &error, streams);
-  } catch (py::error_already_set& e) {
-    e.restore();
-    return nullptr;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
-  }
-  p->handle = 0;
-  if (!ok) {
-    SetHvdliteError(error);
-    return nullptr;
-  }
-  Py_RETURN_NONE;
+  return CallGuarded([&]() -> PyObject* {
+    std::string error;
+    const bool ok = WaitFor(p->handle, /*release=*/true, &error, streams);
+    p->handle = 0;
+    if (!ok) {
+      SetHvdliteError(error);
+      return nullptr;
+    }
+    Py_RETURN_NONE;
+  });
 }
 
 // Forgets request `id`; returns the handle of a start still in flight (0 if none), which
@@ -559,6 +552,123 @@ PyMethodDef g_persistent_start_def = {
 PyMethodDef g_persistent_wait_def = {
     "persistent_wait", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&PersistentWait)),
     METH_FASTCALL, "persistent_wait(id, consumer): wait for its last start (see bindings.cc)."};
+
+// The request path's three calls, enqueue / poll / wait, made once per collective by
+// every front end's asynchronous calls: plain CPython functions with positional
+// arguments, as the persistent requests' are. pybind11's generic dispatch (keyword
+// matching, a converted std::vector and std::optional per argument, a tuple for the
+// result) cost about as much host time as the engine's own work for a small GPU
+// collective.
+
+// Integers from a tuple or list of ints (a shape, alltoall's splits); false with a
+// Python error set otherwise.
+bool Int64s(PyObject* seq, std::vector<int64_t>* out) {
+  if (!PyTuple_Check(seq) && !PyList_Check(seq)) {
+    PyErr_SetString(PyExc_TypeError, "hvdlite: expected a tuple or list of ints");
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  out->resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long v = PyLong_AsLongLong(items[i]);
+    if (v == -1 && PyErr_Occurred()) return false;
+    (*out)[i] = v;
+  }
+  return true;
+}
+
+// A long argument; false with a Python error set if it is not an int.
+bool LongArg(PyObject* o, long long* v) {
+  *v = PyLong_AsLongLong(o);
+  return !(*v == -1 && PyErr_Occurred());
+}
+
+// enqueue(type, name, in_ptr, out_ptr, dtype, shape, device, reduce_op, prescale,
+//         postscale, root, splits, group_id, group_size, caller_waits[, stream[, process_set]])
+// -> handle: hand one request to the engine (see Enqueue). `stream` is a cudaStream_t
+// as an int, or None.
+PyObject* EnqueueCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 15 || nargs > 17) {
+    PyErr_SetString(PyExc_TypeError, "enqueue takes 15 to 17 positional arguments");
+    return nullptr;
+  }
+  long long type, dtype, device, op, root, group_id, group_size, process_set = 0;
+  unsigned long long in_ptr, out_ptr;
+  if (!LongArg(args[0], &type) || !LongArg(args[4], &dtype) || !LongArg(args[6], &device) ||
+      !LongArg(args[7], &op) || !LongArg(args[10], &root) || !LongArg(args[12], &group_id) ||
+      !LongArg(args[13], &group_size) || (nargs == 17 && !LongArg(args[16], &process_set)))
+    return nullptr;
+  in_ptr = PyLong_AsUnsignedLongLong(args[2]);
+  if (in_ptr == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  out_ptr = PyLong_AsUnsignedLongLong(args[3]);
+  if (out_ptr == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  const double prescale = PyFloat_AsDouble(args[8]), postscale = PyFloat_AsDouble(args[9]);
+  if ((prescale == -1.0 || postscale == -1.0) && PyErr_Occurred()) return nullptr;
+  const int caller_waits = PyObject_IsTrue(args[14]);
+  if (caller_waits < 0) return nullptr;
+  std::optional<uintptr_t> stream;
+  if (nargs >= 16 && !StreamArg(args[15], &stream)) return nullptr;
+  Py_ssize_t len = 0;
+  const char* chars = PyUnicode_AsUTF8AndSize(args[1], &len);
+  if (!chars) return nullptr;
+  std::vector<int64_t> shape, splits;
+  if (!Int64s(args[5], &shape) || !Int64s(args[11], &splits)) return nullptr;
+  return CallGuarded([&]() -> PyObject* {
+    const int64_t h = Enqueue(static_cast<int>(type), std::string(chars, len), in_ptr, out_ptr,
+                              static_cast<int>(dtype), std::move(shape), static_cast<int>(device),
+                              static_cast<int>(op), prescale, postscale, static_cast<int>(root), splits,
+                              static_cast<int>(group_id), static_cast<int>(group_size), caller_waits != 0, stream,
+                              static_cast<int32_t>(process_set));
+    return PyLong_FromLongLong(h);
+  });
+}
+
+// poll(handle) -> bool: whether the request has finished.
+PyObject* PollCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1) {
+    PyErr_SetString(PyExc_TypeError, "poll takes 1 positional argument");
+    return nullptr;
+  }
+  long long h;
+  if (!LongArg(args[0], &h)) return nullptr;
+  return CallGuarded([&]() -> PyObject* {
+    RaiseIfForkedCopy();
+    return PyBool_FromLong(Handles().Poll(h));
+  });
+}
+
+// wait(handle[, release[, streams[, sync_host]]]) -> None, or the error message: waits
+// for the request (see WaitFor); `streams`, a tuple or list of cudaStream_t ints.
+PyObject* WaitCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs > 4) {
+    PyErr_SetString(PyExc_TypeError, "wait takes 1 to 4 positional arguments");
+    return nullptr;
+  }
+  long long h;
+  if (!LongArg(args[0], &h)) return nullptr;
+  int release = 0, sync_host = 0;
+  if (nargs >= 2 && (release = PyObject_IsTrue(args[1])) < 0) return nullptr;
+  if (nargs >= 4 && (sync_host = PyObject_IsTrue(args[3])) < 0) return nullptr;
+  std::vector<uintptr_t> streams;
+  if (nargs >= 3) {
+    std::vector<int64_t> ints;
+    if (!Int64s(args[2], &ints)) return nullptr;
+    streams.assign(ints.begin(), ints.end());
+  }
+  return CallGuarded([&]() -> PyObject* {
+    std::string error;
+    if (WaitFor(h, release != 0, &error, streams, sync_host != 0)) Py_RETURN_NONE;
+    return PyUnicode_FromStringAndSize(error.data(), static_cast<Py_ssize_t>(error.size()));
+  });
+}
+
+PyMethodDef g_enqueue_def = {"enqueue", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&EnqueueCall)),
+                             METH_FASTCALL, "enqueue(...): hand one request to the engine (see bindings.cc)."};
+PyMethodDef g_poll_def = {"poll", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&PollCall)),
+                          METH_FASTCALL, "poll(handle): whether the request has finished."};
+PyMethodDef g_wait_def = {"wait", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&WaitCall)),
+                          METH_FASTCALL, "wait(handle, release, streams, sync_host): None, or why it failed."};
 
 // The address of a C-contiguous buffer (a NumPy array), much cheaper than building
 // its __array_interface__ dict.
@@ -723,10 +833,7 @@ PYBIND11_MODULE(_core, m) {
     d["hierarchical_allreduce"] = s.tunables.hierarchical;
     return d;
   }, py::arg("process_set") = 0);
-  m.def("enqueue", &Enqueue, py::arg("type"), py::arg("name"), py::arg("in_ptr"), py::arg("out_ptr"),
-        py::arg("dtype"), py::arg("shape"), py::arg("device"), py::arg("reduce_op"), py::arg("prescale"),
-        py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
-        py::arg("caller_waits") = false, py::arg("stream") = py::none(), py::arg("process_set") = 0);
+  m.add_object("enqueue", py::reinterpret_steal<py::object>(PyCFunction_New(&g_enqueue_def, nullptr)));
   m.def("refuse", &Refuse, py::arg("type"), py::arg("name"), py::arg("message"), py::arg("group_id") = -1,
         py::arg("group_size") = 0, py::arg("process_set") = 0);
   m.def("add_process_set", [](const std::vector<int>& ranks) { return TheWorld().AddProcessSet(ranks); },
@@ -734,12 +841,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("remove_process_set", [](int32_t id) { return TheWorld().RemoveProcessSet(id); }, py::arg("process_set"));
   // Every registered set's world ranks by id, the global set (0) included.
   m.def("process_sets", [] { return TheWorld().ProcessSets(); });
-  m.def("poll", [](int64_t h) {
-    RaiseIfForkedCopy();
-    return Handles().Poll(h);
-  });
-  m.def("wait", &Wait, py::arg("handle"), py::arg("release") = false,
-        py::arg("streams") = std::vector<uintptr_t>{}, py::arg("sync_host") = false);
+  m.add_object("poll", py::reinterpret_steal<py::object>(PyCFunction_New(&g_poll_def, nullptr)));
+  m.add_object("wait", py::reinterpret_steal<py::object>(PyCFunction_New(&g_wait_def, nullptr)));
   m.def("run", [](int type, const std::string& name, py::handle in, py::handle out, int dtype, int reduce_op,
                   double prescale, double postscale, int root, int32_t process_set) {
     RunCollective(type, name, in, out, dtype, reduce_op, prescale, postscale, root, /*decline=*/false, process_set);
