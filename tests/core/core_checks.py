@@ -876,6 +876,38 @@ def check_persistent_requests(r: int, n: int) -> None:
         raise AssertionError("an unsupported dtype must raise")
 
 
+def check_request_calls_refuse_malformed_arguments(r: int, n: int) -> None:
+    """The engine's request calls (enqueue, poll, wait: plain CPython functions with
+    positional arguments) refuse malformed arguments with a Python error before anything
+    is queued, and the engine goes on: nothing reached the other ranks."""
+    core = _basics.core()
+    arr = np.ones(4, np.float32)
+    good = [_ops.ALLREDUCE, "malformed.check", arr.ctypes.data, arr.ctypes.data, _ops.DTYPES["float32"], (4,),
+            _ops.CPU_DEVICE, hvd.Sum, 1.0, 1.0, -1, (), -1, 0, False, None, 0]
+    bad = {"too few arguments": good[:14], "a shape that is no sequence": good[:5] + [4] + good[6:],
+           "a float in the shape": good[:5] + [(4.0,)] + good[6:], "a name that is no str": good[:1] + [7] + good[2:],
+           "a stream that is no int": good[:15] + ["stream"] + good[16:]}
+    for what, args in bad.items():
+        try:
+            core.enqueue(*args)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"enqueue with {what} must raise TypeError")
+    for call, args in ((core.poll, ("1",)), (core.wait, ()), (core.wait, (1, False, [1.5]))):
+        try:
+            call(*args)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"{call.__name__}{args!r} must raise TypeError")
+    # An unknown handle is a failure the caller reads, not an exception.
+    message = core.wait(2**62, True)
+    assert isinstance(message, str) and "unknown or already released" in message, message
+    got = hvd.allreduce(np.full(3, float(r + 1)), op=hvd.Sum, name="malformed.after")
+    np.testing.assert_allclose(got, np.full(3, n * (n + 1) / 2))
+
+
 def main() -> None:
     only = sys.argv[1:] or None
     hvd.init()
@@ -887,7 +919,7 @@ def main() -> None:
               check_cache_hits_meet_join_and_mismatch, check_cycles_carry_small_allreduces,
               check_cache_gathers_and_alltoalls, check_cache_grouped_allreduces, check_reducescatter_fusion,
               check_fused_response_wakes_waiter_once, check_shutdown_finishes_what_every_rank_submitted,
-              check_persistent_requests]
+              check_persistent_requests, check_request_calls_refuse_malformed_arguments]
     for check in checks:
         if only and check.__name__ not in only:
             continue

@@ -23,7 +23,7 @@ def test_all_collectives_match_numpy(n: int) -> None:
                   "check_alltoall_reducescatter", "check_barrier_join", "check_response_cache", "check_errors",
                   "check_restart", "check_caller_runs_engine", "check_cycles_carry_small_allreduces",
                   "check_fused_response_wakes_waiter_once", "check_shutdown_finishes_what_every_rank_submitted",
-                  "check_persistent_requests"):
+                  "check_persistent_requests", "check_request_calls_refuse_malformed_arguments"):
         for r in range(n):
             assert f"PASS {check} rank {r}" in proc.stdout
 
