@@ -926,8 +926,8 @@ def gpu_host_section(ctx: Context, docs: list[dict[str, Any]]) -> list[str]:
            "memory per step (which ranks have which gradients; the host-memory rows show what one "
            "costs), except on a rank alone. On a 2-core machine the times move by up to 2x from run "
            "to run (the caller, the engine's thread and the fake's stream threads share the cores): "
-           "compare rows of one run "
-           "only, and two builds with `bench_builds.py --suites gpu_host` (the section below).", ""]
+           "compare rows of one run only, and two builds with `bench_builds.py --suites gpu_host` "
+           "(the section below).", ""]
     for doc in docs:
         out += [ctx.run_line(doc) + f" {doc['settings'].get('np', 1)} rank(s).", ""]
         iters = doc["settings"].get("iters", 0) * doc["settings"].get("reps", 0)

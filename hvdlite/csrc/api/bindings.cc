@@ -472,12 +472,21 @@ Persistent* PersistentArg(PyObject* const* args, Py_ssize_t nargs, const char* f
   return p;
 }
 
+// An address argument (a pointer or a cudaStream_t as an int); false with a Python
+// error set if it is not a non-negative int.
+bool AddressArg(PyObject* o, uintptr_t* v) {
+  const unsigned long long u = PyLong_AsUnsignedLongLong(o);
+  if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return false;
+  *v = static_cast<uintptr_t>(u);
+  return true;
+}
+
 // A stream argument: None, or a cudaStream_t as an int.
 bool StreamArg(PyObject* o, std::optional<uintptr_t>* stream) {
   if (o == Py_None) return true;
-  const unsigned long long v = PyLong_AsUnsignedLongLong(o);
-  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return false;
-  *stream = static_cast<uintptr_t>(v);
+  uintptr_t v;
+  if (!AddressArg(o, &v)) return false;
+  *stream = v;
   return true;
 }
 
@@ -560,9 +569,16 @@ PyMethodDef g_persistent_wait_def = {
 // result) cost about as much host time as the engine's own work for a small GPU
 // collective.
 
-// Integers from a tuple or list of ints (a shape, alltoall's splits); false with a
-// Python error set otherwise.
-bool Int64s(PyObject* seq, std::vector<int64_t>* out) {
+// A long argument; false with a Python error set if it is not an int.
+bool LongArg(PyObject* o, long long* v) {
+  *v = PyLong_AsLongLong(o);
+  return !(*v == -1 && PyErr_Occurred());
+}
+
+// Integers from a tuple or list of ints: a shape or alltoall's splits (int64_t), or
+// cudaStream_t handles (uintptr_t); false with a Python error set otherwise.
+template <typename T>
+bool IntList(PyObject* seq, std::vector<T>* out) {
   if (!PyTuple_Check(seq) && !PyList_Check(seq)) {
     PyErr_SetString(PyExc_TypeError, "hvdlite: expected a tuple or list of ints");
     return false;
@@ -571,17 +587,17 @@ bool Int64s(PyObject* seq, std::vector<int64_t>* out) {
   PyObject** items = PySequence_Fast_ITEMS(seq);
   out->resize(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    const long long v = PyLong_AsLongLong(items[i]);
-    if (v == -1 && PyErr_Occurred()) return false;
-    (*out)[i] = v;
+    if constexpr (std::is_unsigned_v<T>) {
+      uintptr_t v;
+      if (!AddressArg(items[i], &v)) return false;
+      (*out)[i] = static_cast<T>(v);
+    } else {
+      long long v;
+      if (!LongArg(items[i], &v)) return false;
+      (*out)[i] = static_cast<T>(v);
+    }
   }
   return true;
-}
-
-// A long argument; false with a Python error set if it is not an int.
-bool LongArg(PyObject* o, long long* v) {
-  *v = PyLong_AsLongLong(o);
-  return !(*v == -1 && PyErr_Occurred());
 }
 
 // enqueue(type, name, in_ptr, out_ptr, dtype, shape, device, reduce_op, prescale,
@@ -594,15 +610,12 @@ PyObject* EnqueueCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   long long type, dtype, device, op, root, group_id, group_size, process_set = 0;
-  unsigned long long in_ptr, out_ptr;
+  uintptr_t in_ptr, out_ptr;
   if (!LongArg(args[0], &type) || !LongArg(args[4], &dtype) || !LongArg(args[6], &device) ||
       !LongArg(args[7], &op) || !LongArg(args[10], &root) || !LongArg(args[12], &group_id) ||
-      !LongArg(args[13], &group_size) || (nargs == 17 && !LongArg(args[16], &process_set)))
+      !LongArg(args[13], &group_size) || (nargs == 17 && !LongArg(args[16], &process_set)) ||
+      !AddressArg(args[2], &in_ptr) || !AddressArg(args[3], &out_ptr))
     return nullptr;
-  in_ptr = PyLong_AsUnsignedLongLong(args[2]);
-  if (in_ptr == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
-  out_ptr = PyLong_AsUnsignedLongLong(args[3]);
-  if (out_ptr == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
   const double prescale = PyFloat_AsDouble(args[8]), postscale = PyFloat_AsDouble(args[9]);
   if ((prescale == -1.0 || postscale == -1.0) && PyErr_Occurred()) return nullptr;
   const int caller_waits = PyObject_IsTrue(args[14]);
@@ -613,7 +626,7 @@ PyObject* EnqueueCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const char* chars = PyUnicode_AsUTF8AndSize(args[1], &len);
   if (!chars) return nullptr;
   std::vector<int64_t> shape, splits;
-  if (!Int64s(args[5], &shape) || !Int64s(args[11], &splits)) return nullptr;
+  if (!IntList(args[5], &shape) || !IntList(args[11], &splits)) return nullptr;
   return CallGuarded([&]() -> PyObject* {
     const int64_t h = Enqueue(static_cast<int>(type), std::string(chars, len), in_ptr, out_ptr,
                               static_cast<int>(dtype), std::move(shape), static_cast<int>(device),
@@ -651,11 +664,7 @@ PyObject* WaitCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs >= 2 && (release = PyObject_IsTrue(args[1])) < 0) return nullptr;
   if (nargs >= 4 && (sync_host = PyObject_IsTrue(args[3])) < 0) return nullptr;
   std::vector<uintptr_t> streams;
-  if (nargs >= 3) {
-    std::vector<int64_t> ints;
-    if (!Int64s(args[2], &ints)) return nullptr;
-    streams.assign(ints.begin(), ints.end());
-  }
+  if (nargs >= 3 && !IntList(args[2], &streams)) return nullptr;
   return CallGuarded([&]() -> PyObject* {
     std::string error;
     if (WaitFor(h, release != 0, &error, streams, sync_host != 0)) Py_RETURN_NONE;
